@@ -1,0 +1,1 @@
+"""Sentence-BERT training and evaluation on Ray Train / Tune, tracked in MLflow."""

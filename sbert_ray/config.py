@@ -1,0 +1,275 @@
+"""Configs are dataclasses loaded from YAML plus ``key=value`` overrides.
+
+Every key is checked against the dataclass fields (unknown keys are errors naming the dotted key and the file),
+values are type-checked, and ``validate()`` checks choices, so a bad config fails before any Ray work starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+POOLINGS = ("mean", "max", "cls")
+OBJECTIVES = ("softmax", "regression", "triplet", "mnrl")
+CONCAT_PARTS = ("u", "v", "|u-v|", "u*v")
+TRIPLET_DISTANCES = ("euclidean", "cosine", "manhattan")
+
+
+class ConfigError(ValueError):
+    """A config value or key is wrong; the message names the key (and file when known)."""
+
+
+@dataclass
+class ModelConfig:
+    # A local folder, a Hub id, or "random:<shape>" (tiny|mini|small|base) for a randomly initialised BERT.
+    name: str = "sentence-transformers/all-MiniLM-L6-v2"
+    pooling: str | None = None  # None keeps the model's own pooling (mean for a plain Hugging Face model)
+    max_seq_length: int = 128
+    normalize: bool | None = None
+
+
+@dataclass
+class StageConfig:
+    """One training stage: a dataset and an objective (the paper trains NLI, then STSb, in two stages)."""
+
+    dataset: str = "stsb"  # a registered name (see sbert_ray.data) or a csv/tsv/jsonl path
+    split: str = "train"
+    columns: dict[str, str] | None = None  # for user files: record field -> column name
+    limit: int | None = None  # use only the first N examples (smoke runs)
+    objective: str = "regression"
+    concat: list[str] = field(default_factory=lambda: ["u", "v", "|u-v|"])  # softmax features
+    triplet_distance: str = "euclidean"
+    triplet_margin: float = 1.0
+    mnrl_scale: float = 20.0
+    epochs: int = 1
+    max_steps: int | None = None  # stop the stage after this many optimizer steps
+    batch_size: int = 16  # global batch (summed over workers and accumulation steps)
+    grad_accum_steps: int = 1
+    learning_rate: float = 2e-5
+    adam_eps: float = 1e-6
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1
+    max_grad_norm: float = 1.0
+
+
+@dataclass
+class EvalConfig:
+    dev_dataset: str = "stsb"
+    dev_split: str = "dev"
+    dev_limit: int | None = None
+    eval_every: int = 0  # optimizer steps between dev evaluations; 0 = only at the end of each stage
+    batch_size: int = 64
+    final_tasks: list[str] = field(default_factory=lambda: ["sts"])  # [] skips the final suite
+
+
+@dataclass
+class ScalingConfig:
+    num_workers: int = 1
+    use_gpu: bool = False
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 1.0
+    torch_threads: int | None = None  # per worker; None = cpus_per_worker rounded up
+
+
+@dataclass
+class CheckpointConfig:
+    storage_path: str = "~/sbert-ray/runs"  # stable across jobs so a resubmitted run resumes
+    keep_best: int = 2
+    max_failures: int = 2
+
+
+@dataclass
+class TrackingConfig:
+    tracking_uri: str | None = None  # default: $MLFLOW_TRACKING_URI, else sqlite under ~/sbert-ray/mlflow
+    experiment: str = "sbert-ray"
+    run_name: str | None = None
+
+
+@dataclass
+class TrainConfig:
+    name: str = "sbert"  # the run's name: checkpoints live in <storage_path>/<name>; resubmitting resumes
+    seed: int = 42
+    data_dir: str | None = None  # default: $SBERT_RAY_DATA_DIR, else the Hugging Face Hub
+    output_dir: str | None = None  # where the final model is written; default <storage_path>/<name>/final-model
+    model: ModelConfig = field(default_factory=ModelConfig)
+    stages: list[StageConfig] = field(default_factory=lambda: [StageConfig()])
+    evaluation: EvalConfig = field(default_factory=EvalConfig)
+    scaling: ScalingConfig = field(default_factory=ScalingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def validate(self) -> None:
+        _choice("model.pooling", self.model.pooling, POOLINGS, allow_none=True)
+        _positive("model.max_seq_length", self.model.max_seq_length)
+        if not self.stages:
+            raise ConfigError("stages: at least one training stage is required")
+        for i, stage in enumerate(self.stages):
+            key = f"stages.{i}"
+            _choice(f"{key}.objective", stage.objective, OBJECTIVES)
+            _choice(f"{key}.triplet_distance", stage.triplet_distance, TRIPLET_DISTANCES)
+            for part in stage.concat:
+                _choice(f"{key}.concat", part, CONCAT_PARTS)
+            if not stage.concat:
+                raise ConfigError(f"{key}.concat: needs at least one of {CONCAT_PARTS}")
+            for name in ("epochs", "batch_size", "grad_accum_steps"):
+                _positive(f"{key}.{name}", getattr(stage, name))
+            if stage.learning_rate <= 0:
+                raise ConfigError(f"{key}.learning_rate must be > 0, got {stage.learning_rate}")
+            if not 0 <= stage.warmup_ratio < 1:
+                raise ConfigError(f"{key}.warmup_ratio must be in [0, 1), got {stage.warmup_ratio}")
+            per_step = self.scaling.num_workers * stage.grad_accum_steps
+            if stage.batch_size % per_step:
+                raise ConfigError(
+                    f"{key}.batch_size={stage.batch_size} is the global batch and must be divisible by "
+                    f"scaling.num_workers * grad_accum_steps = {per_step}"
+                )
+        _positive("scaling.num_workers", self.scaling.num_workers)
+        _positive("checkpoint.keep_best", self.checkpoint.keep_best)
+        if self.evaluation.eval_every < 0:
+            raise ConfigError("evaluation.eval_every must be >= 0")
+
+
+def _choice(key: str, value: Any, choices: tuple[str, ...], allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if value not in choices:
+        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(choices)}")
+
+
+def _positive(key: str, value: int) -> None:
+    if value < 1:
+        raise ConfigError(f"{key} must be >= 1, got {value}")
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+
+def load_config(path: str | Path | None, overrides: list[str] = (), cls: type = TrainConfig) -> Any:
+    """Read ``path`` (YAML), apply ``key=value`` overrides (dotted keys, YAML values), build and validate."""
+    raw: dict[str, Any] = {}
+    source = "<overrides>"
+    if path is not None:
+        source = str(path)
+        try:
+            raw = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: invalid YAML: {err}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of keys")
+    for item in overrides:
+        apply_override(raw, item)
+    try:
+        config = from_dict(cls, raw)
+        config.validate()
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+    return config
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """``a.b.0.c=value`` sets raw['a']['b'][0]['c'] = yaml(value); list indices are numbers."""
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"override {item!r} is not of the form key=value")
+    parts = key.split(".")
+    node: Any = raw
+    for i, part in enumerate(parts[:-1]):
+        nxt_is_index = parts[i + 1].isdigit()
+        if isinstance(node, list):
+            node = _list_slot(node, part, key, nxt_is_index)
+        else:
+            node = node.setdefault(part, [] if nxt_is_index else {})
+    last = parts[-1]
+    parsed = yaml.safe_load(value) if value != "" else None
+    if isinstance(node, list):
+        index = _index(last, key)
+        while len(node) <= index:
+            node.append({})
+        node[index] = parsed
+    else:
+        node[last] = parsed
+
+
+def _index(part: str, key: str) -> int:
+    if not part.isdigit():
+        raise ConfigError(f"override {key!r}: {part!r} must be a list index")
+    return int(part)
+
+
+def _list_slot(node: list, part: str, key: str, nxt_is_index: bool) -> Any:
+    index = _index(part, key)
+    while len(node) <= index:  # "stages.1.x=..." on a one-stage config adds a stage
+        node.append([] if nxt_is_index else {})
+    return node[index]
+
+
+def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from a plain mapping, rejecting unknown keys and wrongly typed values."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        where = f"{prefix}." if prefix else ""
+        raise ConfigError(f"unknown key {where}{unknown[0]!r} (known: {', '.join(sorted(names))})")
+    kwargs = {name: _convert(hints[name], value, f"{prefix}.{name}" if prefix else name) for name, value in data.items()}
+    return cls(**kwargs)
+
+
+def _convert(tp: Any, value: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _convert(inner, value, key)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, key)
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_convert(inner, v, f"{key}.{i}") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return {str(k): str(v) for k, v in value.items()}
+    if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if tp is float and isinstance(value, str):  # YAML reads "2e-5" as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if tp is Any or (isinstance(value, tp) and not (tp is int and isinstance(value, bool))):
+        return value
+    raise ConfigError(f"{key}: expected {tp.__name__}, got {value!r}")
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}, 'l': [{'c': 2}]} -> {'a.b': 1, 'l.0.c': 2}; used for MLflow params and sweep keys."""
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else None
+    if items is None or (isinstance(data, list) and not any(isinstance(v, dict | list) for v in data)):
+        return {prefix: data}
+    flat: dict[str, Any] = {}
+    for k, v in items:
+        flat.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return flat
+
+
+def dump_yaml(config: Any) -> str:
+    return yaml.safe_dump(to_dict(config), sort_keys=False)
