@@ -1,0 +1,58 @@
+"""Randomly initialised BERTs of named sizes, for tests and from-scratch runs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from transformers import BertConfig, BertModel, BertTokenizer
+
+from sbert_ray.models.encoder import DEFAULT_MAX_SEQ_LENGTH, SentenceEncoder
+from sbert_ray.models.pooling import PoolingMode
+from sbert_ray.models.resolve import packaged_model_dir
+
+# (layers, hidden size, attention heads, feed-forward size). "tiny" is test-sized; the others follow
+# Google's BERT miniatures (Turc et al. 2019) and BERT-base.
+BERT_SHAPES: dict[str, tuple[int, int, int, int]] = {
+    "tiny": (2, 32, 2, 64),
+    "mini": (4, 256, 4, 1024),
+    "small": (4, 512, 8, 2048),
+    "base": (12, 768, 12, 3072),
+}
+
+
+def build_random_bert(
+    out_dir: str | os.PathLike[str],
+    shape: str = "tiny",
+    vocab_file: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+    pooling: PoolingMode = "mean",
+    max_seq_length: int = DEFAULT_MAX_SEQ_LENGTH,
+) -> Path:
+    """Save a randomly initialised BERT encoder in the sentence-transformers layout at `out_dir`.
+
+    The vocabulary is `vocab_file` (one WordPiece per line, lower-cased input) or, by default, the
+    bert-base-uncased vocabulary shipped with the offline all-MiniLM-L6-v2 package.
+    """
+    if shape not in BERT_SHAPES:
+        raise ValueError(f"unknown BERT shape {shape!r}; expected one of {sorted(BERT_SHAPES)}")
+    if vocab_file is None:
+        vocab_file = packaged_model_dir("sentence-transformers/all-MiniLM-L6-v2") / "vocab.txt"
+    # `vocab=` (not `vocab_file=`): transformers 5 silently ignores vocab_file and builds a 5-token vocab.
+    tokenizer = BertTokenizer(vocab=str(vocab_file), do_lower_case=True)
+    layers, hidden, heads, intermediate = BERT_SHAPES[shape]
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=intermediate,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):  # seeded weights without disturbing the caller's RNG stream
+        torch.manual_seed(seed)
+        transformer = BertModel(config)
+    encoder = SentenceEncoder(transformer, tokenizer, pooling=pooling, max_seq_length=max_seq_length)
+    encoder.save(out_dir)
+    return Path(out_dir)
