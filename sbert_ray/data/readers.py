@@ -1,0 +1,530 @@
+"""Readers for every local data format, the user's own files, and `load_records` by dataset name.
+
+The data directory comes from `--data-dir` or `$SBERT_RAY_DATA_DIR`; with neither, `load_records` reads the
+Hugging Face Hub (see `hub.py`). Every reader returns `Records` (a list that also counts skipped and dropped
+rows). A bad row is a `DataError` naming file and line, or with errors="skip" a counted, logged skip.
+
+File quirks handled here (see each folder's SOURCE.md): TAB files are split on TAB with no quote handling
+(STSb, SICK, STS, XNLI, CAD-SNLI, UKP ASPECT contain stray `"`); CRLF line ends are stripped; CSV files
+(SNLI/MultiNLI, BWS) use RFC-4180 quoting; blank lines are not rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import TypeVar
+
+from sbert_ray.data.hub import HUB_SOURCES, load_hub
+from sbert_ray.data.records import (
+    NLI_LABEL_IDS,
+    NLI_LABELS,
+    RECORD_TYPES,
+    DataError,
+    Errors,
+    Kind,
+    Record,
+    RecordCollector,
+    Records,
+    RowError,
+    Triplet,
+    make_record,
+)
+
+DATA_DIR_ENV = "SBERT_RAY_DATA_DIR"
+T = TypeVar("T")
+
+STS_SUBSETS: dict[str, tuple[str, ...]] = {
+    "sts12": ("MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"),
+    "sts13": ("FNWN", "OnWN", "headlines"),  # without SMT (LDC-licensed), as SentEval and SBERT
+    "sts14": ("OnWN", "deft-forum", "deft-news", "headlines", "images", "tweet-news"),
+    "sts15": ("answers-forums", "answers-students", "belief", "headlines", "images"),
+    "sts16": ("answer-answer", "headlines", "plagiarism", "postediting", "question-question"),
+}
+
+# UKP ASPECT labels as a graded similarity (our choice; SOURCE.md leaves it open): highly / somewhat /
+# not similar / different topic or can't decide.
+UKP_ASPECT_SCORES: dict[object, float] = {"HS": 3.0, "SS": 2.0, "NS": 1.0, "DTORCD": 0.0}
+
+# The official 4-fold cross-topic split (UKPLab acl2019 make_splits.py); train = the other 17 topics.
+UKP_ASPECT_FOLDS: tuple[dict[str, tuple[str, ...]], ...] = (
+    {
+        "test": (
+            "Tissue engineering",
+            "Big data",
+            "Fracking",
+            "Social networks",
+            "Net neutrality",
+            "Hydroelectric dams",
+            "Internet of things",
+        ),
+        "dev": ("Hydrogen fuel cells", "Electronic voting", "Drones", "Solar energy"),
+    },
+    {
+        "test": (
+            "Nanotechnology",
+            "Geoengineering",
+            "Recycling",
+            "Offshore drilling",
+            "Robotic surgery",
+            "Cloud storing",
+            "Stem cell research",
+        ),
+        "dev": ("Net neutrality", "Internet of things", "Hydrogen fuel cells", "Social networks"),
+    },
+    {
+        "test": (
+            "Wind power",
+            "Cryptocurrency",
+            "Virtual reality",
+            "Public surveillance",
+            "Drones",
+            "Organ donation",
+            "Electric cars",
+        ),
+        "dev": ("Gene editing", "Solar energy", "Social networks", "3d printing"),
+    },
+    {
+        "test": (
+            "3d printing",
+            "Gene editing",
+            "Hydrogen fuel cells",
+            "Gmo",
+            "Solar energy",
+            "Electronic voting",
+            "Genetic diagnosis",
+        ),
+        "dev": ("Cryptocurrency", "Hydroelectric dams", "Geoengineering", "Internet of things"),
+    },
+)
+
+# XNLI label ids (Hugging Face convention) -> our NLI_LABELS indices.
+XNLI_LABEL_IDS: dict[object, int] = {
+    str(index): NLI_LABEL_IDS[name] for index, name in enumerate(("entailment", "neutral", "contradiction"))
+}
+
+_NLI_CSV_COLUMNS = {"sentence1": "sentence1", "sentence2": "sentence2", "label": "label"}
+
+
+def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
+    """The data directory: the argument, else $SBERT_RAY_DATA_DIR, else None (= use the Hub)."""
+    chosen, origin = (data_dir, "--data-dir") if data_dir else (os.environ.get(DATA_DIR_ENV), DATA_DIR_ENV)
+    if not chosen:
+        return None
+    path = Path(chosen).expanduser()
+    if not path.is_dir():
+        raise DataError(f"data directory {path} (from {origin}) does not exist")
+    return path
+
+
+# --- raw rows ---------------------------------------------------------------------------------------------
+
+
+def _lines(path: Path) -> Iterator[str]:
+    """Every line without its LF or CRLF ending; only LF splits (a stray CR inside text stays text)."""
+    with open(path, encoding="utf-8-sig", newline="\n") as file:
+        for line in file:
+            yield line.removesuffix("\n").removesuffix("\r")
+
+
+def _tab_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
+    """(line number, fields) of a TAB file read without quote handling."""
+    for number, line in enumerate(_lines(path), start=1):
+        if line:
+            yield number, line.split("\t")
+
+
+def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
+    """(line number where the record starts, fields) of an RFC-4180 CSV file."""
+    with open(path, encoding="utf-8-sig", newline="") as file:
+        reader = csv.reader(file)
+        start = 1
+        for fields in reader:
+            if fields:
+                yield start, fields
+            start = reader.line_num + 1
+
+
+def _named(fields: list[str], names: list[str]) -> dict[str, str]:
+    if len(fields) != len(names):
+        raise RowError(f"expected {len(names)} fields, got {len(fields)}")
+    return dict(zip(names, fields))
+
+
+def _named_record(
+    kind: Kind,
+    fields: list[str],
+    names: list[str],
+    columns: Mapping[str, str],
+    values: Mapping[object, float | int] | None,
+) -> Record:
+    return make_record(kind, _named(fields, names), columns, values)
+
+
+def _read_table(
+    path: Path,
+    rows: Iterable[tuple[int, list[str]]],
+    kind: Kind,
+    columns: Mapping[str, str],
+    values: Mapping[object, float | int] | None = None,
+    errors: Errors = "raise",
+    drop: tuple[str, str] | None = None,
+) -> Records:
+    """Records from a table whose first row names the columns; `drop` = (column, value) rows to drop."""
+    rows = iter(rows)
+    first = next(rows, None)
+    if first is None:
+        raise DataError(f"{path}: empty file, expected a header line")
+    header_line, names = first
+    for field in RECORD_TYPES[kind].__dataclass_fields__:
+        key = columns.get(field, field)
+        if key not in names:
+            raise DataError(f"{path}, line {header_line}: no column {key!r} for {field} (columns: {names})")
+    drop_index = names.index(drop[0]) if drop else None
+    collector = RecordCollector(str(path), errors)
+    for line, fields in rows:
+        if drop and len(fields) == len(names) and fields[drop_index] == drop[1]:
+            collector.drop(f"{drop[0]} {drop[1]!r}")
+            continue
+        collector.add(line, _named_record, kind, fields, names, columns, values)
+    return collector.finish()
+
+
+# --- one reader per local format ----------------------------------------------------------------------------
+
+
+def _stsb_record(fields: list[str]) -> Record:
+    # genre, filename, year, id, score, sentence1, sentence2 [, source1, source2]
+    if len(fields) not in (7, 9):
+        raise RowError(f"expected 7 or 9 TAB-separated fields, got {len(fields)}")
+    return make_record("scored", {"score": fields[4], "sentence1": fields[5], "sentence2": fields[6]})
+
+
+def read_stsb(path: Path, errors: Errors = "raise") -> Records:
+    """STS benchmark sts-{train,dev,test}.csv: TAB, no header, score 0-5 in column 5."""
+    collector = RecordCollector(str(path), errors)
+    for line, fields in _tab_rows(Path(path)):
+        collector.add(line, _stsb_record, fields)
+    return collector.finish()
+
+
+def read_sick(path: Path, errors: Errors = "raise") -> Records:
+    """SICK_{train,trial,test_annotated}.txt: relatedness score 1-5 as ScoredPair."""
+    columns = {"sentence1": "sentence_A", "sentence2": "sentence_B", "score": "relatedness_score"}
+    return _read_table(Path(path), _tab_rows(Path(path)), "scored", columns, errors=errors)
+
+
+def _sts_record(pair: str, gold: str, gold_name: str) -> Record:
+    fields = pair.split("\t")
+    if len(fields) != 2:
+        raise RowError(f"expected 2 TAB-separated sentences, got {len(fields)} fields")
+    key = f"gold score ({gold_name})"  # so a bad score names the file it is in
+    return make_record("scored", {"sentence1": fields[0], "sentence2": fields[1], key: gold}, {"score": key})
+
+
+def read_sts_subset(folder: Path, subset: str, errors: Errors = "raise") -> Records:
+    """STS.input.<subset>.txt + STS.gs.<subset>.txt; pairs with an empty gold line are unscored and dropped."""
+    inputs, gold = Path(folder) / f"STS.input.{subset}.txt", Path(folder) / f"STS.gs.{subset}.txt"
+    pairs, scores = list(_lines(inputs)), list(_lines(gold))
+    if len(pairs) != len(scores):
+        raise DataError(f"{inputs} has {len(pairs)} lines but {gold} has {len(scores)}; they must align")
+    collector = RecordCollector(str(inputs), errors)
+    for number, (pair, score) in enumerate(zip(pairs, scores), start=1):
+        if not score.strip():
+            collector.drop(f"no gold score in {gold.name}")
+            continue
+        collector.add(number, _sts_record, pair, score, gold.name)
+    return collector.finish()
+
+
+def read_nli_csv(path: Path, errors: Errors = "raise") -> Records:
+    """SNLI / MultiNLI CSV (pairID, sentence1, sentence2, label); "-" (no gold label) rows are dropped."""
+    rows = _csv_rows(Path(path))
+    return _read_table(Path(path), rows, "labelled", _NLI_CSV_COLUMNS, errors=errors, drop=("label", "-"))
+
+
+def _senteval_record(premise: str, hypothesis: str, label: str) -> Record:
+    return make_record("labelled", {"sentence1": premise, "sentence2": hypothesis, "label": label})
+
+
+def read_senteval_nli(folder: Path, split: str, errors: Errors = "raise") -> Records:
+    """SentEval SNLI: aligned s1.<split>, s2.<split>, labels.<split> (tokenized, gold rows only)."""
+    paths = [Path(folder) / f"{stem}.{split}" for stem in ("s1", "s2", "labels")]
+    columns = [list(_lines(path)) for path in paths]
+    if len({len(column) for column in columns}) != 1:
+        counts = ", ".join(f"{path.name} {len(column)}" for path, column in zip(paths, columns))
+        raise DataError(f"{folder}: s1/s2/labels.{split} must have equal line counts, got {counts}")
+    collector = RecordCollector(str(Path(folder) / f"{{s1,s2,labels}}.{split}"), errors)
+    for number, row in enumerate(zip(*columns), start=1):
+        collector.add(number, _senteval_record, *row)
+    return collector.finish()
+
+
+def read_xnli(path: Path, errors: Errors = "raise") -> Records:
+    """XNLI-en TSV (id, premise, hypothesis, label 0=entailment 1=neutral 2=contradiction)."""
+    columns = {"sentence1": "premise", "sentence2": "hypothesis"}
+    return _read_table(Path(path), _tab_rows(Path(path)), "labelled", columns, XNLI_LABEL_IDS, errors)
+
+
+def read_cad_snli(path: Path, errors: Errors = "raise") -> Records:
+    """Counterfactually-augmented SNLI TSV (sentence1, sentence2, gold_label as a word)."""
+    columns = {"label": "gold_label"}
+    return _read_table(Path(path), _tab_rows(Path(path)), "labelled", columns, errors=errors)
+
+
+def read_ukp_aspect(path: Path, errors: Errors = "raise") -> Records:
+    """UKP_ASPECT.tsv as TopicPair, label mapped to a score by UKP_ASPECT_SCORES."""
+    columns = {"sentence1": "sentence_1", "sentence2": "sentence_2", "score": "label"}
+    return _read_table(Path(path), _tab_rows(Path(path)), "topic", columns, UKP_ASPECT_SCORES, errors)
+
+
+def read_bws(path: Path, errors: Errors = "raise") -> Records:
+    """BWS_corpus.csv as TopicPair with score = regression_label (0-1)."""
+    columns = {"sentence1": "sentence_1", "sentence2": "sentence_2", "score": "regression_label"}
+    return _read_table(Path(path), _csv_rows(Path(path)), "topic", columns, errors=errors)
+
+
+def read_wikisec_csv(path: Path, errors: Errors = "raise") -> Records:
+    """Wikipedia-sections triplets CSV (Dor et al. 2018 release) with Sentence1/2/3 = anchor/positive/negative."""
+    columns = {"anchor": "Sentence1", "positive": "Sentence2", "negative": "Sentence3"}
+    return read_user_file(path, "triplet", columns, errors)
+
+
+def _json_record(text: str, kind: Kind, columns: Mapping[str, str], values) -> Record:
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise RowError(f"invalid JSON ({error.msg})") from None
+    if not isinstance(row, dict):
+        raise RowError(f"expected a JSON object, got {type(row).__name__}")
+    return make_record(kind, row, columns, values)
+
+
+def read_user_file(
+    path: str | os.PathLike,
+    kind: Kind,
+    columns: Mapping[str, str] | None = None,
+    errors: Errors = "raise",
+    labels: Mapping[object, int] | None = None,
+) -> Records:
+    """The user's own .csv (RFC-4180), .tsv (TAB, no quoting) or .jsonl file with named columns.
+
+    kind: "scored" | "labelled" | "triplet" | "topic". columns: record field -> column name, e.g.
+    {"sentence1": "premise", "sentence2": "hypothesis", "label": "gold"}; unlisted fields use their own name.
+    labels: raw label -> class index (default: the NLI_LABELS words); scores must be numbers.
+    """
+    path = Path(path)
+    if kind not in RECORD_TYPES:
+        raise DataError(f"{path}: unknown record kind {kind!r} (choose one of {', '.join(RECORD_TYPES)})")
+    columns = dict(columns or {})
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        return _read_table(path, _csv_rows(path), kind, columns, labels, errors)
+    if suffix == ".tsv":
+        return _read_table(path, _tab_rows(path), kind, columns, labels, errors)
+    if suffix == ".jsonl":
+        collector = RecordCollector(str(path), errors)
+        for number, line in enumerate(_lines(path), start=1):
+            if line.strip():
+                collector.add(number, _json_record, line, kind, columns, labels)
+        return collector.finish()
+    raise DataError(f"{path}: unsupported file type {suffix!r} (use .csv, .tsv or .jsonl)")
+
+
+def nli_triplets(pairs: Records) -> Records:
+    """(premise, entailed hypothesis, contradicting hypothesis) triplets from labelled NLI pairs.
+
+    Pairs are grouped by premise text; every entailment x contradiction combination of a premise becomes one
+    triplet (premises in first-seen order). Premises lacking either label give none; neutral pairs are unused.
+    """
+    entailment, contradiction = NLI_LABELS.index("entailment"), NLI_LABELS.index("contradiction")
+    groups: dict[str, tuple[list[str], list[str]]] = {}
+    for pair in pairs:
+        positives, negatives = groups.setdefault(pair.sentence1, ([], []))
+        if pair.label == entailment:
+            positives.append(pair.sentence2)
+        elif pair.label == contradiction:
+            negatives.append(pair.sentence2)
+    triplets = (
+        Triplet(premise, positive, negative)
+        for premise, (positives, negatives) in groups.items()
+        for positive in positives
+        for negative in negatives
+    )
+    return Records(triplets, skipped=pairs.skipped, dropped=pairs.dropped)
+
+
+# --- dataset names -> local files ---------------------------------------------------------------------------
+
+
+def _choose(name: str, split: str, choices: Mapping[str, T]) -> T:
+    if split not in choices:
+        raise DataError(f"local dataset {name!r} has no split {split!r}; choose one of {', '.join(choices)}")
+    return choices[split]
+
+
+_STSB_FILES = {"train": "sts-train.csv", "dev": "sts-dev.csv", "test": "sts-test.csv"}
+# "dev" aliases SICK's trial split; "all" = train + trial + test (what mteb/sickr-sts calls "test").
+_SICK_FILES = {
+    "train": ("SICK_train.txt",),
+    "trial": ("SICK_trial.txt",),
+    "dev": ("SICK_trial.txt",),
+    "test": ("SICK_test_annotated.txt",),
+    "all": ("SICK_train.txt", "SICK_trial.txt", "SICK_test_annotated.txt"),
+}
+_SNLI_FILES = {"dev": "snli_1.0_dev.csv", "test": "snli_1.0_test.csv"}
+_MNLI_FILES = {
+    "dev_matched": "multinli_1.0_dev_matched.csv",
+    "dev_mismatched": "multinli_1.0_dev_mismatched.csv",
+}
+_XNLI_FILES = {"dev": "xnli_validation_en.tsv", "test": "xnli_test_en.tsv"}
+# "original/<s>" or "revised_combined/<s>"; a bare "<s>" is both (the release's all_combined/<s>).
+_CAD_FILES = {
+    **{
+        f"{part}/{s}": (f"{part}/{s}.tsv",)
+        for part in ("original", "revised_combined")
+        for s in ("train", "dev", "test")
+    },
+    **{s: (f"original/{s}.tsv", f"revised_combined/{s}.tsv") for s in ("train", "dev", "test")},
+}
+_WIKISEC_FILES = {"train": "train.csv", "dev": "validation.csv", "test": "test.csv"}
+
+
+def _stsb(root: Path, split: str, errors: Errors) -> Records:
+    return read_stsb(root / "stsb" / _choose("stsb", split, _STSB_FILES), errors)
+
+
+def _sick(root: Path, split: str, errors: Errors) -> Records:
+    files = _choose("sickr", split, _SICK_FILES)
+    return Records.concat(read_sick(root / "sickr" / file, errors) for file in files)
+
+
+def sts_subsets(root: Path, name: str, errors: Errors = "raise") -> dict[str, Records]:
+    """STS12-16 by sub-set, in the order of STS_SUBSETS (their concatenation is the year's test set)."""
+    folder = root / "sts12-16" / f"STS{name.removeprefix('sts')}-en-test"
+    return {subset: read_sts_subset(folder, subset, errors) for subset in STS_SUBSETS[name]}
+
+
+def _sts_year(name: str) -> Callable[[Path, str, Errors], Records]:
+    def read(root: Path, split: str, errors: Errors) -> Records:
+        _choose(name, split, {"test": None})
+        return Records.concat(sts_subsets(root, name, errors).values())
+
+    return read
+
+
+def _snli(root: Path, split: str, errors: Errors) -> Records:
+    return read_nli_csv(root / "nli" / "snli" / _choose("snli", split, _SNLI_FILES), errors)
+
+
+def _mnli(root: Path, split: str, errors: Errors) -> Records:
+    return read_nli_csv(root / "nli" / "mnli" / _choose("mnli", split, _MNLI_FILES), errors)
+
+
+def _snli_senteval(root: Path, split: str, errors: Errors) -> Records:
+    _choose("snli-senteval", split, {"dev": None, "test": None})
+    return read_senteval_nli(root / "nli" / "snli-senteval", split, errors)
+
+
+def _xnli(root: Path, split: str, errors: Errors) -> Records:
+    return read_xnli(root / "nli-extra" / "xnli-en" / _choose("xnli", split, _XNLI_FILES), errors)
+
+
+def _cad_snli(root: Path, split: str, errors: Errors) -> Records:
+    files = _choose("cad-snli", split, _CAD_FILES)
+    return Records.concat(read_cad_snli(root / "nli-extra" / "cad-snli" / file, errors) for file in files)
+
+
+def _nli_offline(root: Path, split: str, errors: Errors) -> Records:
+    # The largest NLI training set available offline: the only real SNLI-train pairs (CAD original/train),
+    # their counterfactual revisions, and XNLI-en (MultiNLI-style, disjoint from MultiNLI dev). SNLI and
+    # MultiNLI dev/test are left out on purpose: they stay NLI evaluation data.
+    _choose("nli-offline", split, {"train": None})
+    parts = [_cad_snli(root, "original/train", errors), _cad_snli(root, "revised_combined/train", errors)]
+    return Records.concat(parts + [_xnli(root, "dev", errors), _xnli(root, "test", errors)])
+
+
+def _nli_triplets(root: Path, split: str, errors: Errors) -> Records:
+    # Built from an SNLI evaluation split (the split names which; "test" is the usual choice).
+    return nli_triplets(_snli(root, split, errors))
+
+
+def _ukp_aspect(root: Path, split: str, errors: Errors) -> Records:
+    # "all", or "fold<k>/<train|dev|test>" of UKP_ASPECT_FOLDS.
+    records = read_ukp_aspect(root / "ukp-aspect" / "UKP_ASPECT.tsv", errors)
+    if split == "all":
+        return records
+    match = re.fullmatch(r"fold([0-3])/(train|dev|test)", split)
+    if not match:
+        raise DataError(
+            f"local dataset 'ukp-aspect' has no split {split!r}; use 'all' or 'fold<0-3>/<train|dev|test>'"
+        )
+    fold, part = UKP_ASPECT_FOLDS[int(match[1])], match[2]
+    if part == "train":
+        held_out = set(fold["dev"]) | set(fold["test"])
+        kept = [record for record in records if record.topic not in held_out]
+    else:
+        kept = [record for record in records if record.topic in fold[part]]
+    return Records(kept, skipped=records.skipped, dropped=records.dropped)
+
+
+def _bws(root: Path, split: str, errors: Errors) -> Records:
+    # One split: the corpus has no official topic split (cross-topic folds are the caller's choice).
+    _choose("bws", split, {"all": None})
+    return read_bws(root / "bws-argsim" / "BWS_corpus.csv", errors)
+
+
+def _wikisec(root: Path, split: str, errors: Errors) -> Records:
+    # Not in shared/data; a user with the Dor et al. release puts its CSVs in <data dir>/wikisec/.
+    return read_wikisec_csv(root / "wikisec" / _choose("wikisec", split, _WIKISEC_FILES), errors)
+
+
+_LOCAL: dict[str, Callable[[Path, str, Errors], Records]] = {
+    "stsb": _stsb,
+    "sickr": _sick,
+    **{name: _sts_year(name) for name in STS_SUBSETS},
+    "snli": _snli,
+    "mnli": _mnli,
+    "snli-senteval": _snli_senteval,
+    "xnli": _xnli,
+    "cad-snli": _cad_snli,
+    "nli-offline": _nli_offline,
+    "nli-triplets": _nli_triplets,
+    "ukp-aspect": _ukp_aspect,
+    "bws": _bws,
+    "wikisec": _wikisec,
+}
+
+
+def load_records(
+    name: str,
+    split: str,
+    data_dir: str | os.PathLike | None = None,
+    errors: Errors = "raise",
+) -> Records:
+    """All records of one dataset split: from local files when a data directory is set, else the Hub."""
+    root = resolve_data_dir(data_dir)
+    if root is None:
+        return load_hub(name, split, errors)
+    if name not in _LOCAL:
+        where = (
+            " (it is only on the Hugging Face Hub: unset the data directory)" if name in HUB_SOURCES else ""
+        )
+        raise DataError(f"dataset {name!r} is not a local dataset{where}; local names: {', '.join(_LOCAL)}")
+    return _LOCAL[name](root, split, errors)
+
+
+def load_sts_subsets(
+    name: str, data_dir: str | os.PathLike | None = None, errors: Errors = "raise"
+) -> dict[str, Records]:
+    """STS12-16 test pairs per sub-set (file order); needs local files (the Hub copies lack sub-set names)."""
+    if name not in STS_SUBSETS:
+        raise DataError(f"{name!r} is not one of {', '.join(STS_SUBSETS)}")
+    root = resolve_data_dir(data_dir)
+    if root is None:
+        raise DataError(f"per-subset {name} needs local files: pass --data-dir or set {DATA_DIR_ENV}")
+    return sts_subsets(root, name, errors)
