@@ -69,9 +69,7 @@ HUB_SOURCES: dict[str, HubSource] = {
         },
         columns=_NLI_COLUMNS,
     ),
-    "wikisec": HubSource(
-        "sentence-transformers/wikipedia-sections", "triplet", _TRAIN_DEV_TEST, config="triplet"
-    ),
+    "wikisec": HubSource("sentence-transformers/wikipedia-sections", "triplet", _TRAIN_DEV_TEST, config="triplet"),
 }
 
 
@@ -84,9 +82,7 @@ def hub_source(name: str, split: str) -> tuple[HubSource, str]:
         )
     source = HUB_SOURCES[name]
     if split not in source.splits:
-        raise DataError(
-            f"{source.path} ({name}) has no split {split!r}; choose one of {', '.join(source.splits)}"
-        )
+        raise DataError(f"{source.path} ({name}) has no split {split!r}; choose one of {', '.join(source.splits)}")
     return source, source.splits[split]
 
 

@@ -152,7 +152,7 @@ def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
 def _named(fields: list[str], names: list[str]) -> dict[str, str]:
     if len(fields) != len(names):
         raise RowError(f"expected {len(names)} fields, got {len(fields)}")
-    return dict(zip(names, fields))
+    return dict(zip(names, fields, strict=True))
 
 
 def _named_record(
@@ -233,7 +233,7 @@ def read_sts_subset(folder: Path, subset: str, errors: Errors = "raise") -> Reco
     if len(pairs) != len(scores):
         raise DataError(f"{inputs} has {len(pairs)} lines but {gold} has {len(scores)}; they must align")
     collector = RecordCollector(str(inputs), errors)
-    for number, (pair, score) in enumerate(zip(pairs, scores), start=1):
+    for number, (pair, score) in enumerate(zip(pairs, scores, strict=True), start=1):
         if not score.strip():
             collector.drop(f"no gold score in {gold.name}")
             continue
@@ -256,10 +256,10 @@ def read_senteval_nli(folder: Path, split: str, errors: Errors = "raise") -> Rec
     paths = [Path(folder) / f"{stem}.{split}" for stem in ("s1", "s2", "labels")]
     columns = [list(_lines(path)) for path in paths]
     if len({len(column) for column in columns}) != 1:
-        counts = ", ".join(f"{path.name} {len(column)}" for path, column in zip(paths, columns))
+        counts = ", ".join(f"{path.name} {len(column)}" for path, column in zip(paths, columns, strict=True))
         raise DataError(f"{folder}: s1/s2/labels.{split} must have equal line counts, got {counts}")
     collector = RecordCollector(str(Path(folder) / f"{{s1,s2,labels}}.{split}"), errors)
-    for number, row in enumerate(zip(*columns), start=1):
+    for number, row in enumerate(zip(*columns, strict=True), start=1):
         collector.add(number, _senteval_record, *row)
     return collector.finish()
 
@@ -460,9 +460,7 @@ def _ukp_aspect(root: Path, split: str, errors: Errors) -> Records:
         return records
     match = re.fullmatch(r"fold([0-3])/(train|dev|test)", split)
     if not match:
-        raise DataError(
-            f"local dataset 'ukp-aspect' has no split {split!r}; use 'all' or 'fold<0-3>/<train|dev|test>'"
-        )
+        raise DataError(f"local dataset 'ukp-aspect' has no split {split!r}; use 'all' or 'fold<0-3>/<train|dev|test>'")
     fold, part = UKP_ASPECT_FOLDS[int(match[1])], match[2]
     if part == "train":
         held_out = set(fold["dev"]) | set(fold["test"])
@@ -511,9 +509,7 @@ def load_records(
     if root is None:
         return load_hub(name, split, errors)
     if name not in _LOCAL:
-        where = (
-            " (it is only on the Hugging Face Hub: unset the data directory)" if name in HUB_SOURCES else ""
-        )
+        where = " (it is only on the Hugging Face Hub: unset the data directory)" if name in HUB_SOURCES else ""
         raise DataError(f"dataset {name!r} is not a local dataset{where}; local names: {', '.join(_LOCAL)}")
     return _LOCAL[name](root, split, errors)
 

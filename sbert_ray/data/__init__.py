@@ -1,0 +1,51 @@
+"""Data layer: record types, readers for local files / the Hub / user files, and the batch sampler."""
+
+from sbert_ray.data.hub import HUB_SOURCES, HubSource, load_hub
+from sbert_ray.data.readers import (
+    DATA_DIR_ENV,
+    STS_SUBSETS,
+    UKP_ASPECT_FOLDS,
+    UKP_ASPECT_SCORES,
+    load_records,
+    load_sts_subsets,
+    nli_triplets,
+    read_user_file,
+    read_wikisec_csv,
+    resolve_data_dir,
+)
+from sbert_ray.data.records import (
+    NLI_LABELS,
+    DataError,
+    LabelledPair,
+    Record,
+    Records,
+    ScoredPair,
+    TopicPair,
+    Triplet,
+)
+from sbert_ray.data.sampler import SmartBatchSampler
+
+__all__ = [
+    "DATA_DIR_ENV",
+    "HUB_SOURCES",
+    "NLI_LABELS",
+    "STS_SUBSETS",
+    "UKP_ASPECT_FOLDS",
+    "UKP_ASPECT_SCORES",
+    "DataError",
+    "HubSource",
+    "LabelledPair",
+    "Record",
+    "Records",
+    "ScoredPair",
+    "SmartBatchSampler",
+    "TopicPair",
+    "Triplet",
+    "load_hub",
+    "load_records",
+    "load_sts_subsets",
+    "nli_triplets",
+    "read_user_file",
+    "read_wikisec_csv",
+    "resolve_data_dir",
+]
