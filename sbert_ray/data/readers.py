@@ -12,6 +12,7 @@ File quirks handled here (see each folder's SOURCE.md): TAB files are split on T
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import re
@@ -180,10 +181,10 @@ def _read_table(
     if first is None:
         raise DataError(f"{path}: empty file, expected a header line")
     header_line, names = first
-    for field in RECORD_TYPES[kind].__dataclass_fields__:
-        key = columns.get(field, field)
+    for field in dataclasses.fields(RECORD_TYPES[kind]):
+        key = columns.get(field.name, field.name)
         if key not in names:
-            raise DataError(f"{path}, line {header_line}: no column {key!r} for {field} (columns: {names})")
+            raise DataError(f"{path}, line {header_line}: no column {key!r} for {field.name} (columns: {names})")
     drop_index = names.index(drop[0]) if drop else None
     collector = RecordCollector(str(path), errors)
     for line, fields in rows:
@@ -294,7 +295,9 @@ def read_wikisec_csv(path: Path, errors: Errors = "raise") -> Records:
     return read_user_file(path, "triplet", columns, errors)
 
 
-def _json_record(text: str, kind: Kind, columns: Mapping[str, str], values) -> Record:
+def _json_record(
+    text: str, kind: Kind, columns: Mapping[str, str], values: Mapping[object, float | int] | None
+) -> Record:
     try:
         row = json.loads(text)
     except json.JSONDecodeError as error:
