@@ -139,9 +139,7 @@ class SentenceEncoder(nn.Module):
         order = sorted(range(len(sentences)), key=lambda i: -len(encodings["input_ids"][i]))
         for start in range(0, len(order), batch_size):
             indices = order[start : start + batch_size]
-            batch = self.tokenizer.pad(
-                [{k: encodings[k][i] for k in encodings} for i in indices], return_tensors="pt"
-            )
+            batch = self.tokenizer.pad([{k: encodings[k][i] for k in encodings} for i in indices], return_tensors="pt")
             out[indices] = self({k: v.to(self.device) for k, v in batch.items()}).float()
 
 

@@ -65,23 +65,17 @@ def read_st_layout(ref: str) -> StLayout | None:
     )
 
 
-def write_st_layout(
-    path: Path, pooling: PoolingMode, embedding_dim: int, max_seq_length: int, normalize: bool
-) -> None:
+def write_st_layout(path: Path, pooling: PoolingMode, embedding_dim: int, max_seq_length: int, normalize: bool) -> None:
     """Write the sentence-transformers files around a model already saved with save_pretrained at `path`."""
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
     ]
     if normalize:
-        modules.append(
-            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
-        )
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
         (path / "2_Normalize").mkdir(exist_ok=True)
     _write_json(path / "modules.json", modules)
-    _write_json(
-        path / "sentence_bert_config.json", {"max_seq_length": max_seq_length, "do_lower_case": False}
-    )
+    _write_json(path / "sentence_bert_config.json", {"max_seq_length": max_seq_length, "do_lower_case": False})
     pooling_config = {"word_embedding_dimension": embedding_dim, "pooling_mode_mean_sqrt_len_tokens": False}
     pooling_config |= {flag: mode == pooling for flag, mode in _POOLING_FLAGS.items()}
     (path / "1_Pooling").mkdir(exist_ok=True)
@@ -95,16 +89,10 @@ def _pooling_mode(ref: str, config: dict[str, Any]) -> PoolingMode:
     else:
         modes = [mode for flag, mode in _POOLING_FLAGS.items() if config.get(flag)]
         # Any other true flag (mean_sqrt_len, weightedmean, lasttoken) is a mode we cannot reproduce.
-        if any(
-            value
-            for key, value in config.items()
-            if key.startswith("pooling_mode_") and key not in _POOLING_FLAGS
-        ):
+        if any(value for key, value in config.items() if key.startswith("pooling_mode_") and key not in _POOLING_FLAGS):
             modes = []
     if len(modes) != 1:
-        raise ValueError(
-            f"{ref}: unsupported pooling config {config}; expected exactly one of mean, max, cls"
-        )
+        raise ValueError(f"{ref}: unsupported pooling config {config}; expected exactly one of mean, max, cls")
     return modes[0]
 
 

@@ -1,0 +1,17 @@
+"""Training objectives; each owns the encoder so that DDP wraps the loss module."""
+
+from sbert_ray.losses.base import EncoderLoss
+from sbert_ray.losses.cosine_similarity import CosineSimilarityLoss
+from sbert_ray.losses.multiple_negatives_ranking import MultipleNegativesRankingLoss
+from sbert_ray.losses.softmax import CONCAT_FEATURES, SoftmaxLoss
+from sbert_ray.losses.triplet import DISTANCES, TripletLoss
+
+__all__ = [
+    "CONCAT_FEATURES",
+    "DISTANCES",
+    "CosineSimilarityLoss",
+    "EncoderLoss",
+    "MultipleNegativesRankingLoss",
+    "SoftmaxLoss",
+    "TripletLoss",
+]

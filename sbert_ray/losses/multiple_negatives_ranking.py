@@ -1,0 +1,43 @@
+"""In-batch negatives ranking (beyond the paper; Henderson et al. 2017): each anchor must pick its own
+positive among all positives (and hard negatives) of the batch, under data parallelism the global batch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from sbert_ray.losses.base import EncoderLoss
+from sbert_ray.losses.distributed import gather_across_workers
+from sbert_ray.models.encoder import SentenceEncoder
+
+
+class MultipleNegativesRankingLoss(EncoderLoss):
+    """Cross-entropy over scale · cos(anchor_i, candidate_j), the target being anchor i's own positive.
+
+    Columns are [anchor, positive, optional hard negatives...]; labels are ignored. With
+    `gather_across_workers`, candidates come from every data-parallel worker (gathered with gradients), so
+    each worker's loss is the mean over its own anchors against the global batch; DDP's gradient averaging
+    then yields exactly the gradient of the mean loss over the global batch.
+    """
+
+    def __init__(self, encoder: SentenceEncoder, scale: float = 20.0, gather_across_workers: bool = True) -> None:
+        super().__init__(encoder)
+        self.scale = scale
+        self.gather_across_workers = gather_across_workers
+
+    def compute_loss_from_embeddings(self, embeddings: Sequence[Tensor], labels: Tensor | None = None) -> Tensor:
+        if len(embeddings) < 2:
+            raise ValueError(f"MultipleNegativesRankingLoss expects at least 2 columns, got {len(embeddings)}")
+        anchors, *columns = embeddings
+        candidates = torch.stack(columns, dim=1)  # [batch, columns, dim]: each row's positive and negatives
+        offset = 0
+        if self.gather_across_workers:
+            candidates, offset = gather_across_workers(candidates)
+        # All positives first, then all negatives, so anchor i's positive is candidate offset + i.
+        candidates = candidates.transpose(0, 1).flatten(0, 1)
+        scores = self.scale * F.normalize(anchors, dim=-1) @ F.normalize(candidates, dim=-1).T
+        targets = torch.arange(offset, offset + len(anchors), device=anchors.device)
+        return F.cross_entropy(scores, targets)

@@ -1,0 +1,46 @@
+"""Classification objective (SBERT section 3): softmax(W_t · (u, v, |u−v|)) with cross-entropy, used for NLI."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from sbert_ray.losses.base import EncoderLoss
+from sbert_ray.models.encoder import SentenceEncoder
+
+# The vectors Table 6 ablates, by the names used there.
+CONCAT_FEATURES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "u": lambda u, v: u,
+    "v": lambda u, v: v,
+    "|u-v|": lambda u, v: torch.abs(u - v),
+    "u*v": lambda u, v: u * v,
+}
+
+
+class SoftmaxLoss(EncoderLoss):
+    """Cross-entropy of a linear classifier over the concatenation `concat` of the two sentence embeddings.
+
+    The classifier W_t ∈ R^{k·n × num_labels} lives here, not in the encoder: it is trained but not saved.
+    Features are concatenated in the order given; the default (u, v, |u−v|) is the paper's best (Table 6).
+    """
+
+    def __init__(
+        self,
+        encoder: SentenceEncoder,
+        num_labels: int = 3,
+        concat: Sequence[str] = ("u", "v", "|u-v|"),
+    ) -> None:
+        super().__init__(encoder)
+        unknown = [name for name in concat if name not in CONCAT_FEATURES]
+        if not concat or unknown or len(set(concat)) != len(concat):
+            raise ValueError(f"concat must be distinct names from {list(CONCAT_FEATURES)}, got {list(concat)}")
+        self.concat = tuple(concat)
+        self.classifier = nn.Linear(len(self.concat) * encoder.embedding_dim, num_labels, device=encoder.device)
+
+    def compute_loss_from_embeddings(self, embeddings: Sequence[Tensor], labels: Tensor | None) -> Tensor:
+        u, v = self._columns(embeddings, 2)
+        features = torch.cat([CONCAT_FEATURES[name](u, v) for name in self.concat], dim=1)
+        return F.cross_entropy(self.classifier(features), self._labels(labels))

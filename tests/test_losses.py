@@ -1,0 +1,236 @@
+"""Objectives: hand-computed values, gradients reaching the encoder, equality with sentence-transformers'
+losses on the same model, and the cross-worker gather of MultipleNegativesRankingLoss."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from sentence_transformers import SentenceTransformer
+from sentence_transformers import losses as st_losses
+from torch import Tensor
+
+from sbert_ray.losses import (
+    CosineSimilarityLoss,
+    EncoderLoss,
+    MultipleNegativesRankingLoss,
+    SoftmaxLoss,
+    TripletLoss,
+)
+from sbert_ray.models import SentenceEncoder
+
+ANCHORS = ["A man plays a guitar.", "Two dogs run in a field.", "A woman is cooking.", "Kids play football."]
+POSITIVES = ["Someone plays music.", "Animals are running.", "A person prepares food.", "Children play a sport."]
+NEGATIVES = ["The stock market fell.", "It is raining in Paris.", "A car is parked.", "The cat sleeps all day."]
+
+
+@pytest.fixture(scope="module")
+def encoder(tiny_model_dir: Path) -> SentenceEncoder:
+    return SentenceEncoder.load(tiny_model_dir)  # eval mode: no dropout, so both libraries agree
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir: Path) -> SentenceTransformer:
+    return SentenceTransformer(str(tiny_model_dir), device="cpu").eval()
+
+
+def _features(encoder: SentenceEncoder, *columns: list[str]) -> list[dict[str, Tensor]]:
+    return [encoder.tokenize(column) for column in columns]
+
+
+def _assert_matches_reference_and_trains_encoder(
+    ours: EncoderLoss, theirs: torch.nn.Module, features: list[dict[str, Tensor]], labels: Tensor
+) -> None:
+    ours.zero_grad()
+    loss = ours(features, labels)
+    assert loss.dim() == 0
+    torch.testing.assert_close(loss, theirs(features, labels), atol=1e-5, rtol=1e-5)
+    loss.backward()
+    trainable = [p for p in ours.encoder.parameters() if p.requires_grad]
+    assert trainable and all(p.grad is not None and p.grad.abs().sum() > 0 for p in trainable)
+
+
+# --- SoftmaxLoss ---------------------------------------------------------------------------------------
+
+
+def test_softmax_loss_by_hand(encoder: SentenceEncoder) -> None:
+    loss = SoftmaxLoss(encoder, num_labels=3, concat=("|u-v|",))
+    classifier = torch.nn.Linear(2, 3, bias=False)
+    classifier.weight.data = torch.tensor([[1.0, 0.0], [0.0, 2.0], [0.0, 0.0]])
+    loss.classifier = classifier
+    u, v = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])
+    # |u−v| = (1, 1) -> logits (1, 2, 0); label 1 -> −log softmax = log(e¹ + e² + e⁰) − 2
+    expected = math.log(math.e + math.e**2 + 1) - 2
+    assert loss.compute_loss_from_embeddings([u, v], torch.tensor([1])).item() == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("concat", "st_flags"),
+    [
+        (("u", "v", "|u-v|"), (True, True, False)),
+        (("u", "v", "|u-v|", "u*v"), (True, True, True)),
+        (("|u-v|",), (False, True, False)),
+        (("u", "v", "u*v"), (True, False, True)),
+    ],
+)
+def test_softmax_loss_matches_sentence_transformers(
+    encoder: SentenceEncoder,
+    reference: SentenceTransformer,
+    concat: tuple[str, ...],
+    st_flags: tuple[bool, bool, bool],
+) -> None:
+    ours = SoftmaxLoss(encoder, num_labels=3, concat=concat)
+    rep, difference, multiplication = st_flags
+    theirs = st_losses.SoftmaxLoss(reference, encoder.embedding_dim, 3, rep, difference, multiplication)
+    theirs.classifier.load_state_dict(ours.classifier.state_dict())
+    features = _features(encoder, ANCHORS, POSITIVES)
+    labels = torch.tensor([0, 1, 2, 1])
+    _assert_matches_reference_and_trains_encoder(ours, theirs, features, labels)
+    assert ours.classifier.weight.grad is not None
+
+
+def test_softmax_loss_rejects_unknown_concat(encoder: SentenceEncoder) -> None:
+    with pytest.raises(ValueError, match="u-v"):
+        SoftmaxLoss(encoder, concat=("u", "u-v"))
+
+
+# --- CosineSimilarityLoss ------------------------------------------------------------------------------
+
+
+def test_cosine_similarity_loss_by_hand(encoder: SentenceEncoder) -> None:
+    u = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    v = torch.tensor([[1.0, 1.0], [0.0, 1.0]])
+    scores = torch.tensor([0.5, 0.25])
+    # cos = (1/√2, 0) against (0.5, 0.25)
+    expected = ((1 / math.sqrt(2) - 0.5) ** 2 + 0.25**2) / 2
+    value = CosineSimilarityLoss(encoder).compute_loss_from_embeddings([u, v], scores)
+    assert value.item() == pytest.approx(expected)
+
+
+def test_cosine_similarity_loss_matches_sentence_transformers(
+    encoder: SentenceEncoder, reference: SentenceTransformer
+) -> None:
+    features = _features(encoder, ANCHORS, POSITIVES)
+    scores = torch.tensor([0.9, 0.2, 0.6, 0.0])
+    theirs = st_losses.CosineSimilarityLoss(reference)
+    _assert_matches_reference_and_trains_encoder(CosineSimilarityLoss(encoder), theirs, features, scores)
+
+
+def test_cosine_similarity_loss_rejects_unscaled_scores(encoder: SentenceEncoder) -> None:
+    u = torch.ones(2, 3)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        CosineSimilarityLoss(encoder).compute_loss_from_embeddings([u, u], torch.tensor([4.2, 1.0]))
+
+
+# --- TripletLoss ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("distance", "expected"),
+    [
+        # triplet 1: a=(0,0) p=(3,4) n=(0,1); triplet 2: a=(0,0) p=(1,0) n=(0,3); margin 1
+        ("euclidean", (max(5 - 1 + 1, 0) + max(1 - 3 + 1, 0)) / 2),
+        ("manhattan", (max(7 - 1 + 1, 0) + max(1 - 3 + 1, 0)) / 2),
+    ],
+)
+def test_triplet_loss_by_hand(encoder: SentenceEncoder, distance: str, expected: float) -> None:
+    anchor = torch.zeros(2, 2)
+    positive = torch.tensor([[3.0, 4.0], [1.0, 0.0]])
+    negative = torch.tensor([[0.0, 1.0], [0.0, 3.0]])
+    loss = TripletLoss(encoder, distance=distance)
+    assert loss.margin == 1.0
+    assert loss.compute_loss_from_embeddings([anchor, positive, negative]).item() == pytest.approx(expected)
+
+
+def test_cosine_triplet_loss_by_hand(encoder: SentenceEncoder) -> None:
+    anchor, positive, negative = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 2.0]]), torch.tensor([[3.0, 3.0]])
+    # cosine distances: a–p = 1, a–n = 1 − 1/√2
+    expected = 1 - (1 - 1 / math.sqrt(2)) + 0.5
+    value = TripletLoss(encoder, distance="cosine", margin=0.5).compute_loss_from_embeddings(
+        [anchor, positive, negative]
+    )
+    assert value.item() == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("distance", ["euclidean", "cosine", "manhattan"])
+def test_triplet_loss_matches_sentence_transformers(
+    encoder: SentenceEncoder, reference: SentenceTransformer, distance: str
+) -> None:
+    # Embeddings of an untrained model are close together; a large margin keeps every triplet active.
+    margin = 1.0 if distance == "cosine" else 50.0
+    metric = getattr(st_losses.TripletDistanceMetric, distance.upper())
+    theirs = st_losses.TripletLoss(reference, distance_metric=metric, triplet_margin=margin)
+    features = _features(encoder, ANCHORS, POSITIVES, NEGATIVES)
+    ours = TripletLoss(encoder, distance=distance, margin=margin)
+    _assert_matches_reference_and_trains_encoder(ours, theirs, features, torch.zeros(len(ANCHORS)))
+
+
+# --- MultipleNegativesRankingLoss ----------------------------------------------------------------------
+
+
+def test_multiple_negatives_ranking_loss_by_hand(encoder: SentenceEncoder) -> None:
+    anchors = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    positives = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    # scaled cosines: row 1 (20, 20/√2), target 0; row 2 (0, 20/√2), target 1
+    s = 20 / math.sqrt(2)
+    expected = ((math.log(math.exp(20) + math.exp(s)) - 20) + (math.log(1 + math.exp(s)) - s)) / 2
+    value = MultipleNegativesRankingLoss(encoder).compute_loss_from_embeddings([anchors, positives])
+    assert value.item() == pytest.approx(expected, rel=1e-4)  # float32 log-sum-exp of e^20-sized terms
+
+
+@pytest.mark.parametrize("with_hard_negatives", [False, True])
+def test_multiple_negatives_ranking_loss_matches_sentence_transformers(
+    encoder: SentenceEncoder, reference: SentenceTransformer, with_hard_negatives: bool
+) -> None:
+    columns = [ANCHORS, POSITIVES, NEGATIVES] if with_hard_negatives else [ANCHORS, POSITIVES]
+    theirs = st_losses.MultipleNegativesRankingLoss(reference, scale=20.0)
+    ours = MultipleNegativesRankingLoss(encoder, scale=20.0)
+    _assert_matches_reference_and_trains_encoder(ours, theirs, _features(encoder, *columns), None)
+
+
+def _trainable_grads(module: torch.nn.Module) -> dict[str, Tensor]:
+    return {name: p.grad.clone() for name, p in module.named_parameters() if p.requires_grad}
+
+
+def _gather_worker(rank: int, world_size: int, model_dir: str, tmp: str, splits: list[tuple[int, ...]]) -> None:
+    """One data-parallel worker: its shard of each batch, gathered loss, DDP-style gradient reduction."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world_size)
+    encoder = SentenceEncoder.load(model_dir)
+    loss_fn = MultipleNegativesRankingLoss(encoder)
+    for index, sizes in enumerate(splits):
+        start, total = sum(sizes[:rank]), sum(sizes)
+        shard = [column[start : start + sizes[rank]] for column in (ANCHORS, POSITIVES, NEGATIVES)]
+        encoder.zero_grad()
+        # Weighting by the shard's share makes the sum over workers the global mean; for equal shards
+        # this is exactly DDP's gradient averaging.
+        loss = loss_fn(_features(encoder, *shard)) * sizes[rank] / total
+        loss.backward()
+        dist.all_reduce(loss.detach())
+        for param in encoder.parameters():
+            if param.grad is not None:
+                dist.all_reduce(param.grad)
+        if rank == 0:
+            torch.save({"loss": loss.detach(), "grads": _trainable_grads(encoder)}, f"{tmp}/result{index}.pt")
+    dist.destroy_process_group()
+
+
+def test_gathered_loss_and_gradients_equal_the_global_batch(
+    encoder: SentenceEncoder, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    splits = [(2, 2), (3, 1)]  # equal shards, and a smaller last batch on one worker
+    mp.spawn(_gather_worker, args=(2, str(tiny_model_dir), str(tmp_path), splits), nprocs=2, join=True)
+
+    single = MultipleNegativesRankingLoss(encoder)
+    encoder.zero_grad()
+    expected_loss = single(_features(encoder, ANCHORS, POSITIVES, NEGATIVES))
+    expected_loss.backward()
+    expected_grads = _trainable_grads(encoder)
+    for index in range(len(splits)):
+        result = torch.load(tmp_path / f"result{index}.pt")
+        torch.testing.assert_close(result["loss"], expected_loss.detach(), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(result["grads"], expected_grads, atol=1e-5, rtol=1e-4)
