@@ -42,6 +42,7 @@ class StageConfig:
     split: str = "train"
     columns: dict[str, str] | None = None  # for user files: record field -> column name
     limit: int | None = None  # use only the first N examples (smoke runs)
+    score_max: float = 5.0  # regression targets are score / score_max (STSb's 0-5 -> 0-1, as in the paper)
     objective: str = "regression"
     concat: list[str] = field(default_factory=lambda: ["u", "v", "|u-v|"])  # softmax features
     triplet_distance: str = "euclidean"
@@ -66,6 +67,7 @@ class EvalConfig:
     eval_every: int = 0  # optimizer steps between dev evaluations; 0 = only at the end of each stage
     batch_size: int = 64
     final_tasks: list[str] = field(default_factory=lambda: ["sts"])  # [] skips the final suite
+    before_tasks: list[str] = field(default_factory=list)  # tasks scored on the model before training
 
 
 @dataclass
@@ -221,7 +223,9 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
     if unknown:
         where = f"{prefix}." if prefix else ""
         raise ConfigError(f"unknown key {where}{unknown[0]!r} (known: {', '.join(sorted(names))})")
-    kwargs = {name: _convert(hints[name], value, f"{prefix}.{name}" if prefix else name) for name, value in data.items()}
+    kwargs = {
+        name: _convert(hints[name], value, f"{prefix}.{name}" if prefix else name) for name, value in data.items()
+    }
     return cls(**kwargs)
 
 

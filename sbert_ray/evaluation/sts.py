@@ -1,0 +1,118 @@
+"""STS evaluation: Spearman / Pearson (x100) between embedding similarity and gold scores (paper, Table 1).
+
+STS12-STS16 are scored as one concatenated set each, as the paper does (SentEval averages sub-sets instead,
+which gives lower numbers); per-subset numbers are reported beside them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from scipy.stats import pearsonr, spearmanr
+
+from sbert_ray.data.readers import load_records, load_sts_subsets
+from sbert_ray.data.records import ScoredPair
+
+STS_YEARS = ("sts12", "sts13", "sts14", "sts15", "sts16")
+STS_DATASETS = (*STS_YEARS, "stsb", "sickr")
+# SICK-R: the 4,927 pairs of SICK's test split from local files; the Hub copy (mteb/sickr-sts) has only all
+# 9,927 pairs in one split, so without a data folder that is what gets scored.
+SICKR_LOCAL_SPLIT, SICKR_HUB_SPLIT = "test", "all"
+
+# Larger means more similar for every function, so rank correlations are comparable.
+SIMILARITIES: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "cosine": lambda a, b: np.sum(_unit(a) * _unit(b), axis=1),
+    "manhattan": lambda a, b: -np.abs(a - b).sum(axis=1),
+    "euclidean": lambda a, b: -np.linalg.norm(a - b, axis=1),
+    "dot": lambda a, b: np.sum(a * b, axis=1),
+}
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.clip(np.linalg.norm(x, axis=1, keepdims=True), 1e-12, None)
+
+
+def embed_pairs(encoder, pairs: Sequence[ScoredPair], batch_size: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """Embed both sides of every pair, encoding each distinct sentence once."""
+    sentences = list(dict.fromkeys(s for p in pairs for s in (p.sentence1, p.sentence2)))
+    position = {s: i for i, s in enumerate(sentences)}
+    embeddings = encoder.encode(sentences, batch_size=batch_size, convert_to="numpy").astype(np.float64)
+    return (
+        embeddings[[position[p.sentence1] for p in pairs]],
+        embeddings[[position[p.sentence2] for p in pairs]],
+    )
+
+
+def correlations(
+    emb1: np.ndarray, emb2: np.ndarray, gold: np.ndarray, similarities: Sequence[str] = ("cosine",)
+) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    for name in similarities:
+        predicted = SIMILARITIES[name](emb1, emb2)
+        metrics[f"spearman_{name}"] = float(spearmanr(gold, predicted).statistic * 100)
+        metrics[f"pearson_{name}"] = float(pearsonr(gold, predicted).statistic * 100)
+    metrics["n"] = len(gold)
+    return metrics
+
+
+def evaluate_pairs(
+    encoder, pairs: Sequence[ScoredPair], batch_size: int = 64, similarities: Sequence[str] = ("cosine",)
+) -> dict[str, float]:
+    """Flat metrics dict for one set of scored pairs; the primary metric is ``spearman_cosine``."""
+    if len(pairs) < 2:
+        raise ValueError(f"STS evaluation needs at least 2 scored pairs, got {len(pairs)}")
+    emb1, emb2 = embed_pairs(encoder, pairs, batch_size)
+    return correlations(emb1, emb2, np.array([p.score for p in pairs]), similarities)
+
+
+def evaluate_sts_year(
+    encoder, name: str, data_dir=None, batch_size: int = 64, similarities: Sequence[str] = ("cosine",)
+) -> dict:
+    """One STS year scored as a single concatenated set, with each sub-set's numbers under ``subsets``."""
+    subsets = load_sts_subsets(name, data_dir)
+    pairs = [p for subset in subsets.values() for p in subset]
+    emb1, emb2 = embed_pairs(encoder, pairs, batch_size)
+    gold = np.array([p.score for p in pairs])
+    result = correlations(emb1, emb2, gold, similarities)
+    result["subsets"] = {}
+    start = 0
+    for subset, subset_pairs in subsets.items():
+        part = slice(start, start + len(subset_pairs))
+        result["subsets"][subset] = correlations(emb1[part], emb2[part], gold[part], similarities)
+        start += len(subset_pairs)
+    return result
+
+
+def run_sts_suite(
+    encoder,
+    data_dir=None,
+    datasets: Sequence[str] = STS_DATASETS,
+    batch_size: int = 64,
+    similarities: Sequence[str] = ("cosine",),
+) -> dict[str, dict]:
+    """{dataset: metrics} for STS12-16 (concatenated), STSb test and SICK-R test."""
+    unknown = set(similarities) - set(SIMILARITIES)
+    if unknown:
+        raise ValueError(f"unknown similarity {sorted(unknown)}; choose from {sorted(SIMILARITIES)}")
+    results: dict[str, dict] = {}
+    for name in datasets:
+        if name in STS_YEARS:
+            results[name] = evaluate_sts_year(encoder, name, data_dir, batch_size, similarities)
+        elif name in ("stsb", "sickr"):
+            split = "test" if name == "stsb" else SICKR_LOCAL_SPLIT if data_dir else SICKR_HUB_SPLIT
+            pairs = load_records(name, split, data_dir)
+            results[name] = evaluate_pairs(encoder, pairs, batch_size, similarities)
+        else:
+            raise ValueError(f"unknown STS dataset {name!r}; choose from {', '.join(STS_DATASETS)}")
+    return results
+
+
+def format_table(results: dict[str, dict], similarity: str = "cosine") -> str:
+    """Spearman / Pearson x100 per dataset, with the average over datasets (as Table 1)."""
+    rows = [f"{'dataset':<10} {'spearman':>9} {'pearson':>9} {'n':>6}"]
+    for name, m in results.items():
+        rows.append(f"{name:<10} {m[f'spearman_{similarity}']:>9.2f} {m[f'pearson_{similarity}']:>9.2f} {m['n']:>6}")
+    avg = np.mean([m[f"spearman_{similarity}"] for m in results.values()])
+    rows.append(f"{'avg':<10} {avg:>9.2f}")
+    return "\n".join(rows)
