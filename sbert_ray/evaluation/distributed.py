@@ -1,0 +1,84 @@
+"""Encoding for evaluation spread over Ray actors (CPU cores, GPUs or cluster nodes): ``--workers N``.
+
+``RayEncoder`` has the encoder's ``encode`` signature, so every evaluator uses it unchanged. Embeddings are the
+same as a single process computes: the sentences are ordered exactly as ``SentenceEncoder.encode`` orders them
+(token count, longest first, stable), cut into the same batches, and whole batches are dealt round-robin to the
+workers. Each worker's share is then already in encode's order, so it forms the very same padded batches.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import numpy as np
+import ray
+import torch
+
+from sbert_ray.models.encoder import SentenceEncoder
+
+
+@ray.remote
+class _EncodeWorker:
+    def __init__(self, encoder: SentenceEncoder, device: str, threads: int):
+        torch.set_num_threads(threads)
+        self.encoder = encoder.to(device)
+
+    def encode(self, sentences: list[str], batch_size: int) -> np.ndarray:
+        return self.encoder.encode(sentences, batch_size=batch_size, convert_to="numpy")
+
+
+class RayEncoder:
+    """Drop-in for ``SentenceEncoder.encode`` that runs on ``num_workers`` Ray actors (one GPU each with
+    ``use_gpu``). Use as a context manager, or call ``close()``, to release the actors."""
+
+    def __init__(
+        self, encoder: SentenceEncoder, num_workers: int, use_gpu: bool = False, cpus_per_worker: int = 1
+    ) -> None:
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        if not ray.is_initialized():
+            ray.init()  # joins RAY_ADDRESS's cluster, else starts a local one
+        self.encoder = encoder  # kept for tokenisation (the batch order) and its attributes
+        # Workers get a CPU copy and move it to their own device; the caller's encoder stays where it is.
+        shared = ray.put(encoder if encoder.device.type == "cpu" else copy.deepcopy(encoder).cpu())
+        options = {"num_cpus": cpus_per_worker, "num_gpus": 1 if use_gpu else 0}
+        device = "cuda" if use_gpu else "cpu"
+        self.workers = [
+            _EncodeWorker.options(**options).remote(shared, device, cpus_per_worker) for _ in range(num_workers)
+        ]
+
+    def batches(self, sentences: Sequence[str], batch_size: int) -> list[list[int]]:
+        """Index batches in the order ``SentenceEncoder.encode`` would form them."""
+        enc = self.encoder
+        lengths = [
+            len(ids)
+            for ids in enc.tokenizer(list(sentences), truncation=True, max_length=enc.max_seq_length)["input_ids"]
+        ]
+        order = sorted(range(len(sentences)), key=lambda i: -lengths[i])
+        return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+    def encode(self, sentences: Sequence[str], batch_size: int = 32, convert_to: str = "numpy") -> np.ndarray:
+        if convert_to != "numpy":
+            raise ValueError("RayEncoder.encode returns numpy arrays only")
+        out = np.empty((len(sentences), self.encoder.embedding_dim), dtype=np.float32)
+        batches = self.batches(sentences, batch_size)
+        shares = [[i for batch in batches[w :: len(self.workers)] for i in batch] for w in range(len(self.workers))]
+        futures = [
+            worker.encode.remote([sentences[i] for i in share], batch_size)
+            for worker, share in zip(self.workers, shares, strict=True)
+        ]
+        for share, embeddings in zip(shares, ray.get(futures), strict=True):
+            out[share] = embeddings
+        return out
+
+    def close(self) -> None:
+        for worker in self.workers:
+            ray.kill(worker)
+        self.workers = []
+
+    def __enter__(self) -> RayEncoder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,103 @@
+"""Encoding over Ray workers gives the single-process embeddings and metrics; the report renders from a results
+file, with our numbers beside the paper's and every dataset difference stated; the generic CLI printing."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import ray
+
+from sbert_ray.cli import main
+from sbert_ray.data.readers import load_records
+from sbert_ray.evaluation import report, suite, triplets
+from sbert_ray.evaluation.distributed import RayEncoder
+from sbert_ray.evaluation.paper_numbers import PAPER_TABLES
+from sbert_ray.models.encoder import SentenceEncoder
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False)
+    yield
+    if started:
+        ray.shutdown()
+
+
+def test_ray_workers_reproduce_single_process_encoding(local_ray, tiny_model_dir, data_dir):
+    encoder = SentenceEncoder.load(str(tiny_model_dir))
+    sample = load_records("nli-triplets", "test", data_dir)[:150]
+    sentences = list(dict.fromkeys(s for t in sample for s in (t.anchor, t.positive, t.negative)))
+    single = encoder.encode(sentences, batch_size=16)
+    with RayEncoder(encoder, num_workers=2) as spread:
+        np.testing.assert_array_equal(spread.encode(sentences, batch_size=16), single)
+        assert triplets.evaluate_triplets(spread, sample, batch_size=16) == triplets.evaluate_triplets(
+            encoder, sample, batch_size=16
+        )
+
+
+def test_paper_table_rows_have_one_value_per_column():
+    for table in PAPER_TABLES.values():
+        assert all(len(values) == len(table.columns) for values in table.rows.values()), table.title
+    assert PAPER_TABLES[1].rows["SBERT-NLI-base"][-1] == 74.89
+    assert PAPER_TABLES[3].rows["SBERT-AFS-base (cross-topic)"] == (52.34, 50.65)
+
+
+RESULTS = {
+    "stsb": {"spearman_cosine": 82.03, "pearson_cosine": 83.0, "n": 1379},
+    "ukp-aspect": {
+        "pearson_cosine": 40.5,
+        "spearman_cosine": 38.25,
+        "n": 10,
+        "folds": {"fold0": {"pearson_cosine": 40.5, "spearman_cosine": 38.25, "n": 10, "train_pairs": 90}},
+    },
+    "nli-triplets": {"accuracy_euclidean": 0.8123, "accuracy_cosine": 0.8222, "n": 3247},
+    "MR": {"accuracy": 75.5, "accuracy_std": 1.0, "n": 10662},
+}
+
+
+def test_report_renders_from_a_results_file(tmp_path):
+    path = tmp_path / "minilm.json"
+    path.write_text(json.dumps(RESULTS))
+    assert main(["report", str(path), "--out", str(tmp_path / "out"), "--no-mlflow", "--note", "minilm=6 layers"]) == 0
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "| **ours: minilm** | – | – | – | – | – | 82.03 | – | – |" in text  # Table 1, no Avg
+    assert "| **ours: minilm, ukp-aspect, fine-tuned per fold** | 40.50 | 38.25 |" in text
+    assert "| **ours: minilm, nli-triplets** | 0.8123 |" in text
+    assert "| SBERT-NLI-base | 70.97 |" in text
+    for entry in ("ukp-aspect", "nli-triplets", "MR"):
+        assert report.DATA_NOTES[entry] in text
+    assert "minilm: minilm; 6 layers" in text
+    assert "| ukp-aspect | folds/fold0/train_pairs | 90 |" in text
+    for number in (1, 2, 3, 4, 5):
+        assert (tmp_path / "out" / f"table{number}.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (tmp_path / "out" / "table6.png").exists()
+
+
+def test_report_is_logged_to_mlflow(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(RESULTS))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result_sets = [report.read_results_file(f"run1={path}")]
+    run_id = report.log_report(report.build_report(result_sets, tmp_path / "out"), result_sets, uri, "reports")
+    client = MlflowClient(uri)
+    assert client.get_run(run_id).data.metrics["run1/stsb/spearman_cosine"] == 82.03
+    assert "report/report.md" in [a.path for a in client.list_artifacts(run_id, "report")]
+
+
+def test_generic_printing_shows_every_number():
+    text = suite.format_results(RESULTS)
+    for value in ("82.03", "38.25", "0.8123", "0.8222", "75.50", "10662", "90"):
+        assert value in text
+    assert text.splitlines()[0].startswith("stsb             spearman_cosine 82.03")
+
+
+def test_task_spec_arguments():
+    assert suite.parse_tasks("ukp-aspect,senteval:MR,CR,bws") == ["ukp-aspect", "senteval:MR,CR", "bws"]
+    with pytest.raises(ValueError, match="unknown task"):
+        suite.parse_tasks("stsb,nonsense")
