@@ -11,26 +11,71 @@ from sbert_ray.data.records import DataError
 
 
 def _eval(args: argparse.Namespace) -> int:
+    import time
+
     from sbert_ray.data.readers import resolve_data_dir
-    from sbert_ray.evaluation import suite
-    from sbert_ray.evaluation.sts import format_table
-    from sbert_ray.models.encoder import SentenceEncoder
+    from sbert_ray.evaluation import argsim, suite
+    from sbert_ray.evaluation.baselines import BASELINE_POOLING, load_model
 
     tasks = suite.parse_tasks(args.tasks)  # fail on a typo before loading anything
+    if args.baseline == "tfidf" and (
+        args.mode == "finetune" or any(t.partition(":")[0] not in argsim.ARGSIM_DATASETS for t in tasks)
+    ):
+        raise ConfigError("--baseline tfidf scores argument-similarity tasks (afs, ukp-aspect, bws) unsupervised only")
     data_dir = resolve_data_dir(args.data_dir)
-    encoder = SentenceEncoder.load(args.model)
-    if args.device:
-        encoder.to(args.device)
-    results = suite.run_tasks(
-        encoder, tasks, data_dir, batch_size=args.batch_size, similarities=args.similarities.split(",")
+    options = {"mode": args.mode}
+    if args.mode == "finetune":  # checked here, before any encoding or Ray work
+        pooling = BASELINE_POOLING.get(args.baseline)
+        options["train_config"] = argsim.finetune_config(args.model, data_dir, pooling, args.train_set)
+    model = load_model(args.model, args.baseline)
+    if args.workers > 1:
+        from sbert_ray.evaluation.distributed import RayEncoder
+
+        model = RayEncoder(model, args.workers, use_gpu=(args.device or "").startswith("cuda"))
+    elif args.device:
+        model.to(args.device)
+    print(
+        f"model: {args.model}{f' ({args.baseline} baseline)' if args.baseline else ''}   mode: {args.mode}   "
+        f"data: {data_dir or 'Hugging Face Hub'}"
     )
-    print(f"model: {args.model}   data: {data_dir or 'Hugging Face Hub'}")
-    sts_results = {k: v for k, v in results.items() if "spearman_cosine" in v}
-    if sts_results:
-        print(format_table(sts_results))
+    results: dict[str, dict] = {}
+    try:
+        for task in tasks:
+            start = time.perf_counter()
+            results |= suite.run_tasks(
+                model, [task], data_dir, args.batch_size, args.similarities.split(","), **options
+            )
+            print(f"{task}: {time.perf_counter() - start:.1f} s", flush=True)
+    finally:
+        if args.workers > 1:
+            model.close()
+    print(suite.format_results(results))
     if args.output:
         suite.write_json(results, args.output)
         print(f"wrote {args.output}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from sbert_ray.evaluation import report
+    from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
+
+    tracking_uri = resolve_tracking_uri(args.tracking_uri)
+    result_sets = [report.read_results_file(spec) for spec in args.results]
+    result_sets += [report.read_mlflow_run(run_id, tracking_uri) for run_id in args.run]
+    if not result_sets:
+        raise ConfigError("give at least one results file or --run")
+    for note in args.note:
+        label, _, text = note.partition("=")
+        matching = [rs for rs in result_sets if rs.label == label]
+        if not matching:
+            raise ConfigError(f"--note {note!r}: no results labelled {label!r}")
+        matching[0].notes.append(text)
+    path = report.build_report(result_sets, args.out)
+    print(f"wrote {path}")
+    if not args.no_mlflow:
+        run_id = report.log_report(path, result_sets, tracking_uri, args.experiment)
+        print(f"MLflow run {run_id} at {tracking_uri}")
     return 0
 
 
@@ -64,7 +109,47 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--batch-size", type=int, default=64)
     ev.add_argument("--similarities", default="cosine", help="cosine,manhattan,euclidean,dot")
     ev.add_argument("--device", help="e.g. cuda")
+    ev.add_argument(
+        "--mode",
+        choices=("unsupervised", "finetune"),
+        default="unsupervised",
+        help="argument similarity: score as is, or fine-tune a fresh copy per cross-topic fold first",
+    )
+    ev.add_argument(
+        "--train-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="finetune mode: training config override, e.g. stages.0.max_steps=20 (repeatable)",
+    )
+    ev.add_argument(
+        "--baseline",
+        choices=("avg", "cls", "tfidf"),
+        help="the paper's baselines from --model's backbone: token average, CLS vector, or tf-idf",
+    )
+    ev.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="encode on this many Ray workers (one GPU each with --device cuda); same numbers as one process",
+    )
     ev.set_defaults(func=_eval)
+
+    rp = sub.add_parser("report", help="our results beside the paper's Tables 1-7: markdown + PNG plots, MLflow")
+    rp.add_argument("results", nargs="*", help="results JSON of `sbert-ray eval --output`, as [LABEL=]PATH")
+    rp.add_argument("--run", action="append", default=[], help="an MLflow run id with evaluation.json (repeatable)")
+    rp.add_argument(
+        "--note",
+        action="append",
+        default=[],
+        metavar="LABEL=TEXT",
+        help="a model difference to state for LABEL, e.g. 'minilm=all-MiniLM-L6-v2, 6 layers, 22M'",
+    )
+    rp.add_argument("--out", default="reports/reproduction", help="folder for report.md and the plots")
+    rp.add_argument("--tracking-uri", help="MLflow (default: $MLFLOW_TRACKING_URI, else ~/sbert-ray/mlflow)")
+    rp.add_argument("--experiment", default="sbert-ray-reports")
+    rp.add_argument("--no-mlflow", action="store_true", help="write the files only")
+    rp.set_defaults(func=_report)
 
     tr = sub.add_parser("train", help="train on a Ray cluster (RAY_ADDRESS, else a local one)")
     tr.add_argument("config", help="YAML config, e.g. jobs/configs/quickstart.yaml")
