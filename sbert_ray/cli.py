@@ -86,12 +86,11 @@ def _train(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)  # every config error surfaces here, before Ray starts
     result = train(config)
     for name, before in result.before.items():
-        after = result.metrics.get(f"final_{name}")
-        after_text = f"{after:.2f}" if after is not None else "n/a"
+        after = result.final.get(name)
+        after_text = f"{after:.2f}" if after is not None else "not scored"
         print(f"{name} test Spearman x100: before {before['spearman_cosine']:.2f} -> after {after_text}")
-    finals = {k.removeprefix("final_"): v for k, v in result.metrics.items() if k.startswith("final_")}
-    if finals:
-        print("final model: " + ", ".join(f"{k} {v:.2f}" for k, v in finals.items()))
+    if result.final:
+        print("final model, Spearman x100: " + ", ".join(f"{k} {v:.2f}" for k, v in result.final.items()))
     print(f"model: {result.model_dir}")
     print(f"MLflow run {result.run_id} at {result.tracking_uri} (artifacts: {result.artifact_uri})")
     return 0

@@ -90,7 +90,10 @@ def load_hub(name: str, split: str, errors: Errors = "raise") -> Records:
     source, hub_split = hub_source(name, split)
     from datasets import load_dataset  # heavy import, only needed on this path
 
-    dataset = load_dataset(source.path, source.config, split=hub_split)
+    try:
+        dataset = load_dataset(source.path, source.config, split=hub_split)
+    except ConnectionError as err:  # offline: say how to use local files instead of a network traceback
+        raise DataError(f"{err}; to read {name!r} from local files pass --data-dir or set SBERT_RAY_DATA_DIR") from None
     values = None
     if source.kind == "labelled":
         label_column = source.columns.get("label", "label")

@@ -2,7 +2,7 @@
 
 from sbert_ray.models.encoder import SentenceEncoder
 from sbert_ray.models.pooling import POOLING_MODES, Pooling
-from sbert_ray.models.random_bert import BERT_SHAPES, build_random_bert
+from sbert_ray.models.random_bert import BERT_SHAPES, build_random_bert, random_bert
 from sbert_ray.models.resolve import resolve_model_ref
 
 __all__ = [
@@ -11,5 +11,6 @@ __all__ = [
     "Pooling",
     "SentenceEncoder",
     "build_random_bert",
+    "random_bert",
     "resolve_model_ref",
 ]

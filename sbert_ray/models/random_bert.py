@@ -30,7 +30,21 @@ def build_random_bert(
     pooling: PoolingMode = "mean",
     max_seq_length: int = DEFAULT_MAX_SEQ_LENGTH,
 ) -> Path:
-    """Save a randomly initialised BERT encoder in the sentence-transformers layout at `out_dir`.
+    """Save a randomly initialised BERT encoder in the sentence-transformers layout at `out_dir`."""
+    random_bert(shape, vocab_file, seed, pooling, max_seq_length).save(out_dir)
+    return Path(out_dir)
+
+
+def random_bert(
+    shape: str = "tiny",
+    vocab_file: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+    pooling: PoolingMode = "mean",
+    max_seq_length: int = DEFAULT_MAX_SEQ_LENGTH,
+    normalize: bool = False,
+) -> SentenceEncoder:
+    """A randomly initialised BERT encoder, built in memory (Train workers other than rank 0 cannot save one:
+    transformers writes files only on the main process of a distributed group).
 
     The vocabulary is `vocab_file` (one WordPiece per line, lower-cased input) or, by default, the
     bert-base-uncased vocabulary shipped with the offline all-MiniLM-L6-v2 package.
@@ -53,6 +67,4 @@ def build_random_bert(
     with torch.random.fork_rng(devices=[]):  # seeded weights without disturbing the caller's RNG stream
         torch.manual_seed(seed)
         transformer = BertModel(config)
-    encoder = SentenceEncoder(transformer, tokenizer, pooling=pooling, max_seq_length=max_seq_length)
-    encoder.save(out_dir)
-    return Path(out_dir)
+    return SentenceEncoder(transformer, tokenizer, pooling, max_seq_length, normalize)

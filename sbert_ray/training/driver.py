@@ -1,0 +1,119 @@
+"""The driver of one training run: check the config, open the MLflow run, fit a ``TorchTrainer``, close the run."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+import ray.train
+from ray.train.torch import TorchTrainer
+
+from sbert_ray.config import ConfigError, TrainConfig, dump_yaml, flatten, to_dict
+from sbert_ray.data.readers import load_records, resolve_data_dir
+from sbert_ray.evaluation import suite
+from sbert_ray.models.resolve import resolve_model_ref
+from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags, plot_curves, resolve_tracking_uri
+from sbert_ray.training.batches import load_training_records, texts_and_labels
+from sbert_ray.training.worker import load_encoder, train_loop_per_worker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    run_id: str
+    tracking_uri: str
+    artifact_uri: str
+    model_dir: str
+    before: dict[str, dict]
+    final: dict[str, float]  # dataset -> Spearman x100 (cosine) of the final model
+
+
+def prepare(config: TrainConfig) -> TrainConfig:
+    """Fill in defaults that depend on where the run lives, and check data and model before Ray starts."""
+    storage = Path(config.checkpoint.storage_path).expanduser().resolve()
+    config = dataclasses.replace(
+        config,
+        checkpoint=dataclasses.replace(config.checkpoint, storage_path=str(storage)),
+        output_dir=str(Path(config.output_dir or storage / config.name / "final-model").expanduser().resolve()),
+    )
+    if config.data_dir and not Path(config.data_dir).is_dir():
+        raise ConfigError(f"data_dir: {config.data_dir} is not a directory")
+    data_dir = resolve_data_dir(config.data_dir)
+    if not config.model.name.startswith("random:"):
+        resolve_model_ref(config.model.name)  # a missing folder or unknown id fails here
+    for i, stage in enumerate(config.stages):  # reading validates every row and the objective/record match
+        try:
+            texts_and_labels(load_training_records(stage, data_dir), stage)
+        except ValueError as err:
+            raise ConfigError(f"stages.{i}: {err}") from None
+    load_records(config.evaluation.dev_dataset, config.evaluation.dev_split, data_dir)
+    suite.parse_tasks(",".join(config.evaluation.final_tasks + config.evaluation.before_tasks) or "sts")
+    return config
+
+
+def build_trainer(config: TrainConfig, tracking_uri: str, run_id: str) -> TorchTrainer:
+    scaling = config.scaling
+    resources = {
+        "CPU": scaling.cpus_per_worker,
+        **({"GPU": scaling.gpus_per_worker} if scaling.use_gpu else {}),
+    }
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"config": to_dict(config), "tracking_uri": tracking_uri, "run_id": run_id},
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=scaling.num_workers, use_gpu=scaling.use_gpu, resources_per_worker=resources
+        ),
+        run_config=ray.train.RunConfig(
+            # Same name + storage = same run: a resubmitted job resumes from its latest checkpoint.
+            name=config.name,
+            storage_path=config.checkpoint.storage_path,
+            failure_config=ray.train.FailureConfig(max_failures=config.checkpoint.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(
+                num_to_keep=config.checkpoint.keep_best,
+                checkpoint_score_attribute="dev_spearman",
+                checkpoint_score_order="max",
+            ),
+        ),
+    )
+
+
+def train(config: TrainConfig) -> TrainResult:
+    config = prepare(config)
+    tracking_uri = resolve_tracking_uri(config.tracking.tracking_uri)
+    tracker = RunTracker(
+        tracking_uri,
+        config.tracking.experiment,
+        run_name=config.tracking.run_name or config.name,
+        resume_key=f"{config.checkpoint.storage_path}/{config.name}",
+    )
+    print(f"MLflow: {tracking_uri}  run {tracker.run_id}{' (resumed)' if tracker.resumed else ''}", flush=True)
+    print(f"MLflow artifacts: {tracker.artifact_uri}", flush=True)
+    ok = False
+    try:
+        tracker.log_params(flatten(to_dict(config)))
+        tracker.set_tags(environment_tags())
+        tracker.log_text(dump_yaml(config), "config.yaml")
+        data_dir = resolve_data_dir(config.data_dir)
+        before = {}
+        if config.evaluation.before_tasks:
+            before = suite.run_tasks(load_encoder(config.model, config.seed), config.evaluation.before_tasks, data_dir)
+            tracker.log_metrics({f"before/{k}/spearman_cosine": v["spearman_cosine"] for k, v in before.items()})
+        if not ray.is_initialized():
+            ray.init()  # joins the cluster in RAY_ADDRESS (as under `ray job submit`), else starts a local one
+        build_trainer(config, tracking_uri, tracker.run_id).fit()
+        plot_curves(tracker, {"train/loss": "plots/loss.png", "dev/spearman_cosine": "plots/dev_spearman.png"})
+        ok = True
+        return TrainResult(
+            run_id=tracker.run_id,
+            tracking_uri=tracking_uri,
+            artifact_uri=tracker.artifact_uri,
+            model_dir=config.output_dir,
+            before=before,
+            final=tracker.final_scores(),
+        )
+    finally:
+        tracker.end(ok)

@@ -1,0 +1,129 @@
+"""Distributed training on a real local Ray cluster, tracked in a real MLflow store."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import ray
+from mlflow.tracking import MlflowClient
+from sentence_transformers import SentenceTransformer
+
+from sbert_ray.config import ConfigError, load_config
+from sbert_ray.models.encoder import SentenceEncoder
+from sbert_ray.training.driver import prepare, train
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+def only_run(tracking_uri: str):
+    client = MlflowClient(tracking_uri)
+    experiment = client.get_experiment_by_name("sbert-ray")
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1
+    return client, runs[0]
+
+
+def wait_for_registered_checkpoint(run_dir: Path, timeout: float = 120) -> None:
+    """Wait until Ray has registered a checkpoint (its snapshot lists one): only then can a restart use it."""
+    snapshot = run_dir / "checkpoint_manager_snapshot.json"
+    deadline = time.time() + timeout
+    while not (snapshot.exists() and "checkpoint_" in snapshot.read_text()):
+        assert time.time() < deadline, "no checkpoint was registered"
+        time.sleep(0.2)
+
+
+def test_training_run_is_complete_in_mlflow(local_ray, tiny_train_config, tmp_path):
+    config = load_config(tiny_train_config(eval_every=4))
+    result = train(config)
+
+    client, run = only_run(config.tracking.tracking_uri)
+    assert run.info.status == "FINISHED" and run.info.run_id == result.run_id
+    metrics = run.data.metrics
+    for key in ("train/loss", "train/learning_rate", "train/pairs_per_s", "dev/spearman_cosine"):
+        assert key in metrics
+    assert len(client.get_metric_history(run.info.run_id, "dev/spearman_cosine")) == 3  # steps 4, 8, 12
+    assert metrics["final/stsb/spearman_cosine"] == pytest.approx(result.final["stsb"])
+    assert run.data.params["stages.0.objective"] == "regression"
+    assert {"git_commit", "ray_version", "torch_version", "transformers_version"} <= set(run.data.tags)
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "evaluation.json", "model", "plots"} <= artifacts
+
+    # The logged model loads in the reference library and embeds exactly like the saved final model.
+    model_dir = client.download_artifacts(run.info.run_id, "model", str(tmp_path / "download"))
+    sentences = ["A man is playing a guitar.", "Two dogs run through a field of tall grass."]
+    reference = SentenceTransformer(model_dir, device="cpu").encode(sentences)
+    ours = SentenceEncoder.load(result.model_dir).encode(sentences)
+    np.testing.assert_allclose(reference, ours, atol=1e-5)
+
+    # Best-k checkpoints by dev Spearman (k=2), plus the latest one, which Ray always keeps for resuming.
+    assert 2 <= len(list((Path(config.checkpoint.storage_path) / "tiny").glob("checkpoint_*"))) <= 3
+
+
+def test_killed_worker_resumes_from_checkpoint(local_ray, tiny_train_config):
+    config = load_config(tiny_train_config(name="killed", limit=1600, eval_every=20))
+    outcome: dict = {}
+    thread = threading.Thread(target=lambda: outcome.update(result=train(config)))
+    thread.start()
+    wait_for_registered_checkpoint(Path(config.checkpoint.storage_path) / config.name)
+    workers = [p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
+    assert workers, "no Ray Train worker process found"
+    workers[0].kill()
+    thread.join(timeout=300)
+    assert "result" in outcome, "training did not finish after the worker was killed"
+
+    client, run = only_run(config.tracking.tracking_uri)
+    assert run.info.status == "FINISHED"
+    resumed = client.get_metric_history(run.info.run_id, "train/resumed_from_step")
+    assert resumed and resumed[0].value >= 20  # restarted from a checkpoint, not from step 0
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert max(steps) == 1600 // 8  # and still ran to the last step
+
+
+def test_resubmitted_run_resumes(tiny_train_config):
+    """A driver killed mid-run (as a cancelled job): running the same config again continues the same run."""
+    path = tiny_train_config(name="resubmit", limit=1600, eval_every=20)
+    config = load_config(path)
+    command = [sys.executable, "-m", "sbert_ray.cli", "train", str(path)]
+    first = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_registered_checkpoint(Path(config.checkpoint.storage_path) / config.name)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # the driver and the local Ray cluster it started
+        first.wait()
+    client, run = only_run(config.tracking.tracking_uri)
+    assert run.info.status == "RUNNING"  # killed without a chance to close it
+
+    second = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "(resumed)" in second.stdout
+    client, run_after = only_run(config.tracking.tracking_uri)
+    assert run_after.info.run_id == run.info.run_id and run_after.info.status == "FINISHED"
+    assert client.get_metric_history(run.info.run_id, "train/resumed_from_step")[0].value >= 20
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["stages.0.dataset=stsbb"], "stsbb"),
+        (["model.name=/nonexistent/model"], "/nonexistent/model"),
+        (["stages.0.objective=softmax"], "needs LabelledPair"),
+    ],
+)
+def test_bad_data_or_model_fails_before_ray(tiny_train_config, overrides, message):
+    config = load_config(tiny_train_config(), overrides)
+    with pytest.raises((ConfigError, ValueError, FileNotFoundError), match=message):
+        prepare(config)
