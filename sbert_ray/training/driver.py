@@ -55,7 +55,7 @@ def prepare(config: TrainConfig) -> TrainConfig:
     return config
 
 
-def build_trainer(config: TrainConfig, tracking_uri: str, run_id: str) -> TorchTrainer:
+def build_trainer(config: TrainConfig, tracking_uri: str, run_id: str, callbacks: list | None = None) -> TorchTrainer:
     scaling = config.scaling
     resources = {
         "CPU": scaling.cpus_per_worker,
@@ -72,6 +72,7 @@ def build_trainer(config: TrainConfig, tracking_uri: str, run_id: str) -> TorchT
             name=config.name,
             storage_path=config.checkpoint.storage_path,
             failure_config=ray.train.FailureConfig(max_failures=config.checkpoint.max_failures),
+            callbacks=callbacks,
             checkpoint_config=ray.train.CheckpointConfig(
                 num_to_keep=config.checkpoint.keep_best,
                 checkpoint_score_attribute="dev_spearman",
@@ -81,7 +82,9 @@ def build_trainer(config: TrainConfig, tracking_uri: str, run_id: str) -> TorchT
     )
 
 
-def train(config: TrainConfig) -> TrainResult:
+def train(config: TrainConfig, parent_run_id: str | None = None, callbacks: list | None = None) -> TrainResult:
+    """Run one training job. Under a sweep, ``parent_run_id`` nests the MLflow run under the sweep's run and
+    ``callbacks`` (e.g. Tune's ``TuneReportCallback``) go to the ``TorchTrainer``."""
     config = prepare(config)
     tracking_uri = resolve_tracking_uri(config.tracking.tracking_uri)
     tracker = RunTracker(
@@ -89,6 +92,7 @@ def train(config: TrainConfig) -> TrainResult:
         config.tracking.experiment,
         run_name=config.tracking.run_name or config.name,
         resume_key=f"{config.checkpoint.storage_path}/{config.name}",
+        parent_run_id=parent_run_id,
     )
     print(f"MLflow: {tracking_uri}  run {tracker.run_id}{' (resumed)' if tracker.resumed else ''}", flush=True)
     print(f"MLflow artifacts: {tracker.artifact_uri}", flush=True)
@@ -104,7 +108,7 @@ def train(config: TrainConfig) -> TrainResult:
             tracker.log_metrics({f"before/{k}/spearman_cosine": v["spearman_cosine"] for k, v in before.items()})
         if not ray.is_initialized():
             ray.init()  # joins the cluster in RAY_ADDRESS (as under `ray job submit`), else starts a local one
-        build_trainer(config, tracking_uri, tracker.run_id).fit()
+        build_trainer(config, tracking_uri, tracker.run_id, callbacks).fit()
         plot_curves(tracker, {"train/loss": "plots/loss.png", "dev/spearman_cosine": "plots/dev_spearman.png"})
         ok = True
         return TrainResult(

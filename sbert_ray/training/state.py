@@ -24,6 +24,7 @@ class TrainState:
     step: int = 0  # optimizer steps within the stage
     global_step: int = 0  # optimizer steps over all stages (the MLflow step axis)
     stage_done: bool = False
+    dev_spearman: float | None = None  # the latest dev score, carried into the final report for Tune
 
     def save(self, directory: Path) -> None:
         (directory / STATE_FILE).write_text(json.dumps(dataclasses.asdict(self)))

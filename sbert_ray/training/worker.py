@@ -72,9 +72,12 @@ def train_loop_per_worker(loop_config: dict) -> None:
             ctx = _Worker(config, stage, encoder, device, rank, world_size, logger, dev_pairs)
             state = ctx.run_stage(state, data_dir, resume_from)
 
+    metrics = {"global_step": state.global_step, "stage": state.stage, "done": True}
     if is_main:
-        _final_evaluation(config, encoder, data_dir, logger, state.global_step)
-    ray.train.report({"global_step": state.global_step, "stage": state.stage, "done": True})
+        metrics.update(_final_evaluation(config, encoder, data_dir, logger, state.global_step))
+        if state.dev_spearman is not None:
+            metrics["dev_spearman"] = state.dev_spearman
+    ray.train.report(metrics)
 
 
 class _Worker:
@@ -168,15 +171,16 @@ class _Worker:
             ray.train.report(metrics)
             return
         dev = evaluate_pairs(self.encoder, self.dev_pairs, batch_size=self.config.evaluation.batch_size)
-        metrics["dev_spearman"] = dev["spearman_cosine"]
+        metrics["dev_spearman"] = state.dev_spearman = dev["spearman_cosine"]
         self.logger.log_metrics({"dev/spearman_cosine": dev["spearman_cosine"]}, step=state.global_step)
         with tempfile.TemporaryDirectory(prefix="sbert-ray-ckpt-") as directory:
             save_checkpoint(Path(directory), state, objective, optimizer, scheduler)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
 
 
-def _final_evaluation(config: TrainConfig, encoder, data_dir, logger: RunLogger, step: int) -> None:
-    """Rank 0: save the final model, score the final suite, log model + results to MLflow."""
+def _final_evaluation(config: TrainConfig, encoder, data_dir, logger: RunLogger, step: int) -> dict[str, float]:
+    """Rank 0: save the final model, score the final suite, log model + results to MLflow.
+    Returns ``final_<dataset>`` primary scores for the last report (what a Tune trial ends on)."""
     encoder.save(config.output_dir)  # the driver has filled in the default location
     logger.log_artifacts(config.output_dir, "model")
     results = suite.run_tasks(encoder, config.evaluation.final_tasks, data_dir) if config.evaluation.final_tasks else {}
@@ -189,6 +193,7 @@ def _final_evaluation(config: TrainConfig, encoder, data_dir, logger: RunLogger,
             if isinstance(value, int | float)
         }
         logger.log_metrics(numbers, step=step)
+    return {f"final_{name}": m["spearman_cosine"] for name, m in results.items() if "spearman_cosine" in m}
 
 
 def load_encoder(model: ModelConfig, seed: int) -> SentenceEncoder:
