@@ -1,5 +1,5 @@
 """Argument similarity: fold splits without topic leaks, fold scores against a direct numpy/scipy computation,
-the AFS reader, the tf-idf baseline against scikit-learn, and one fine-tuned fold through the Ray Train loop."""
+the AFS reader and protocols, the tf-idf baseline against scikit-learn (fine-tuning: tests/test_eval_ray.py)."""
 
 from __future__ import annotations
 
@@ -99,27 +99,3 @@ def test_afs_reader_and_both_protocols(tmp_path, tiny):
     results = argsim.evaluate_argsim(tiny, "afs", path=str(tmp_path))
     assert set(results) == {"afs-cross-topic", "afs-10fold"}
     assert len(results["afs-cross-topic"]["folds"]) == 3 and len(results["afs-10fold"]["folds"]) == 10
-
-
-def test_finetune_one_fold_through_ray_train(tmp_path, tiny_model_dir, data_dir):
-    """A fresh copy per fold, trained by the project's Ray Train loop on the fold's topics, then scored."""
-    pairs = [r for r in argsim.load_argsim("bws", data_dir) if r.topic in ("Cloning", "Abortion")]
-    fold = argsim.Fold(
-        "Cloning", [r for r in pairs if r.topic == "Abortion"][:64], [r for r in pairs if r.topic == "Cloning"][:50]
-    )
-    config = argsim.finetune_config(
-        str(tiny_model_dir),
-        data_dir,
-        overrides=[
-            "stages.0.max_steps=2",
-            "evaluation.dev_limit=20",
-            f"checkpoint.storage_path={tmp_path / 'runs'}",
-            f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
-        ],
-    )
-    result = argsim.evaluate_folds(None, "bws", [fold], mode="finetune", train_config=config)
-    scored = result["folds"]["Cloning"]
-    assert scored["train_pairs"] == 64 and scored["n"] == 50
-    untrained = argsim.score_pairs(SentenceEncoder.load(str(tiny_model_dir)), fold.test)
-    assert scored["spearman_cosine"] != pytest.approx(untrained["spearman_cosine"], abs=1e-6)  # it was trained
-    assert list((tmp_path / "runs").iterdir()) == []  # the throw-away fold run is cleaned up

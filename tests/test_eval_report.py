@@ -1,42 +1,15 @@
-"""Encoding over Ray workers gives the single-process embeddings and metrics; the report renders from a results
-file, with our numbers beside the paper's and every dataset difference stated; the generic CLI printing."""
+"""The report renders from a results file, with our numbers beside the paper's and every dataset difference
+stated; the generic CLI printing of every number; task specs with arguments."""
 
 from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
-import ray
 
 from sbert_ray.cli import main
-from sbert_ray.data.readers import load_records
-from sbert_ray.evaluation import report, suite, triplets
-from sbert_ray.evaluation.distributed import RayEncoder
+from sbert_ray.evaluation import report, suite
 from sbert_ray.evaluation.paper_numbers import PAPER_TABLES
-from sbert_ray.models.encoder import SentenceEncoder
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False)
-    yield
-    if started:
-        ray.shutdown()
-
-
-def test_ray_workers_reproduce_single_process_encoding(local_ray, tiny_model_dir, data_dir):
-    encoder = SentenceEncoder.load(str(tiny_model_dir))
-    sample = load_records("nli-triplets", "test", data_dir)[:150]
-    sentences = list(dict.fromkeys(s for t in sample for s in (t.anchor, t.positive, t.negative)))
-    single = encoder.encode(sentences, batch_size=16)
-    with RayEncoder(encoder, num_workers=2) as spread:
-        np.testing.assert_array_equal(spread.encode(sentences, batch_size=16), single)
-        assert triplets.evaluate_triplets(spread, sample, batch_size=16) == triplets.evaluate_triplets(
-            encoder, sample, batch_size=16
-        )
 
 
 def test_paper_table_rows_have_one_value_per_column():

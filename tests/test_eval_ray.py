@@ -1,0 +1,59 @@
+"""The Ray parts of evaluation, on a local cluster of their own: encoding over workers gives the single-process
+embeddings and metrics; cross-topic fine-tuning trains a fold through the project's Ray Train loop."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import ray
+
+from sbert_ray.data.readers import load_records
+from sbert_ray.evaluation import argsim, triplets
+from sbert_ray.evaluation.distributed import RayEncoder
+from sbert_ray.models.encoder import SentenceEncoder
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=2, include_dashboard=False)  # our own, not a running cluster
+    yield
+    if started:
+        ray.shutdown()
+
+
+def test_ray_workers_reproduce_single_process_encoding(local_ray, tiny_model_dir, data_dir):
+    encoder = SentenceEncoder.load(str(tiny_model_dir))
+    sample = load_records("nli-triplets", "test", data_dir)[:150]
+    sentences = list(dict.fromkeys(s for t in sample for s in (t.anchor, t.positive, t.negative)))
+    single = encoder.encode(sentences, batch_size=16)
+    with RayEncoder(encoder, num_workers=2) as spread:
+        np.testing.assert_array_equal(spread.encode(sentences, batch_size=16), single)
+        assert triplets.evaluate_triplets(spread, sample, batch_size=16) == triplets.evaluate_triplets(
+            encoder, sample, batch_size=16
+        )
+
+
+def test_finetune_one_fold_through_ray_train(local_ray, tmp_path, tiny_model_dir, data_dir):
+    """A fresh copy per fold, trained by the project's Ray Train loop on the fold's topics, then scored."""
+    pairs = [r for r in argsim.load_argsim("bws", data_dir) if r.topic in ("Cloning", "Abortion")]
+    fold = argsim.Fold(
+        "Cloning", [r for r in pairs if r.topic == "Abortion"][:64], [r for r in pairs if r.topic == "Cloning"][:50]
+    )
+    config = argsim.finetune_config(
+        str(tiny_model_dir),
+        data_dir,
+        overrides=[
+            "stages.0.max_steps=2",
+            "evaluation.dev_limit=20",
+            f"checkpoint.storage_path={tmp_path / 'runs'}",
+            f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        ],
+    )
+    result = argsim.evaluate_folds(None, "bws", [fold], mode="finetune", train_config=config)
+    scored = result["folds"]["Cloning"]
+    assert scored["train_pairs"] == 64 and scored["n"] == 50
+    untrained = argsim.score_pairs(SentenceEncoder.load(str(tiny_model_dir)), fold.test)
+    assert scored["spearman_cosine"] != pytest.approx(untrained["spearman_cosine"], abs=1e-6)  # it was trained
+    assert list((tmp_path / "runs").iterdir()) == []  # the throw-away fold run is cleaned up
