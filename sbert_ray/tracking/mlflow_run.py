@@ -6,6 +6,7 @@ rank 0 of the training workers logs metrics and artifacts to that run by id thro
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -54,9 +55,17 @@ def environment_tags() -> dict[str, str]:
         "transformers_version": transformers.__version__,
         "git_commit": git_commit(),
     }
-    if os.environ.get("RAY_JOB_SUBMISSION_ID"):  # set by `ray job submit` in the entrypoint's environment
-        tags["ray_job_id"] = os.environ["RAY_JOB_SUBMISSION_ID"]
+    job_id = ray_job_submission_id()
+    if job_id:
+        tags["ray_job_id"] = job_id
     return tags
+
+
+def ray_job_submission_id() -> str | None:
+    """The id `ray job submit` gave this job: Ray's job supervisor passes it to the entrypoint in the job
+    config's metadata (RAY_JOB_CONFIG_JSON_ENV_VAR)."""
+    job_config = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}")
+    return job_config.get("metadata", {}).get("job_submission_id")
 
 
 def git_commit() -> str:
