@@ -43,7 +43,7 @@ def test_report_renders_from_a_results_file(tmp_path):
     assert "| SBERT-NLI-base | 70.97 |" in text
     for entry in ("ukp-aspect", "nli-triplets", "MR"):
         assert report.DATA_NOTES[entry] in text
-    assert "minilm: minilm; 6 layers" in text
+    assert "- minilm: 6 layers" in text
     assert "| ukp-aspect | folds/fold0/train_pairs | 90 |" in text
     for number in (1, 2, 3, 4, 5):
         assert (tmp_path / "out" / f"table{number}.png").read_bytes()[:4] == b"\x89PNG"

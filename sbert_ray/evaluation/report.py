@@ -193,13 +193,16 @@ def build_report(result_sets: Sequence[ResultSet], out_dir: str | Path) -> Path:
     entries = list(dict.fromkeys(entry for rs in result_sets for entry in rs.results))
     lines = ["# Reproduction report: Sentence-BERT (Reimers & Gurevych, EMNLP 2019)", "", "## Results compared", ""]
     for rs in result_sets:
-        lines.append(f"- **{rs.label}**: {rs.model or rs.label} ({rs.source}); entries: {', '.join(rs.results)}")
+        lines.append(
+            f"- **{rs.label}** ({rs.source}{f', model {rs.model}' if rs.model else ''}): {', '.join(rs.results)}"
+        )
     lines += ["", "## Differences from the paper", "", "### Data", ""]
     notes = list(dict.fromkeys(DATA_NOTES[e] for e in entries if e in DATA_NOTES))
     lines += [f"- {note}" for note in notes] or ["- none of the evaluated datasets has a known difference"]
     lines += ["", "### Models", "", f"- {MODEL_NOTE}"]
     for rs in result_sets:
-        lines.append(f"- {rs.label}: {rs.model or rs.label}; " + (" ".join(rs.notes) or "no further notes given."))
+        model = f"{rs.model}; " if rs.model else ""
+        lines.append(f"- {rs.label}: {model}" + (" ".join(rs.notes) or "no model notes given (use --note)."))
     for number, table in PAPER_TABLES.items():
         lines += ["", f"## Table {number}: {table.title} ({table.metric})", ""]
         ours = {name: row for rs in result_sets for name, row in our_rows(number, rs).items()}
