@@ -202,11 +202,26 @@ def finetune_folds(name: str, folds: Sequence[Fold], train_config, batch_size: i
     resources, hence num_cpus=0 here) and scores the held-out pairs. Ray runs as many folds at once as fit."""
     import ray
 
-    if not ray.is_initialized():
-        ray.init()  # joins RAY_ADDRESS's cluster, else starts a local one
-    task = ray.remote(num_cpus=0)(_finetune_fold)
-    futures = {fold.name: task.remote(name, fold, train_config, batch_size) for fold in folds}
-    return {fold_name: ray.get(future) for fold_name, future in futures.items()}
+    from sbert_ray.tracking.mlflow_run import RunTracker, resolve_tracking_uri
+
+    # The parent run is opened here, before any fold starts: a fresh MLflow store or experiment must not be set
+    # up by several fold tasks at once (concurrent sqlite migrations fail). It records every fold's scores.
+    tracking = train_config.tracking
+    uri = resolve_tracking_uri(tracking.tracking_uri)
+    parent = RunTracker(uri, tracking.experiment, run_name=f"argsim-{name}-finetune")
+    train_config = dataclasses.replace(train_config, tracking=dataclasses.replace(tracking, tracking_uri=uri))
+    ok = False
+    try:
+        if not ray.is_initialized():
+            ray.init()  # joins RAY_ADDRESS's cluster, else starts a local one
+        task = ray.remote(num_cpus=0)(_finetune_fold)
+        futures = {fold.name: task.remote(name, fold, train_config, batch_size) for fold in folds}
+        per_fold = {fold_name: ray.get(future) for fold_name, future in futures.items()}
+        parent.log_metrics({f"{f}/{k}".replace(" ", "_"): v for f, m in per_fold.items() for k, v in m.items()})
+        ok = True
+        return per_fold
+    finally:
+        parent.end(ok)
 
 
 def fold_config(name: str, fold: Fold, base, run_dir: Path):
