@@ -247,7 +247,10 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")
-        return {str(k): str(v) for k, v in value.items()}
+        _, inner = typing.get_args(tp)
+        if inner is str:  # e.g. column names, which YAML may read as numbers
+            return {str(k): str(v) for k, v in value.items()}
+        return {str(k): _convert(inner, v, f"{key}.{k}") for k, v in value.items()}
     if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     if tp is float and isinstance(value, str):  # YAML reads "2e-5" as a string

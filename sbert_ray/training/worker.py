@@ -72,7 +72,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
             ctx = _Worker(config, stage, encoder, device, rank, world_size, logger, dev_pairs)
             state = ctx.run_stage(state, data_dir, resume_from)
 
-    metrics = {"global_step": state.global_step, "stage": state.stage, "done": True}
+    # "finished", not "done": Tune reads a reported "done" as the end of the trial and stops it on the spot.
+    metrics = {"global_step": state.global_step, "stage": state.stage, "finished": True}
     if is_main:
         metrics.update(_final_evaluation(config, encoder, data_dir, logger, state.global_step))
         if state.dev_spearman is not None:
