@@ -24,12 +24,10 @@ MAX_PARAM_LENGTH = 6000  # MLflow rejects longer param values
 def resolve_tracking_uri(configured: str | None) -> str:
     """The config's URI, else $MLFLOW_TRACKING_URI, else a sqlite database at a stable path in the home folder
     (never inside a Ray job's temporary working directory, which is deleted after the job)."""
-    if configured:
-        return configured
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
-    DEFAULT_HOME.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{DEFAULT_HOME / 'mlflow.db'}"
+    uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{DEFAULT_HOME / 'mlflow.db'}"
+    if uri.startswith("sqlite:///"):  # sqlite creates the database file, not its folder
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    return uri
 
 
 def ensure_experiment(client: MlflowClient, name: str, tracking_uri: str) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,8 +18,6 @@ from sbert_ray.models.resolve import resolve_model_ref
 from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags, plot_curves, resolve_tracking_uri
 from sbert_ray.training.batches import load_training_records, texts_and_labels
 from sbert_ray.training.worker import load_encoder, train_loop_per_worker
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -107,7 +105,9 @@ def train(config: TrainConfig, parent_run_id: str | None = None, callbacks: list
             before = suite.run_tasks(load_encoder(config.model, config.seed), config.evaluation.before_tasks, data_dir)
             tracker.log_metrics({f"before/{k}/spearman_cosine": v["spearman_cosine"] for k, v in before.items()})
         if not ray.is_initialized():
-            ray.init()  # joins the cluster in RAY_ADDRESS (as under `ray job submit`), else starts a local one
+            # The cluster in RAY_ADDRESS (set under `ray job submit`), else a fresh local one: never whatever
+            # cluster happens to be recorded in /tmp/ray, which may be stale.
+            ray.init(address=os.environ.get("RAY_ADDRESS") or "local")
         build_trainer(config, tracking_uri, tracker.run_id, callbacks).fit()
         plot_curves(tracker, {"train/loss": "plots/loss.png", "dev/spearman_cosine": "plots/dev_spearman.png"})
         ok = True
