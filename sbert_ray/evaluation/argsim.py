@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import os
 import shutil
 import uuid
 from collections.abc import Sequence
@@ -213,7 +214,8 @@ def finetune_folds(name: str, folds: Sequence[Fold], train_config, batch_size: i
     ok = False
     try:
         if not ray.is_initialized():
-            ray.init()  # joins RAY_ADDRESS's cluster, else starts a local one
+            # RAY_ADDRESS's cluster, else a fresh local one (as the driver): never a stale address file on the machine
+            ray.init(address=os.environ.get("RAY_ADDRESS") or "local")
         task = ray.remote(num_cpus=0)(_finetune_fold)
         futures = {fold.name: task.remote(name, fold, train_config, batch_size) for fold in folds}
         per_fold = {fold_name: ray.get(future) for fold_name, future in futures.items()}

@@ -9,6 +9,7 @@ workers. Each worker's share is then already in encode's order, so it forms the 
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -38,7 +39,8 @@ class RayEncoder:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if not ray.is_initialized():
-            ray.init()  # joins RAY_ADDRESS's cluster, else starts a local one
+            # RAY_ADDRESS's cluster, else a fresh local one (as the driver): never a stale address file on the machine
+            ray.init(address=os.environ.get("RAY_ADDRESS") or "local")
         self.encoder = encoder  # kept for tokenisation (the batch order) and its attributes
         # Workers get a CPU copy and move it to their own device; the caller's encoder stays where it is.
         shared = ray.put(encoder if encoder.device.type == "cpu" else copy.deepcopy(encoder).cpu())
