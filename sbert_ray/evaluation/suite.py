@@ -76,6 +76,21 @@ def primary_metric(metrics: dict) -> str | None:
     return next((key for key in PRIMARY_METRICS if key in metrics), None)
 
 
+def metric_items(results: dict[str, dict], prefix: str) -> dict[str, float]:
+    """Every top-level number as ``<prefix>/<dataset>/<metric>``: how results are logged to MLflow."""
+    return {
+        f"{prefix}/{name}/{key}": value
+        for name, metrics in results.items()
+        for key, value in metrics.items()
+        if isinstance(value, int | float)
+    }
+
+
+def primary_scores(results: dict[str, dict]) -> dict[str, float]:
+    """{dataset: its primary metric's value} for the entries that have one."""
+    return {name: m[key] for name, m in results.items() if (key := primary_metric(m)) is not None}
+
+
 def _number(value: float) -> str:
     if isinstance(value, int):
         return str(value)

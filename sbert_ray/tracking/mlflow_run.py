@@ -144,14 +144,15 @@ class RunTracker(RunLogger):
     def metric_history(self, key: str) -> list[Metric]:
         return self.client.get_metric_history(self.run_id, key)
 
-    def final_scores(self) -> dict[str, float]:
-        """{dataset: Spearman x100} from the ``final/<dataset>/spearman_cosine`` metrics rank 0 logged."""
-        metrics = self.client.get_run(self.run_id).data.metrics
-        return {
-            key.split("/")[1]: value
-            for key, value in metrics.items()
-            if key.startswith("final/") and key.endswith("/spearman_cosine")
-        }
+    def logged_results(self, prefix: str) -> dict[str, dict[str, float]]:
+        """{dataset: {metric: value}} from the ``<prefix>/<dataset>/<metric>`` metrics of this run."""
+        results: dict[str, dict[str, float]] = {}
+        for key, value in self.client.get_run(self.run_id).data.metrics.items():
+            head, _, rest = key.partition("/")
+            dataset, _, metric = rest.partition("/")
+            if head == prefix and metric:
+                results.setdefault(dataset, {})[metric] = value
+        return results
 
     def end(self, ok: bool) -> None:
         status = RunStatus.to_string(RunStatus.FINISHED if ok else RunStatus.FAILED)

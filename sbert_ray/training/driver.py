@@ -27,7 +27,7 @@ class TrainResult:
     artifact_uri: str
     model_dir: str
     before: dict[str, dict]
-    final: dict[str, float]  # dataset -> Spearman x100 (cosine) of the final model
+    final: dict[str, float]  # dataset -> the final model's primary metric (Spearman x100 for STS)
 
 
 def prepare(config: TrainConfig) -> TrainConfig:
@@ -103,7 +103,7 @@ def train(config: TrainConfig, parent_run_id: str | None = None, callbacks: list
         before = {}
         if config.evaluation.before_tasks:
             before = suite.run_tasks(load_encoder(config.model, config.seed), config.evaluation.before_tasks, data_dir)
-            tracker.log_metrics({f"before/{k}/spearman_cosine": v["spearman_cosine"] for k, v in before.items()})
+            tracker.log_metrics(suite.metric_items(before, "before"))
         if not ray.is_initialized():
             # The cluster in RAY_ADDRESS (set under `ray job submit`), else a fresh local one: never whatever
             # cluster happens to be recorded in /tmp/ray, which may be stale.
@@ -117,7 +117,7 @@ def train(config: TrainConfig, parent_run_id: str | None = None, callbacks: list
             artifact_uri=tracker.artifact_uri,
             model_dir=config.output_dir,
             before=before,
-            final=tracker.final_scores(),
+            final=suite.primary_scores(tracker.logged_results("final")),
         )
     finally:
         tracker.end(ok)

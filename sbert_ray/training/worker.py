@@ -187,14 +187,8 @@ def _final_evaluation(config: TrainConfig, encoder, data_dir, logger: RunLogger,
     results = suite.run_tasks(encoder, config.evaluation.final_tasks, data_dir) if config.evaluation.final_tasks else {}
     if results:
         logger.log_dict(results, "evaluation.json")
-        numbers = {
-            f"final/{name}/{key}": value
-            for name, metrics in results.items()
-            for key, value in metrics.items()
-            if isinstance(value, int | float)
-        }
-        logger.log_metrics(numbers, step=step)
-    return {f"final_{name}": m["spearman_cosine"] for name, m in results.items() if "spearman_cosine" in m}
+        logger.log_metrics(suite.metric_items(results, "final"), step=step)
+    return {f"final_{name}": value for name, value in suite.primary_scores(results).items()}
 
 
 def load_encoder(model: ModelConfig, seed: int) -> SentenceEncoder:
