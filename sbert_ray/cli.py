@@ -96,6 +96,21 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tune(args: argparse.Namespace) -> int:
+    from sbert_ray.config import load_config
+    from sbert_ray.tuning import SweepConfig, run_sweep
+
+    sweep = load_config(args.config, args.overrides, cls=SweepConfig)  # every key of the search space is checked here
+    result = run_sweep(sweep, resume=args.resume)
+    if result.best is not None:
+        print(f"best trial {result.best.trial_id}: dev Spearman x100 {result.best.dev_spearman:.2f}")
+    if result.retrained is not None:
+        print("retrained best, Spearman x100: " + ", ".join(f"{k} {v:.2f}" for k, v in result.retrained.final.items()))
+    print(f"sweep: {result.path} (summary/: results table, plot, best config)")
+    print(f"MLflow sweep run {result.run_id} at {result.tracking_uri}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sbert-ray", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -154,6 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("config", help="YAML config, e.g. jobs/configs/quickstart.yaml")
     tr.add_argument("overrides", nargs="*", help="key=value overrides, e.g. stages.0.learning_rate=3e-5")
     tr.set_defaults(func=_train)
+
+    tu = sub.add_parser("tune", help="hyperparameter sweep: Tune trials of Ray Train runs, tracked in MLflow")
+    tu.add_argument("config", help="sweep YAML, e.g. jobs/configs/sweep-offline.yaml")
+    tu.add_argument("overrides", nargs="*", help="key=value overrides, e.g. num_samples=4 base.stages.0.limit=500")
+    tu.add_argument("--resume", action="store_true", help="continue an interrupted sweep; finished trials stay")
+    tu.set_defaults(func=_tune)
     return parser
 
 

@@ -1,0 +1,227 @@
+"""A sweep on Ray Tune with Ray Train v2: each trial is a function that fits its own ``TorchTrainer``.
+
+run_sweep (this process)                      MLflow parent run: sweep config, results table, plot, best config
+  Tuner(with_resources(run_trial, token CPU))  searcher (random / grid / Optuna TPE) + ASHA on dev_spearman
+    run_trial (one Tune trial)                 driver.train(trial config, parent run, [TuneReportCallback()])
+      TorchTrainer -> train_loop_per_worker    MLflow child run; reports reach Tune through the callback
+  [retrain_best]                               driver.train(best config, full data, STS suite) -> child run
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+from ray import tune
+from ray.tune.integration.ray_train import TuneReportCallback
+from ray.tune.schedulers import ASHAScheduler
+from ray.tune.search.basic_variant import BasicVariantGenerator
+from ray.tune.search.optuna import OptunaSearch
+
+from sbert_ray.config import ConfigError, TrainConfig, dump_yaml, flatten, to_dict
+from sbert_ray.data.readers import resolve_data_dir
+from sbert_ray.tracking.mlflow_run import environment_tags, resolve_tracking_uri
+from sbert_ray.tracking.sweep import SweepTracker
+from sbert_ray.training.driver import TrainResult, prepare, train
+from sbert_ray.tuning import results
+from sbert_ray.tuning.results import TrialRow
+from sbert_ray.tuning.space import METRIC, SearchSpace, SweepConfig
+
+# A trial's own process only waits on its TorchTrainer; a token CPU share keeps trials from holding the CPUs their
+# training workers need (a whole CPU per trial deadlocks small machines).
+TRIAL_CPU = 0.01
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    space: SearchSpace
+    trials_dir: str  # each trial trains as <trials_dir>/<trial id> (checkpoints, final model)
+    parent_run_id: str
+
+
+def run_trial(sampled: dict, context: TrialContext) -> None:
+    """One Tune trial: the sampled point of the search space, trained as its own Ray Train run."""
+    trial_id = tune.get_context().get_trial_id()
+    config = context.space.config(sampled)
+    config = dataclasses.replace(
+        config,
+        name=trial_id,  # same trial id on --resume, so the Train run and its MLflow run continue
+        checkpoint=dataclasses.replace(config.checkpoint, storage_path=context.trials_dir),
+        tracking=dataclasses.replace(config.tracking, run_name=f"trial {trial_id}"),
+    )
+    train(config, parent_run_id=context.parent_run_id, callbacks=[TuneReportCallback()])
+
+
+@dataclass
+class SweepResult:
+    run_id: str  # the parent MLflow run
+    tracking_uri: str
+    path: Path  # the Tune experiment; summary/ holds the files also logged to the parent run
+    rows: list[TrialRow]
+    best: TrialRow | None
+    retrained: TrainResult | None
+
+
+def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
+    """Run (or with ``resume`` continue) a sweep; every config and data error surfaces before Ray starts."""
+    base = _absolute(sweep.base)
+    space = SearchSpace(base, sweep.search_space)
+    corners = list(space.corner_configs())
+    _check_data(corners)
+    path = Path(base.checkpoint.storage_path) / sweep.name
+    if tune.Tuner.can_restore(path) != resume:
+        raise ConfigError(
+            f"sweep {sweep.name!r} already exists at {path}: pass --resume to continue it, or choose another name"
+            if not resume
+            else f"--resume: no sweep to continue at {path}"
+        )
+    tracker = SweepTracker(base.tracking.tracking_uri, base.tracking.experiment, sweep.name, resume_key=str(path))
+    print(f"MLflow: {base.tracking.tracking_uri}  sweep run {tracker.run_id}{' (resumed)' * tracker.resumed}")
+    ok = False
+    try:
+        tracker.log_params(flatten(to_dict(dataclasses.replace(sweep, base=base))))
+        tracker.set_tags(environment_tags())
+        tracker.log_text(dump_yaml(dataclasses.replace(sweep, base=base)), "sweep.yaml")
+        if not ray.is_initialized():
+            ray.init()  # joins the cluster in RAY_ADDRESS (as under `ray job submit`), else starts a local one
+        context = TrialContext(space, str(path / "trials"), tracker.run_id)
+        trainable = tune.with_resources(tune.with_parameters(run_trial, context=context), {"cpu": TRIAL_CPU})
+        start = time.perf_counter()
+        if resume:  # finished and failed trials stay as they are; interrupted ones restart and resume training
+            tuner = tune.Tuner.restore(str(path), trainable=trainable)
+        else:
+            tuner = _new_tuner(sweep, space, corners, trainable, path)
+        grid = tuner.fit()
+        tracker.log_metrics({"sweep/wall_s": time.perf_counter() - start})
+        rows = results.trial_rows(grid, space)
+        _close_trial_runs(tracker, rows, path / "trials")
+        best = _summarize(tracker, sweep, space, rows, path / "summary")
+        retrained = None
+        if sweep.retrain_best and best is not None:
+            retrained = train(_retrain_config(best.config, sweep.name, path), parent_run_id=tracker.run_id)
+        ok = True
+        return SweepResult(tracker.run_id, base.tracking.tracking_uri, path, rows, best, retrained)
+    finally:
+        tracker.end(ok)
+
+
+def _new_tuner(sweep: SweepConfig, space: SearchSpace, corners: list[TrainConfig], trainable, path: Path) -> tune.Tuner:
+    searcher = (
+        OptunaSearch(seed=sweep.base.seed)  # TPE by default
+        if sweep.search == "optuna"
+        else BasicVariantGenerator(random_state=sweep.base.seed)
+    )
+    scheduler = None  # FIFO: every trial runs to its end
+    if sweep.scheduler == "asha":
+        scheduler = ASHAScheduler(
+            time_attr="global_step",  # rungs in optimizer steps, as eval_every and the MLflow metric steps
+            grace_period=sweep.asha.grace_period,
+            reduction_factor=sweep.asha.reduction_factor,
+            max_t=sweep.asha.max_t,
+            stop_last_trials=False,  # a trial always ends on its own final evaluation
+        )
+    return tune.Tuner(
+        trainable,
+        param_space=space.param_space(),
+        tune_config=tune.TuneConfig(
+            metric=METRIC,
+            mode="max",
+            search_alg=searcher,
+            scheduler=scheduler,
+            num_samples=sweep.num_samples,
+            max_concurrent_trials=sweep.max_concurrent_trials or max_concurrent_trials(corners),
+            trial_dirname_creator=_trial_dirname,
+        ),
+        run_config=tune.RunConfig(
+            name=path.name,
+            storage_path=str(path.parent),
+            failure_config=tune.FailureConfig(max_failures=0),  # Ray Train already restarts failed workers
+        ),
+    )
+
+
+def max_concurrent_trials(corners: list[TrainConfig]) -> int:
+    """As many trials as the cluster's CPUs (and GPUs) fit, sized by the largest trial of the search space."""
+    available = ray.cluster_resources()
+    cpus = max(c.scaling.num_workers * c.scaling.cpus_per_worker for c in corners) + TRIAL_CPU
+    fits = [available.get("CPU", 0) // cpus]
+    gpus = max((c.scaling.num_workers * c.scaling.gpus_per_worker for c in corners if c.scaling.use_gpu), default=0)
+    if gpus:
+        fits.append(available.get("GPU", 0) // gpus)
+    return max(1, int(min(fits)))
+
+
+def _trial_dirname(trial) -> str:
+    return trial.trial_id
+
+
+def _absolute(config: TrainConfig) -> TrainConfig:
+    """Resolve everything that depends on this process (working directory, environment) once, here: trials run in
+    other processes, possibly on other nodes, with another working directory and environment."""
+    data_dir = resolve_data_dir(config.data_dir)
+    return dataclasses.replace(
+        config,
+        data_dir=str(data_dir) if data_dir else None,
+        checkpoint=dataclasses.replace(
+            config.checkpoint, storage_path=str(Path(config.checkpoint.storage_path).expanduser().resolve())
+        ),
+        tracking=dataclasses.replace(config.tracking, tracking_uri=resolve_tracking_uri(config.tracking.tracking_uri)),
+    )
+
+
+def _check_data(corners: list[TrainConfig]) -> None:
+    """Read each distinct model + training data + dev set of the search space once (a dataset that does not fit
+    its objective fails here, not in a trial)."""
+    seen = set()
+    for config in corners:
+        key = repr((config.model.name, [(s.dataset, s.split, s.columns, s.limit, s.objective) for s in config.stages]))
+        if key not in seen:
+            seen.add(key)
+            prepare(config)
+
+
+def _close_trial_runs(tracker: SweepTracker, rows: list[TrialRow], trials_dir: Path) -> None:
+    """Note each trial's MLflow run in its row; end the runs of trials that were stopped or died (still RUNNING)."""
+    children = tracker.child_runs()
+    for row in rows:
+        run_id, status = children.get(f"{trials_dir}/{row.trial_id}", ("", ""))
+        row.run_id = run_id
+        if status == "RUNNING":
+            tracker.close_child(run_id, stopped=row.status == "stopped")
+
+
+def _summarize(
+    tracker: SweepTracker, sweep: SweepConfig, space: SearchSpace, rows: list[TrialRow], out: Path
+) -> TrialRow | None:
+    """Results table (CSV + markdown), dev-vs-learning-rate plot and the best config, on disk and in the parent."""
+    out.mkdir(parents=True, exist_ok=True)
+    records = results.table(rows, space)
+    results.write_csv(records, out / "results.csv")
+    (out / "results.md").write_text(results.markdown(records))
+    results.plot_dev_vs_learning_rate(rows, out / "dev_spearman_vs_learning_rate.png", sweep.name)
+    best = results.best_row(rows)
+    counts = {status: sum(r.status == status for r in rows) for status in ("finished", "stopped", "error")}
+    tracker.log_metrics({f"sweep/trials_{status}": n for status, n in counts.items()})
+    if best is not None:
+        (out / "best_config.yaml").write_text(dump_yaml(best.config))
+        tracker.log_metrics({f"best/{METRIC}": best.dev_spearman})
+        tracker.set_tags({"best_trial": best.trial_id, "best_run_id": best.run_id})
+    tracker.log_artifacts(out)
+    print(results.markdown(records))
+    return best
+
+
+def _retrain_config(best: TrainConfig, sweep_name: str, path: Path) -> TrainConfig:
+    """The best trial's config on all of its training data (no limit, no step cap), scored on the STS suite."""
+    return dataclasses.replace(
+        best,
+        name="best-retrained",
+        output_dir=None,
+        stages=[dataclasses.replace(s, limit=None, max_steps=None) for s in best.stages],
+        evaluation=dataclasses.replace(best.evaluation, final_tasks=["sts"]),
+        checkpoint=dataclasses.replace(best.checkpoint, storage_path=str(path)),
+        tracking=dataclasses.replace(best.tracking, run_name=f"{sweep_name} best, retrained"),
+    )
