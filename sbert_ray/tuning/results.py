@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,8 @@ def trial_rows(grid: ResultGrid, space: SearchSpace) -> list[TrialRow]:
     rows = []
     for result in grid:
         metrics = result.metrics or {}
-        sampled = {p.key: result.config[p.key] for p in space.params}
+        # params.json: what Tune sampled, also for a trial that failed before its first report (then no config)
+        sampled = json.loads((Path(result.path) / "params.json").read_text())
         status = "error" if result.error else "finished" if metrics.get("finished") else "stopped"
         dev = metrics.get(METRIC)
         rows.append(

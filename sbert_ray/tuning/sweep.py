@@ -10,6 +10,7 @@ run_sweep (this process)                      MLflow parent run: sweep config, r
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,7 +83,9 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
     print(f"MLflow: {base.tracking.tracking_uri}  sweep run {tracker.run_id}{' (resumed)' * tracker.resumed}")
     ok = False
     try:
-        tracker.log_params(flatten(to_dict(dataclasses.replace(sweep, base=base))))
+        # One param per searched key (option names may hold characters MLflow refuses in param names).
+        settings = flatten(to_dict(dataclasses.replace(sweep, base=base, search_space={})))
+        tracker.log_params(settings | {f"search_space.{k}": json.dumps(v) for k, v in sweep.search_space.items()})
         tracker.set_tags(environment_tags())
         tracker.log_text(dump_yaml(dataclasses.replace(sweep, base=base)), "sweep.yaml")
         if not ray.is_initialized():

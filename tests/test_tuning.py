@@ -1,0 +1,245 @@
+"""Sweeps: search-space parsing, and real sweeps of tiny models on a local Ray cluster tracked in MLflow."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import ray
+import yaml
+from mlflow.tracking import MlflowClient
+from ray.tune.search.optuna import OptunaSearch
+
+from sbert_ray.config import ConfigError, TrainConfig, load_config
+from sbert_ray.tuning import SearchSpace, SweepConfig, run_sweep
+from sbert_ray.tuning.space import METRIC
+from sbert_ray.tuning.sweep import max_concurrent_trials
+
+STAGE_OPTIONS = {
+    "regression-stsb": {"dataset": "stsb", "objective": "regression"},
+    "softmax-nli": {"dataset": "nli-offline", "objective": "softmax", "concat": ["u", "v"]},
+}
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def write_sweep(tmp_path: Path, tiny_train_config):
+    """A sweep over the shared tiny training config, with one 0.5-CPU worker per trial."""
+
+    def write(name: str, **settings) -> Path:
+        base = yaml.safe_load(tiny_train_config(name="base").read_text())
+        base["scaling"] = {"num_workers": 1, "cpus_per_worker": 0.5}
+        base["checkpoint"]["max_failures"] = 0  # a broken trial fails at once instead of restarting
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({"name": name, "base": base, **settings}, sort_keys=False))
+        return path
+
+    return write
+
+
+# ------------------------------------------------------------------------------------ the search space
+
+
+def test_trial_config_applies_whole_mappings_then_keys_inside_them():
+    space = SearchSpace(
+        TrainConfig(),
+        {
+            "stages.0.batch_size": {"choice": [32]},
+            "stages.0": {"choice": STAGE_OPTIONS},
+            "stages.0.concat": {"grid": [["u", "v", "|u-v|"], ["u*v"]]},
+            "stages.0.learning_rate": {"loguniform": ["1e-5", 1.0e-4]},
+        },
+    )
+    concat = next(p for p in space.params if p.key == "stages.0.concat")
+    assert list(concat.options) == ['["u", "v", "|u-v|"]', '["u*v"]']  # Tune sees plain strings
+    sampled = {
+        "stages.0": "softmax-nli",
+        "stages.0.batch_size": 32,
+        "stages.0.concat": concat.corners()[1],
+        "stages.0.learning_rate": 3e-5,
+    }
+    stage = space.config(sampled).stages[0]
+    assert (stage.dataset, stage.objective, stage.batch_size, stage.learning_rate) == (
+        "nli-offline",
+        "softmax",
+        32,
+        3e-5,
+    )
+    assert stage.concat == ["u*v"]  # the deeper key wins over the option's concat
+    assert stage.warmup_ratio == TrainConfig().stages[0].warmup_ratio  # untouched keys keep the base values
+    assert len(list(space.corner_configs())) == 1 * 2 * 2 * 2
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"search_space": {"stages.0.learnig_rate": {"choice": [1e-5]}}}, "'stages.0.learnig_rate' is not a key"),
+        ({"search_space": {"stages.3.learning_rate": {"choice": [1e-5]}}}, "'stages.3.learning_rate' is not a key"),
+        ({"search_space": {"stages.0": {"choice": {"x": {"objectiv": "triplet"}}}}}, "stages.0.'objectiv'"),
+        ({"search_space": {"model.pooling": {"choice": ["mean", "meen"]}}}, "'meen' is not one of"),
+        ({"search_space": {"model.pooling": {"choise": ["mean"]}}}, "expected one of {choice | grid"),
+        ({"search_space": {"stages.0.learning_rate": {"loguniform": [0, 1e-4]}}}, "0 < low < high"),
+        ({"search_space": {"stages.0.batch_size": {"choice": [16, 15]}}}, "must be divisible"),
+        ({"search": "optuna", "search_space": {"model.pooling": {"grid": ["mean"]}}}, "use choice instead of grid"),
+        ({"search": "grid", "search_space": {"model.pooling": {"choice": ["mean"]}}}, "every search_space key"),
+        ({"serach": "grid"}, "unknown key 'serach'"),
+    ],
+)
+def test_sweep_config_errors_name_the_key(tmp_path, settings, message):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"base": {"scaling": {"num_workers": 2}}, **settings}))
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(path, cls=SweepConfig)
+
+
+def test_optuna_samples_every_kind_of_key():
+    """Optuna only takes plain categorical values: option labels stand in for mappings and lists."""
+    space = SearchSpace(
+        TrainConfig(),
+        {
+            "stages.0": {"choice": STAGE_OPTIONS},
+            "model.pooling": {"choice": ["mean", "max", "cls"]},
+            "stages.0.learning_rate": {"loguniform": [1e-5, 1e-3]},
+            "stages.0.warmup_ratio": {"uniform": [0.0, 0.2]},
+        },
+    )
+    searcher = OptunaSearch(seed=0)
+    assert searcher.set_search_properties(METRIC, "max", space.param_space())
+    for i in range(5):
+        config = space.config(searcher.suggest(f"trial_{i}"))
+        assert 1e-5 <= config.stages[0].learning_rate <= 1e-3 and 0 <= config.stages[0].warmup_ratio <= 0.2
+        assert config.stages[0].objective in ("regression", "softmax")
+
+
+def test_concurrency_follows_cluster_and_trial_size(local_ray):
+    def corners(num_workers: list[int]) -> list[TrainConfig]:
+        base = load_config(None, ["scaling.cpus_per_worker=0.5", "stages.0.batch_size=16"])
+        return list(SearchSpace(base, {"scaling.num_workers": {"grid": num_workers}}).corner_configs())
+
+    assert max_concurrent_trials(corners([1])) == 3  # 2 CPUs / (0.5 + the trial's token 0.01)
+    assert max_concurrent_trials(corners([1, 2])) == 1  # sized by the largest trial
+
+
+# ---------------------------------------------------------------------------------- sweeps on Ray
+
+
+def test_sweep_with_asha(local_ray, write_sweep):
+    path = write_sweep(
+        "asha",
+        # One trial at a time, in grid order, so ASHA's decision is fixed: at step 4 "cls" is far behind "mean".
+        search_space={"model.pooling": {"grid": ["mean", "cls"]}},
+        scheduler="asha",
+        asha={"grace_period": 4, "reduction_factor": 2},
+        max_concurrent_trials=1,
+    )
+    result = run_sweep(load_config(path, cls=SweepConfig))
+
+    rows = {r.sampled["model.pooling"]: r for r in result.rows}
+    assert {k: r.status for k, r in rows.items()} == {"mean": "finished", "cls": "stopped"}
+    assert rows["mean"].global_step == 96 // 8 and rows["cls"].global_step < 96 // 8
+    assert result.best is rows["mean"]
+
+    client = MlflowClient(result.tracking_uri)
+    parent = client.get_run(result.run_id)
+    assert parent.info.status == "FINISHED"
+    assert parent.data.metrics["sweep/trials_stopped"] == 1 and parent.data.metrics["sweep/trials_finished"] == 1
+    assert parent.data.metrics[f"best/{METRIC}"] == pytest.approx(rows["mean"].dev_spearman)
+    artifacts = {a.path for a in client.list_artifacts(result.run_id)}
+    assert {
+        "sweep.yaml",
+        "results.csv",
+        "results.md",
+        "dev_spearman_vs_learning_rate.png",
+        "best_config.yaml",
+    } <= artifacts
+
+    children = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{result.run_id}'"
+    )
+    by_id = {run.info.run_id: run for run in children}
+    assert sorted(by_id) == sorted(r.run_id for r in result.rows)  # one child run per trial
+    assert {k: by_id[r.run_id].info.status for k, r in rows.items()} == {"mean": "FINISHED", "cls": "KILLED"}
+    finished = by_id[rows["mean"].run_id]
+    assert finished.data.params["model.pooling"] == "mean"
+    assert [m.step for m in client.get_metric_history(finished.info.run_id, "dev/spearman_cosine")] == [4, 8, 12]
+    assert finished.data.metrics["final/stsb/spearman_cosine"] == pytest.approx(rows["mean"].final["stsb"])
+
+    best_config = load_config(result.path / "summary" / "best_config.yaml")
+    assert best_config.model.pooling == "mean" and best_config.stages[0].limit == 96
+    with (result.path / "summary" / "results.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert [(row["model.pooling"], row["status"]) for row in table] == [("mean", "finished"), ("cls", "stopped")]
+    assert {"dev_spearman", "final stsb", "mlflow_run", "error"} <= set(table[0])
+
+
+def trial_statuses(sweep_dir: Path) -> list[str]:
+    """Trial statuses as Tune last saved them (what a resumed sweep starts from)."""
+    states = sorted(sweep_dir.glob("experiment_state-*.json"))
+    if not states:
+        return []
+    try:
+        trials = json.loads(states[-1].read_text())["trial_data"]
+    except json.JSONDecodeError:  # caught while Tune rewrites it
+        return []
+    return [json.loads(trial)["status"] for trial, _ in trials]
+
+
+def test_killed_sweep_resumes_without_rerunning_finished_trials(write_sweep):
+    """Killed after its first trial, the sweep continues with --resume: the finished trial is not run again, the
+    interrupted one runs (and fails: a failed trial is reported, the sweep still ends with its summary)."""
+    path = write_sweep(
+        "resume",
+        search_space={"model": {"grid": {"mean": {"pooling": "mean"}, "broken": {"name": "random:broken"}}}},
+        scheduler="fifo",
+        max_concurrent_trials=1,
+    )
+    sweep = load_config(path, cls=SweepConfig)
+    sweep_dir = Path(sweep.base.checkpoint.storage_path) / "resume"
+    command = [sys.executable, "-m", "sbert_ray.cli", "tune", str(path)]
+    # A fresh local cluster per driver, never someone else's; Tune saves its state each second, so the kill
+    # right after the first trial catches the second one in flight.
+    env = {**os.environ, "RAY_ADDRESS": "local", "TUNE_GLOBAL_CHECKPOINT_S": "1"}
+    first = subprocess.Popen(
+        command, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.time() + 300
+        while "TERMINATED" not in trial_statuses(sweep_dir):
+            assert time.time() < deadline and first.poll() is None, "the first trial did not finish"
+            time.sleep(0.5)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # the sweep driver and the local Ray cluster it started
+        first.wait()
+    client = MlflowClient(sweep.base.tracking.tracking_uri)
+    experiment_id = client.get_experiment_by_name(sweep.base.tracking.experiment).experiment_id
+    (finished,) = client.search_runs([experiment_id], "attributes.status = 'FINISHED'")
+
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 2 and "pass --resume" in again.stderr  # a second start never mixes two sweeps
+    resumed = subprocess.run([*command, "--resume"], env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "(resumed)" in resumed.stdout and "unknown BERT shape 'broken'" in resumed.stdout  # the results table
+
+    runs = client.search_runs([experiment_id])
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]  # the same parent run, continued
+    children = {r.info.run_name: r for r in runs if "mlflow.parentRunId" in r.data.tags}
+    assert parent.info.status == "FINISHED" and len(children) == 2
+    again_finished = children.pop(finished.info.run_name)
+    assert (again_finished.info.run_id, again_finished.info.end_time) == (finished.info.run_id, finished.info.end_time)
+    assert [r.info.status for r in children.values()] == ["FAILED"]
+    assert trial_statuses(sweep_dir) == ["TERMINATED", "ERROR"]
+    assert (sweep_dir / "summary" / "best_config.yaml").exists()
