@@ -173,6 +173,7 @@ def test_sweep_with_asha(local_ray, write_sweep):
     by_id = {run.info.run_id: run for run in children}
     assert sorted(by_id) == sorted(r.run_id for r in result.rows)  # one child run per trial
     assert {k: by_id[r.run_id].info.status for k, r in rows.items()} == {"mean": "FINISHED", "cls": "KILLED"}
+    assert by_id[rows["mean"].run_id].info.end_time <= by_id[rows["cls"].run_id].info.start_time  # one at a time
     finished = by_id[rows["mean"].run_id]
     assert finished.data.params["model.pooling"] == "mean"
     assert [m.step for m in client.get_metric_history(finished.info.run_id, "dev/spearman_cosine")] == [4, 8, 12]

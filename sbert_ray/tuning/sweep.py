@@ -19,6 +19,7 @@ import ray
 from ray import tune
 from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler
+from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.basic_variant import BasicVariantGenerator
 from ray.tune.search.optuna import OptunaSearch
 
@@ -112,10 +113,12 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
 
 
 def _new_tuner(sweep: SweepConfig, space: SearchSpace, corners: list[TrainConfig], trainable, path: Path) -> tune.Tuner:
+    # Each searcher limits concurrency itself: Tune ignores max_concurrent_trials for BasicVariantGenerator.
+    concurrency = sweep.max_concurrent_trials or max_concurrent_trials(corners)
     searcher = (
-        OptunaSearch(seed=sweep.base.seed)  # TPE by default
+        ConcurrencyLimiter(OptunaSearch(seed=sweep.base.seed), max_concurrent=concurrency)  # TPE by default
         if sweep.search == "optuna"
-        else BasicVariantGenerator(random_state=sweep.base.seed)
+        else BasicVariantGenerator(max_concurrent=concurrency, random_state=sweep.base.seed)
     )
     scheduler = None  # FIFO: every trial runs to its end
     if sweep.scheduler == "asha":
@@ -135,7 +138,6 @@ def _new_tuner(sweep: SweepConfig, space: SearchSpace, corners: list[TrainConfig
             search_alg=searcher,
             scheduler=scheduler,
             num_samples=sweep.num_samples,
-            max_concurrent_trials=sweep.max_concurrent_trials or max_concurrent_trials(corners),
             trial_dirname_creator=_trial_dirname,
         ),
         run_config=tune.RunConfig(
