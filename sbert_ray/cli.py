@@ -81,16 +81,18 @@ def _report(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from sbert_ray.config import load_config
+    from sbert_ray.evaluation.suite import primary_metric
     from sbert_ray.training.driver import train
 
     config = load_config(args.config, args.overrides)  # every config error surfaces here, before Ray starts
     result = train(config)
     for name, before in result.before.items():
+        metric = primary_metric(before)
         after = result.final.get(name)
         after_text = f"{after:.2f}" if after is not None else "not scored"
-        print(f"{name} test Spearman x100: before {before['spearman_cosine']:.2f} -> after {after_text}")
+        print(f"{name} test {metric}: before {before[metric]:.2f} -> after {after_text}")
     if result.final:
-        print("final model, Spearman x100: " + ", ".join(f"{k} {v:.2f}" for k, v in result.final.items()))
+        print("final model: " + ", ".join(f"{k} {v:.2f}" for k, v in result.final.items()))
     print(f"model: {result.model_dir}")
     print(f"MLflow run {result.run_id} at {result.tracking_uri} (artifacts: {result.artifact_uri})")
     return 0
