@@ -15,7 +15,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import os
 import shutil
 import uuid
 from collections.abc import Sequence
@@ -200,10 +199,11 @@ def finetune_config(model_ref: str, data_dir=None, pooling: str | None = None, o
 
 def finetune_folds(name: str, folds: Sequence[Fold], train_config, batch_size: int = 64) -> dict[str, dict]:
     """One Ray task per fold; each trains through ``driver.train`` (whose TorchTrainer requests the workers'
-    resources, hence num_cpus=0 here) and scores the held-out pairs. Ray runs as many folds at once as fit."""
+    resources, hence num_cpus=0 here) and scores the held-out pairs, as many folds at once as the cluster fits."""
     import ray
 
     from sbert_ray.tracking.mlflow_run import RunTracker, resolve_tracking_uri
+    from sbert_ray.training.driver import connect_ray, runs_that_fit  # lazy: the driver imports the task registry
 
     # The parent run is opened here, before any fold starts: a fresh MLflow store or experiment must not be set
     # up by several fold tasks at once (concurrent sqlite migrations fail). It records every fold's scores.
@@ -213,12 +213,19 @@ def finetune_folds(name: str, folds: Sequence[Fold], train_config, batch_size: i
     train_config = dataclasses.replace(train_config, tracking=dataclasses.replace(tracking, tracking_uri=uri))
     ok = False
     try:
-        if not ray.is_initialized():
-            # RAY_ADDRESS's cluster, else a fresh local one (as the driver): never a stale address file on the machine
-            ray.init(address=os.environ.get("RAY_ADDRESS") or "local")
+        connect_ray()
         task = ray.remote(num_cpus=0)(_finetune_fold)
-        futures = {fold.name: task.remote(name, fold, train_config, batch_size) for fold in folds}
-        per_fold = {fold_name: ray.get(future) for fold_name, future in futures.items()}
+        # Only as many folds at once as the cluster holds: a fold waiting for workers would hit Ray Train's
+        # worker-group start timeout and be retried.
+        limit = runs_that_fit([train_config])
+        pending, running, scores = list(folds), {}, {}
+        while pending or running:
+            while pending and len(running) < limit:
+                fold = pending.pop(0)
+                running[task.remote(name, fold, train_config, batch_size)] = fold.name
+            (done,), _ = ray.wait(list(running), num_returns=1)
+            scores[running.pop(done)] = ray.get(done)
+        per_fold = {fold.name: scores[fold.name] for fold in folds}
         parent.log_metrics({f"{f}/{k}".replace(" ", "_"): v for f, m in per_fold.items() for k, v in m.items()})
         ok = True
         return per_fold

@@ -80,6 +80,25 @@ def build_trainer(config: TrainConfig, tracking_uri: str, run_id: str, callbacks
     )
 
 
+def connect_ray() -> None:
+    """Join the cluster in RAY_ADDRESS (set under `ray job submit`), else start a fresh local one: never whatever
+    cluster happens to be recorded in /tmp/ray, which may be stale."""
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS") or "local")
+
+
+def runs_that_fit(configs: list[TrainConfig], driver_cpus: float = 0.0) -> int:
+    """How many of these training runs the connected Ray cluster can hold at once, sized by the largest; each
+    run's own driver takes ``driver_cpus``. Used to bound sweep trials and argument-similarity folds."""
+    available = ray.cluster_resources()
+    cpus = max(c.scaling.num_workers * c.scaling.cpus_per_worker for c in configs) + driver_cpus
+    fits = [available.get("CPU", 0) // cpus]
+    gpus = max((c.scaling.num_workers * c.scaling.gpus_per_worker for c in configs if c.scaling.use_gpu), default=0)
+    if gpus:
+        fits.append(available.get("GPU", 0) // gpus)
+    return max(1, int(min(fits)))
+
+
 def train(config: TrainConfig, parent_run_id: str | None = None, callbacks: list | None = None) -> TrainResult:
     """Run one training job. Under a sweep, ``parent_run_id`` nests the MLflow run under the sweep's run and
     ``callbacks`` (e.g. Tune's ``TuneReportCallback``) go to the ``TorchTrainer``."""
@@ -104,10 +123,7 @@ def train(config: TrainConfig, parent_run_id: str | None = None, callbacks: list
         if config.evaluation.before_tasks:
             before = suite.run_tasks(load_encoder(config.model, config.seed), config.evaluation.before_tasks, data_dir)
             tracker.log_metrics(suite.metric_items(before, "before"))
-        if not ray.is_initialized():
-            # The cluster in RAY_ADDRESS (set under `ray job submit`), else a fresh local one: never whatever
-            # cluster happens to be recorded in /tmp/ray, which may be stale.
-            ray.init(address=os.environ.get("RAY_ADDRESS") or "local")
+        connect_ray()
         build_trainer(config, tracking_uri, tracker.run_id, callbacks).fit()
         plot_curves(tracker, {"train/loss": "plots/loss.png", "dev/spearman_cosine": "plots/dev_spearman.png"})
         ok = True

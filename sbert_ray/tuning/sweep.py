@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import ray
 from ray import tune
 from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler
@@ -27,7 +26,7 @@ from sbert_ray.config import ConfigError, TrainConfig, dump_yaml, flatten, to_di
 from sbert_ray.data.readers import resolve_data_dir
 from sbert_ray.tracking.mlflow_run import environment_tags, resolve_tracking_uri
 from sbert_ray.tracking.sweep import SweepTracker
-from sbert_ray.training.driver import TrainResult, prepare, train
+from sbert_ray.training.driver import TrainResult, connect_ray, prepare, runs_that_fit, train
 from sbert_ray.tuning import results
 from sbert_ray.tuning.results import TrialRow
 from sbert_ray.tuning.space import METRIC, SearchSpace, SweepConfig
@@ -89,8 +88,7 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
         tracker.log_params(settings | {f"search_space.{k}": json.dumps(v) for k, v in sweep.search_space.items()})
         tracker.set_tags(environment_tags())
         tracker.log_text(dump_yaml(dataclasses.replace(sweep, base=base)), "sweep.yaml")
-        if not ray.is_initialized():
-            ray.init()  # joins the cluster in RAY_ADDRESS (as under `ray job submit`), else starts a local one
+        connect_ray()
         context = TrialContext(space, str(path / "trials"), tracker.run_id)
         trainable = tune.with_resources(tune.with_parameters(run_trial, context=context), {"cpu": TRIAL_CPU})
         start = time.perf_counter()
@@ -149,14 +147,8 @@ def _new_tuner(sweep: SweepConfig, space: SearchSpace, corners: list[TrainConfig
 
 
 def max_concurrent_trials(corners: list[TrainConfig]) -> int:
-    """As many trials as the cluster's CPUs (and GPUs) fit, sized by the largest trial of the search space."""
-    available = ray.cluster_resources()
-    cpus = max(c.scaling.num_workers * c.scaling.cpus_per_worker for c in corners) + TRIAL_CPU
-    fits = [available.get("CPU", 0) // cpus]
-    gpus = max((c.scaling.num_workers * c.scaling.gpus_per_worker for c in corners if c.scaling.use_gpu), default=0)
-    if gpus:
-        fits.append(available.get("GPU", 0) // gpus)
-    return max(1, int(min(fits)))
+    """As many trials as the cluster fits, sized by the largest trial of the search space."""
+    return runs_that_fit(corners, driver_cpus=TRIAL_CPU)
 
 
 def _trial_dirname(trial) -> str:
