@@ -1,13 +1,11 @@
 """Length-grouped ("smart") batching, sharded across data-parallel workers.
 
 Each epoch, from (seed, epoch): shuffle all indices, cut them into mega-batches of
-batch_size * num_replicas * mega_batch_factor, sort each mega-batch by length and cut it into batches (so a
+batch_size * num_replicas * MEGA_BATCH_FACTOR, sort each mega-batch by length and cut it into batches (so a
 batch holds examples of similar length and pads little), shuffle the batch order, then deal the batches to the
-ranks round-robin. Every rank gets the same number of batches, so no DDP worker waits for a missing step:
-- drop_last=False: the last short batch is kept and the batch list is padded by repeating batches from its
-  start, so a few examples are seen twice per epoch (like DistributedSampler's padding);
-- drop_last=True: the short batch and the batches past the last full round are left out this epoch, so the
-  shards are disjoint.
+ranks round-robin. Every rank gets the same number of batches, so no DDP worker waits for a missing step: the last
+short batch is kept and the batch list is padded by repeating batches from its start, so a few examples are seen
+twice per epoch (like DistributedSampler's padding).
 """
 
 from __future__ import annotations
@@ -16,6 +14,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 from torch.utils.data import Sampler
+
+MEGA_BATCH_FACTOR = 50  # batches per rank sorted together: large enough to group lengths, small enough to shuffle
 
 
 class SmartBatchSampler(Sampler[list[int]]):
@@ -26,28 +26,20 @@ class SmartBatchSampler(Sampler[list[int]]):
         num_replicas: int = 1,
         rank: int = 0,
         seed: int = 0,
-        drop_last: bool = False,
-        mega_batch_factor: int = 50,
     ) -> None:
-        if batch_size < 1 or num_replicas < 1 or mega_batch_factor < 1:
-            raise ValueError(
-                f"batch_size, num_replicas and mega_batch_factor must be >= 1, got {batch_size}, "
-                f"{num_replicas}, {mega_batch_factor}"
-            )
+        if batch_size < 1 or num_replicas < 1:
+            raise ValueError(f"batch_size and num_replicas must be >= 1, got {batch_size}, {num_replicas}")
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank must be in [0, {num_replicas}), got {rank}")
         self.lengths = np.asarray(lengths, dtype=np.int64)
         self.batch_size, self.num_replicas, self.rank = batch_size, num_replicas, rank
-        self.seed, self.drop_last, self.mega_batch_factor = seed, drop_last, mega_batch_factor
+        self.seed = seed
         size = len(self.lengths)
         # Only the last mega-batch can end in a short batch (mega-batches are whole multiples of batch_size).
-        self.total_batches = size // batch_size if drop_last else -(-size // batch_size)
-        rounds = self.total_batches // num_replicas if drop_last else -(-self.total_batches // num_replicas)
+        self.total_batches = -(-size // batch_size)
+        rounds = -(-self.total_batches // num_replicas)
         if rounds == 0:
-            raise ValueError(
-                f"{size} examples make {self.total_batches} batches of {batch_size}: "
-                f"too few for {num_replicas} workers (drop_last={drop_last})"
-            )
+            raise ValueError(f"{size} examples make no batch of {batch_size}")
         self.num_batches = rounds  # per rank, per full epoch
         self.epoch, self.start_batch = 0, 0
 
@@ -58,16 +50,15 @@ class SmartBatchSampler(Sampler[list[int]]):
         self.epoch, self.start_batch = epoch, start_batch
 
     def _epoch_batches(self) -> list[np.ndarray]:
-        """All ranks' batches of the current epoch, padded or cut to num_batches * num_replicas."""
+        """All ranks' batches of the current epoch, padded to num_batches * num_replicas."""
         rng = np.random.default_rng([self.seed, self.epoch])
         order = rng.permutation(len(self.lengths))
-        mega = self.batch_size * self.num_replicas * self.mega_batch_factor
+        mega = self.batch_size * self.num_replicas * MEGA_BATCH_FACTOR
         batches = []
         for start in range(0, len(order), mega):
             chunk = order[start : start + mega]
             chunk = chunk[np.argsort(self.lengths[chunk], kind="stable")]
             batches.extend(chunk[i : i + self.batch_size] for i in range(0, len(chunk), self.batch_size))
-        batches = batches[: self.total_batches]  # drop_last: the short batch goes
         batches = [batches[i] for i in rng.permutation(len(batches))]
         needed = self.num_batches * self.num_replicas
         return [batches[i % len(batches)] for i in range(needed)]
