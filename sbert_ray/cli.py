@@ -11,47 +11,39 @@ from sbert_ray.data.records import DataError
 
 
 def _eval(args: argparse.Namespace) -> int:
-    import time
-
     from sbert_ray.data.readers import resolve_data_dir
-    from sbert_ray.evaluation import argsim, suite
-    from sbert_ray.evaluation.baselines import BASELINE_POOLING, load_model
+    from sbert_ray.evaluation.baselines import BASELINE_POOLING
+    from sbert_ray.evaluation.results import format_results, write_json
+    from sbert_ray.evaluation.tasks import ArgsimTask, headlines, parse_tasks
+    from sbert_ray.runs.argsim import finetune_config
+    from sbert_ray.runs.evaluation import evaluate_model
 
-    tasks = suite.parse_tasks(args.tasks)  # fail on a typo before loading anything
-    if args.baseline == "tfidf" and (
-        args.mode == "finetune" or any(t.partition(":")[0] not in argsim.ARGSIM_DATASETS for t in tasks)
-    ):
+    tasks = parse_tasks(args.tasks, args.similarities.split(","))  # fail on a typo before loading anything
+    if args.baseline == "tfidf" and (args.mode == "finetune" or not all(isinstance(t, ArgsimTask) for t in tasks)):
         raise ConfigError("--baseline tfidf scores argument-similarity tasks (afs, ukp-aspect, bws) unsupervised only")
     data_dir = resolve_data_dir(args.data_dir)
-    options = {"mode": args.mode}
+    finetune = None
     if args.mode == "finetune":  # checked here, before any encoding or Ray work
         pooling = BASELINE_POOLING.get(args.baseline)
-        options["train_config"] = argsim.finetune_config(args.model, data_dir, pooling, args.train_set)
-    model = load_model(args.model, args.baseline)
-    if args.workers > 1:
-        from sbert_ray.evaluation.distributed import RayEncoder
-
-        model = RayEncoder(model, args.workers, use_gpu=(args.device or "").startswith("cuda"))
-    elif args.device:
-        model.to(args.device)
+        finetune = finetune_config(args.model, data_dir, pooling, args.train_set)
     print(
         f"model: {args.model}{f' ({args.baseline} baseline)' if args.baseline else ''}   mode: {args.mode}   "
         f"data: {data_dir or 'Hugging Face Hub'}"
     )
-    results: dict[str, dict] = {}
-    try:
-        for task in tasks:
-            start = time.perf_counter()
-            results |= suite.run_tasks(
-                model, [task], data_dir, args.batch_size, args.similarities.split(","), **options
-            )
-            print(f"{task}: {time.perf_counter() - start:.1f} s", flush=True)
-    finally:
-        if args.workers > 1:
-            model.close()
-    print(suite.format_results(results))
+    results = evaluate_model(
+        args.model,
+        tasks,
+        data_dir,
+        args.batch_size,
+        baseline=args.baseline,
+        finetune=finetune,
+        workers=args.workers,
+        device=args.device,
+        progress=lambda task, seconds: print(f"{task.spec}: {seconds:.1f} s", flush=True),
+    )
+    print(format_results(results, {entry: metric for entry, (metric, _) in headlines(tasks, results).items()}))
     if args.output:
-        suite.write_json(results, args.output)
+        write_json(results, args.output)
         print(f"wrote {args.output}")
     return 0
 
@@ -81,18 +73,17 @@ def _report(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from sbert_ray.config import load_config
-    from sbert_ray.evaluation.suite import primary_metric
-    from sbert_ray.training.driver import train
+    from sbert_ray.evaluation.tasks import headlines, parse_tasks
+    from sbert_ray.runs.training import run_training
 
     config = load_config(args.config, args.overrides)  # every config error surfaces here, before Ray starts
-    result = train(config)
-    for name, before in result.before.items():
-        metric = primary_metric(before)
-        after = result.final.get(name)
-        after_text = f"{after:.2f}" if after is not None else "not scored"
-        print(f"{name} test {metric}: before {before[metric]:.2f} -> after {after_text}")
-    if result.final:
-        print("final model: " + ", ".join(f"{k} {v:.2f}" for k, v in result.final.items()))
+    result = run_training(config)
+    final = result.headlines
+    for entry, (metric, before) in headlines(parse_tasks(config.evaluation.before_tasks), result.before).items():
+        after = f"{final[entry][1]:.2f}" if entry in final else "not scored"
+        print(f"{entry} test {metric}: before {before:.2f} -> after {after}")
+    if final:
+        print("final model: " + ", ".join(f"{entry} {value:.2f}" for entry, (_, value) in final.items()))
     print(f"model: {result.model_dir}")
     print(f"MLflow run {result.run_id} at {result.tracking_uri} (artifacts: {result.artifact_uri})")
     return 0
@@ -100,14 +91,16 @@ def _train(args: argparse.Namespace) -> int:
 
 def _tune(args: argparse.Namespace) -> int:
     from sbert_ray.config import load_config
-    from sbert_ray.tuning import SweepConfig, run_sweep
+    from sbert_ray.runs.sweep import run_sweep
+    from sbert_ray.tuning import SweepConfig
 
     sweep = load_config(args.config, args.overrides, cls=SweepConfig)  # every key of the search space is checked here
     result = run_sweep(sweep, resume=args.resume)
     if result.best is not None:
         print(f"best trial {result.best.trial_id}: dev Spearman x100 {result.best.dev_spearman:.2f}")
     if result.retrained is not None:
-        print("retrained best, Spearman x100: " + ", ".join(f"{k} {v:.2f}" for k, v in result.retrained.final.items()))
+        scores = result.retrained.headlines.items()
+        print("retrained best, Spearman x100: " + ", ".join(f"{entry} {value:.2f}" for entry, (_, value) in scores))
     print(f"sweep: {result.path} (summary/: results table, plot, best config)")
     print(f"MLflow sweep run {result.run_id} at {result.tracking_uri}")
     return 0

@@ -1,24 +1,26 @@
 """Configs are dataclasses loaded from YAML plus ``key=value`` overrides.
 
 Every key is checked against the dataclass fields (unknown keys are errors naming the dotted key and the file),
-values are type-checked, and ``validate()`` checks choices, so a bad config fails before any Ray work starts.
+values are type-checked (``Literal`` types are choices), and ``validate()`` checks what types cannot say, so a bad
+config fails before any Ray work starts. A stage's ``loss:`` settings are checked against its objective's loss
+class in the objective registry (``sbert_ray.losses.registry``).
 """
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
-POOLINGS = ("mean", "max", "cls")
-OBJECTIVES = ("softmax", "regression", "triplet", "mnrl")
-CONCAT_PARTS = ("u", "v", "|u-v|", "u*v")
-TRIPLET_DISTANCES = ("euclidean", "cosine", "manhattan")
+from sbert_ray.losses.registry import OBJECTIVES, loss_settings
+from sbert_ray.models.pooling import PoolingMode
 
 
 class ConfigError(ValueError):
@@ -29,7 +31,7 @@ class ConfigError(ValueError):
 class ModelConfig:
     # A local folder, a Hub id, or "random:<shape>" (tiny|mini|small|base) for a randomly initialised BERT.
     name: str = "sentence-transformers/all-MiniLM-L6-v2"
-    pooling: str | None = None  # None keeps the model's own pooling (mean for a plain Hugging Face model)
+    pooling: PoolingMode | None = None  # None keeps the model's own pooling (mean for a plain Hugging Face model)
     max_seq_length: int = 128
     normalize: bool | None = None
 
@@ -42,12 +44,10 @@ class StageConfig:
     split: str = "train"
     columns: dict[str, str] | None = None  # for user files: record field -> column name
     limit: int | None = None  # use only the first N examples (smoke runs)
-    score_max: float = 5.0  # regression targets are score / score_max (STSb's 0-5 -> 0-1, as in the paper)
-    objective: str = "regression"
-    concat: list[str] = field(default_factory=lambda: ["u", "v", "|u-v|"])  # softmax features
-    triplet_distance: str = "euclidean"
-    triplet_margin: float = 1.0
-    mnrl_scale: float = 20.0
+    errors: Literal["raise", "skip"] = "raise"  # a bad row stops the run, or is skipped, counted and logged
+    score_max: float = 5.0  # score targets are score / score_max (STSb's 0-5 -> 0-1, as in the paper)
+    objective: str = "regression"  # a name in sbert_ray.losses.registry.OBJECTIVES
+    loss: dict[str, Any] = field(default_factory=dict)  # the objective's settings, e.g. {concat: [u, v, "|u-v|"]}
     epochs: int = 1
     max_steps: int | None = None  # stop the stage after this many optimizer steps
     batch_size: int = 16  # global batch (summed over workers and accumulation steps)
@@ -78,6 +78,10 @@ class ScalingConfig:
     gpus_per_worker: float = 1.0
     torch_threads: int | None = None  # per worker; None = cpus_per_worker rounded up
 
+    def threads_per_worker(self) -> int:
+        """Torch threads of each training worker (and of the evaluation that runs on a worker's resources)."""
+        return self.torch_threads or max(1, math.ceil(self.cpus_per_worker))
+
 
 @dataclass
 class CheckpointConfig:
@@ -107,18 +111,14 @@ class TrainConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def validate(self) -> None:
-        _choice("model.pooling", self.model.pooling, POOLINGS, allow_none=True)
+        """Check what the types cannot say; normalises each stage's ``loss`` settings to their declared types."""
         _positive("model.max_seq_length", self.model.max_seq_length)
         if not self.stages:
             raise ConfigError("stages: at least one training stage is required")
         for i, stage in enumerate(self.stages):
             key = f"stages.{i}"
-            _choice(f"{key}.objective", stage.objective, OBJECTIVES)
-            _choice(f"{key}.triplet_distance", stage.triplet_distance, TRIPLET_DISTANCES)
-            for part in stage.concat:
-                _choice(f"{key}.concat", part, CONCAT_PARTS)
-            if not stage.concat:
-                raise ConfigError(f"{key}.concat: needs at least one of {CONCAT_PARTS}")
+            _choice(f"{key}.objective", stage.objective, tuple(OBJECTIVES))
+            stage.loss = _loss_settings(f"{key}.loss", stage.objective, stage.loss)
             for name in ("epochs", "batch_size", "grad_accum_steps"):
                 _positive(f"{key}.{name}", getattr(stage, name))
             if stage.learning_rate <= 0:
@@ -137,11 +137,19 @@ class TrainConfig:
             raise ConfigError("evaluation.eval_every must be >= 0")
 
 
-def _choice(key: str, value: Any, choices: tuple[str, ...], allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
+def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(choices)}")
+        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, choices))}")
+
+
+def _loss_settings(key: str, objective: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """The stage's loss settings checked against (and converted to) the loss class's keyword arguments."""
+    declared = loss_settings(objective)
+    unknown = sorted(set(settings) - set(declared))
+    if unknown:
+        known = ", ".join(declared) or "none"
+        raise ConfigError(f"unknown key {key}.{unknown[0]!r} for objective {objective!r} (its settings: {known})")
+    return {name: _convert(declared[name][0], value, f"{key}.{name}") for name, value in settings.items()}
 
 
 def _positive(key: str, value: int) -> None:
@@ -231,6 +239,9 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
 
 def _convert(tp: Any, value: Any, key: str) -> Any:
     origin = typing.get_origin(tp)
+    if origin is Literal:
+        _choice(key, value, typing.get_args(tp))
+        return value
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
         if value is None and type(None) in args:
@@ -239,7 +250,7 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
         return _convert(inner, value, key)
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, key)
-    if origin is list:
+    if origin in (list, collections.abc.Sequence):
         (inner,) = typing.get_args(tp)
         if not isinstance(value, list):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
@@ -267,14 +278,15 @@ def to_dict(config: Any) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
-def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    """{'a': {'b': 1}, 'l': [{'c': 2}]} -> {'a.b': 1, 'l.0.c': 2}; used for MLflow params and sweep keys."""
+def flatten(data: Any, prefix: str = "", sep: str = ".") -> dict[str, Any]:
+    """{'a': {'b': 1}, 'l': [{'c': 2}]} -> {'a.b': 1, 'l.0.c': 2}: configs as MLflow params and sweep keys, and
+    (with sep="/") nested evaluation results as flat ``entry/metric`` keys. Lists of plain values stay values."""
     items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else None
     if items is None or (isinstance(data, list) and not any(isinstance(v, dict | list) for v in data)):
         return {prefix: data}
     flat: dict[str, Any] = {}
     for k, v in items:
-        flat.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        flat.update(flatten(v, f"{prefix}{sep}{k}" if prefix else str(k), sep))
     return flat
 
 

@@ -31,7 +31,10 @@ def test_override_adds_a_stage():
         ("stages:\n  - objectve: softmax\n", [], "unknown key stages.0.'objectve'"),
         ("", ["model.pooling=avg"], "model.pooling: 'avg' is not one of mean, max, cls"),
         ("", ["stages.0.epochs=two"], "stages.0.epochs: expected int"),
-        ("", ["stages.0.concat=[u, w]"], "stages.0.concat: 'w'"),
+        ("", ["stages.0.objective=softmax", "stages.0.loss.concat=[u, w]"], "stages.0.loss.concat.1: 'w' is not one"),
+        ("", ["stages.0.objective=triplet", "stages.0.loss.marginn=2"], "unknown key stages.0.loss.'marginn'"),
+        ("", ["stages.0.loss.concat=[u, v]"], "for objective 'regression' (its settings: none)"),
+        ("", ["stages.0.objective=rank"], "stages.0.objective: 'rank' is not one of softmax, regression"),
         ("", ["stages.0.batch_size=15", "scaling.num_workers=2"], "divisible"),
         ("", ["oops"], "key=value"),
         ("- a\n", [], "top level must be a mapping"),
@@ -46,6 +49,12 @@ def test_bad_configs_name_the_key_and_file(tmp_path, text, overrides, message):
         assert str(path) in str(err.value)
 
 
+def test_loss_settings_are_typed_by_the_loss_class():
+    config = load_config(None, ["stages.0.objective=triplet", "stages.0.loss={distance: manhattan, margin: 2}"])
+    assert config.stages[0].loss == {"distance": "manhattan", "margin": 2.0}
+    assert isinstance(config.stages[0].loss["margin"], float)  # YAML's int becomes the declared float
+
+
 def test_missing_file():
     with pytest.raises(ConfigError, match="not found"):
         load_config("/nonexistent/c.yaml")
@@ -54,7 +63,7 @@ def test_missing_file():
 def test_flatten_round_trip_keys():
     flat = flatten(to_dict(TrainConfig()))
     assert flat["stages.0.objective"] == "regression"
-    assert flat["stages.0.concat"] == ["u", "v", "|u-v|"]
+    assert flat["stages.0.score_max"] == 5.0
     assert flat["model.max_seq_length"] == 128
 
 

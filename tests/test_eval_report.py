@@ -8,8 +8,11 @@ import json
 import pytest
 
 from sbert_ray.cli import main
-from sbert_ray.evaluation import report, suite
+from sbert_ray.config import flatten
+from sbert_ray.evaluation import report
 from sbert_ray.evaluation.paper_numbers import PAPER_TABLES
+from sbert_ray.evaluation.results import format_results, nest
+from sbert_ray.evaluation.tasks import SentEvalTask, StsTask, parse_tasks
 
 
 def test_paper_table_rows_have_one_value_per_column():
@@ -64,13 +67,21 @@ def test_report_is_logged_to_mlflow(tmp_path):
 
 
 def test_generic_printing_shows_every_number():
-    text = suite.format_results(RESULTS)
+    flat = flatten(RESULTS, sep="/")
+    assert nest(flat) == RESULTS  # the JSON file format round-trips through the flat results
+    text = format_results(flat, {"stsb": "spearman_cosine"})
     for value in ("82.03", "38.25", "0.8123", "0.8222", "75.50", "10662", "90"):
         assert value in text
-    assert text.splitlines()[0].startswith("stsb             spearman_cosine 82.03")
+    assert text.splitlines()[0].split() == ["stsb", "spearman_cosine", "82.03", "pearson_cosine", "83.00", "n", "1379"]
 
 
 def test_task_spec_arguments():
-    assert suite.parse_tasks("ukp-aspect,senteval:MR,CR,bws") == ["ukp-aspect", "senteval:MR,CR", "bws"]
+    tasks = parse_tasks("ukp-aspect,senteval:MR,CR,bws")
+    assert [t.spec for t in tasks] == ["ukp-aspect", "senteval:MR,CR", "bws"]
+    assert isinstance(tasks[1], SentEvalTask) and tasks[1].tasks == ("MR", "CR")
+    sts = parse_tasks(["sts"], similarities=["cosine", "dot"])[0]
+    assert isinstance(sts, StsTask) and sts.similarities == ("cosine", "dot") and len(sts.datasets) == 7
     with pytest.raises(ValueError, match="unknown task"):
-        suite.parse_tasks("stsb,nonsense")
+        parse_tasks("stsb,nonsense")
+    with pytest.raises(ValueError, match="unknown similarity"):
+        parse_tasks("stsb", similarities=["foo"])

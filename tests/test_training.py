@@ -19,7 +19,7 @@ from sentence_transformers import SentenceTransformer
 
 from sbert_ray.config import ConfigError, load_config
 from sbert_ray.models.encoder import SentenceEncoder
-from sbert_ray.training.driver import prepare, train
+from sbert_ray.runs.training import prepare, run_training
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def wait_for_registered_checkpoint(run_dir: Path, timeout: float = 120) -> None:
 
 def test_training_run_is_complete_in_mlflow(local_ray, tiny_train_config, tmp_path):
     config = load_config(tiny_train_config(eval_every=4))
-    result = train(config)
+    result = run_training(config)
 
     client, run = only_run(config.tracking.tracking_uri)
     assert run.info.status == "FINISHED" and run.info.run_id == result.run_id
@@ -56,7 +56,8 @@ def test_training_run_is_complete_in_mlflow(local_ray, tiny_train_config, tmp_pa
     for key in ("train/loss", "train/learning_rate", "train/pairs_per_s", "dev/spearman_cosine"):
         assert key in metrics
     assert len(client.get_metric_history(run.info.run_id, "dev/spearman_cosine")) == 3  # steps 4, 8, 12
-    assert metrics["final/stsb/spearman_cosine"] == pytest.approx(result.final["stsb"])
+    assert metrics["final/stsb/spearman_cosine"] == pytest.approx(result.final["stsb/spearman_cosine"])
+    assert result.headlines["stsb"] == ("spearman_cosine", result.final["stsb/spearman_cosine"])
     assert run.data.params["stages.0.objective"] == "regression"
     assert {"git_commit", "ray_version", "torch_version", "transformers_version"} <= set(run.data.tags)
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
@@ -76,7 +77,7 @@ def test_training_run_is_complete_in_mlflow(local_ray, tiny_train_config, tmp_pa
 def test_killed_worker_resumes_from_checkpoint(local_ray, tiny_train_config):
     config = load_config(tiny_train_config(name="killed", limit=1600, eval_every=20))
     outcome: dict = {}
-    thread = threading.Thread(target=lambda: outcome.update(result=train(config)))
+    thread = threading.Thread(target=lambda: outcome.update(result=run_training(config)))
     thread.start()
     wait_for_registered_checkpoint(Path(config.checkpoint.storage_path) / config.name)
     workers = [p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
@@ -126,4 +127,14 @@ def test_resubmitted_run_resumes(tiny_train_config):
 def test_bad_data_or_model_fails_before_ray(tiny_train_config, overrides, message):
     config = load_config(tiny_train_config(), overrides)
     with pytest.raises((ConfigError, ValueError, FileNotFoundError), match=message):
+        prepare(config)
+
+
+def test_hub_evaluation_data_is_checked_in_prepare_when_offline(tiny_train_config, monkeypatch):
+    """No data folder (a Hub user) while the Hub is unreachable: the final STS suite could never load, so the run
+    stops in prepare(), before any training, naming the key, the task and the dataset."""
+    monkeypatch.delenv("SBERT_RAY_DATA_DIR", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    config = load_config(tiny_train_config(), ["data_dir=", "evaluation.final_tasks=[sts]"])
+    with pytest.raises(ConfigError, match=r"evaluation.final_tasks: task 'sts': dataset 'sts12' .* unreachable"):
         prepare(config)

@@ -7,8 +7,12 @@ Used when neither `--data-dir` nor `SBERT_RAY_DATA_DIR` is set. Scores are broug
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from urllib.parse import urlparse
 
 from sbert_ray.data.records import (
     NLI_LABEL_IDS,
@@ -21,6 +25,7 @@ from sbert_ray.data.records import (
     make_record,
 )
 
+_HUB_PROBE_TIMEOUT_S = 2.0
 _TRAIN_DEV_TEST = {"train": "train", "dev": "validation", "test": "test"}
 
 
@@ -114,3 +119,21 @@ def _hub_record(source: HubSource, row: Mapping[str, object], values: Mapping[ob
     if source.score_scale == 1.0:
         return record
     return dataclasses.replace(record, score=record.score * source.score_scale)
+
+
+def hub_reachable() -> bool:
+    """False when HF_HUB_OFFLINE is set or a quick TCP connect to the Hub endpoint fails."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}:
+        return False
+    return _probe(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+
+
+@functools.cache  # one probe per endpoint and process: a cluster job should not wait on every load
+def _probe(endpoint: str) -> bool:
+    url = urlparse(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname or "", port), timeout=_HUB_PROBE_TIMEOUT_S):
+            return True
+    except OSError:
+        return False

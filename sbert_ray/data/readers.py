@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from sbert_ray.data.hub import HUB_SOURCES, load_hub
+from sbert_ray.data.hub import HUB_SOURCES, hub_reachable, hub_source, load_hub
 from sbert_ray.data.records import (
     NLI_LABEL_IDS,
     NLI_LABELS,
@@ -527,3 +527,17 @@ def load_sts_subsets(
     if root is None:
         raise DataError(f"per-subset {name} needs local files: pass --data-dir or set {DATA_DIR_ENV}")
     return sts_subsets(root, name, errors)
+
+
+def check_available(name: str, split: str, data_dir: str | os.PathLike | None = None) -> None:
+    """A DataError now, before any work, when a dataset split cannot be had: local files are read (which checks
+    every row); without a data directory the name and split must exist on the Hub and the Hub must be reachable."""
+    if resolve_data_dir(data_dir) is not None:
+        load_records(name, split, data_dir)
+        return
+    hub_source(name, split)
+    if not hub_reachable():
+        raise DataError(
+            f"dataset {name!r} ({split}) comes from the Hugging Face Hub, which is unreachable (or HF_HUB_OFFLINE "
+            f"is set); pass --data-dir or set {DATA_DIR_ENV} to read local copies"
+        )

@@ -61,6 +61,15 @@ RECORD_TYPES: dict[str, type[Record]] = {
 }
 
 
+# The text fields of each record type, one siamese branch each, in column order.
+TEXT_FIELDS: dict[type[Record], tuple[str, ...]] = {
+    ScoredPair: ("sentence1", "sentence2"),
+    LabelledPair: ("sentence1", "sentence2"),
+    TopicPair: ("sentence1", "sentence2"),
+    Triplet: ("anchor", "positive", "negative"),
+}
+
+
 class DataError(ValueError):
     """A source cannot be read as asked; the message names the file and line (or Hub dataset and row)."""
 

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from sbert_ray.data.records import NLI_LABELS, LabelledPair
 from sbert_ray.losses.base import EncoderLoss
 from sbert_ray.models.encoder import SentenceEncoder
 
+ConcatPart = Literal["u", "v", "|u-v|", "u*v"]
 # The vectors Table 6 ablates, by the names used there.
-CONCAT_FEATURES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+CONCAT_FEATURES: dict[ConcatPart, Callable[[Tensor, Tensor], Tensor]] = {
     "u": lambda u, v: u,
     "v": lambda u, v: v,
     "|u-v|": lambda u, v: torch.abs(u - v),
@@ -27,11 +30,15 @@ class SoftmaxLoss(EncoderLoss):
     Features are concatenated in the order given; the default (u, v, |u−v|) is the paper's best (Table 6).
     """
 
+    record_types = (LabelledPair,)
+    user_file_kind = "labelled"
+    label_field = "label"
+
     def __init__(
         self,
         encoder: SentenceEncoder,
-        num_labels: int = 3,
-        concat: Sequence[str] = ("u", "v", "|u-v|"),
+        concat: Sequence[ConcatPart] = ("u", "v", "|u-v|"),
+        num_labels: int = len(NLI_LABELS),
     ) -> None:
         super().__init__(encoder)
         unknown = [name for name in concat if name not in CONCAT_FEATURES]

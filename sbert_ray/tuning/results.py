@@ -30,7 +30,8 @@ class TrialRow:
     @property
     def objective(self) -> str:
         stage = self.config.stages[-1]
-        return f"softmax({','.join(stage.concat)})" if stage.objective == "softmax" else stage.objective
+        settings = " ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in stage.loss.items())
+        return f"{stage.objective}({settings})" if settings else stage.objective
 
     @property
     def pooling(self) -> str:

@@ -2,9 +2,10 @@
 
 run_sweep (this process)                      MLflow parent run: sweep config, results table, plot, best config
   Tuner(with_resources(run_trial, token CPU))  searcher (random / grid / Optuna TPE) + ASHA on dev_spearman
-    run_trial (one Tune trial)                 driver.train(trial config, parent run, [TuneReportCallback()])
-      TorchTrainer -> train_loop_per_worker    MLflow child run; reports reach Tune through the callback
-  [retrain_best]                               driver.train(best config, full data, STS suite) -> child run
+    run_trial (one Tune trial)                 run_training(trial config, parent run, [TuneReportCallback()])
+      TorchTrainer -> train_loop_per_worker    MLflow child run; dev reports reach Tune through the callback
+    tune.report(final scores, finished)        the trial's last result
+  [retrain_best]                               run_training(best config, full data, STS suite) -> child run
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from ray.tune.search.optuna import OptunaSearch
 
 from sbert_ray.config import ConfigError, TrainConfig, dump_yaml, flatten, to_dict
 from sbert_ray.data.readers import resolve_data_dir
+from sbert_ray.runs.cluster import connect_ray, runs_that_fit
+from sbert_ray.runs.training import TrainResult, prepare, run_training
 from sbert_ray.tracking.mlflow_run import environment_tags, resolve_tracking_uri
 from sbert_ray.tracking.sweep import SweepTracker
-from sbert_ray.training.driver import TrainResult, connect_ray, prepare, runs_that_fit, train
 from sbert_ray.tuning import results
 from sbert_ray.tuning.results import TrialRow
 from sbert_ray.tuning.space import METRIC, SearchSpace, SweepConfig
@@ -53,7 +55,10 @@ def run_trial(sampled: dict, context: TrialContext) -> None:
         checkpoint=dataclasses.replace(config.checkpoint, storage_path=context.trials_dir),
         tracking=dataclasses.replace(config.tracking, run_name=f"trial {trial_id}"),
     )
-    train(config, parent_run_id=context.parent_run_id, callbacks=[TuneReportCallback()])
+    result = run_training(config, parent_run_id=context.parent_run_id, callbacks=[TuneReportCallback()])
+    # "finished", not "done": Tune reads a reported "done" as the end of the trial and stops it on the spot.
+    final = {f"final_{entry}": value for entry, (_, value) in result.headlines.items()}
+    tune.report({**result.metrics, **final, "finished": True})
 
 
 @dataclass
@@ -79,10 +84,10 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
             if not resume
             else f"--resume: no sweep to continue at {path}"
         )
-    tracker = SweepTracker(base.tracking.tracking_uri, base.tracking.experiment, sweep.name, resume_key=str(path))
-    print(f"MLflow: {base.tracking.tracking_uri}  sweep run {tracker.run_id}{' (resumed)' * tracker.resumed}")
-    ok = False
-    try:
+    with SweepTracker(
+        base.tracking.tracking_uri, base.tracking.experiment, sweep.name, resume_key=str(path)
+    ) as tracker:
+        print(f"MLflow: {base.tracking.tracking_uri}  sweep run {tracker.run_id}{' (resumed)' * tracker.resumed}")
         # One param per searched key (option names may hold characters MLflow refuses in param names).
         settings = flatten(to_dict(dataclasses.replace(sweep, base=base, search_space={})))
         tracker.log_params(settings | {f"search_space.{k}": json.dumps(v) for k, v in sweep.search_space.items()})
@@ -103,11 +108,8 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
         best = _summarize(tracker, sweep, space, rows, path / "summary")
         retrained = None
         if sweep.retrain_best and best is not None:
-            retrained = train(_retrain_config(best.config, sweep.name, path), parent_run_id=tracker.run_id)
-        ok = True
+            retrained = run_training(_retrain_config(best.config, sweep.name, path), parent_run_id=tracker.run_id)
         return SweepResult(tracker.run_id, base.tracking.tracking_uri, path, rows, best, retrained)
-    finally:
-        tracker.end(ok)
 
 
 def _new_tuner(sweep: SweepConfig, space: SearchSpace, corners: list[TrainConfig], trainable, path: Path) -> tune.Tuner:

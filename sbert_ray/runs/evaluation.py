@@ -1,0 +1,49 @@
+"""``sbert-ray eval``: score a given model (or one of the paper's baselines) on evaluation tasks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from sbert_ray.config import TrainConfig
+from sbert_ray.evaluation.baselines import load_model
+from sbert_ray.evaluation.distributed import RayEncoder
+from sbert_ray.evaluation.tasks import ArgsimTask, EvalTask, Results, check_tasks
+from sbert_ray.runs.argsim import finetune_argsim
+from sbert_ray.runs.cluster import connect_ray
+
+
+def evaluate_model(
+    model_ref: str,
+    tasks: Sequence[EvalTask],
+    data_dir=None,
+    batch_size: int = 64,
+    baseline: str | None = None,
+    finetune: TrainConfig | None = None,
+    workers: int = 1,
+    device: str | None = None,
+    progress: Callable[[EvalTask, float], None] = lambda task, seconds: None,
+) -> Results:
+    """What ``sbert-ray eval`` runs: every task's data checked first, then each task scored in this process (or
+    encoding spread over ``workers`` Ray actors). With ``finetune``, argument-similarity tasks fine-tune a fresh
+    copy of the model per fold first (``runs.argsim``) from that training config."""
+    check_tasks(tasks, data_dir, "--tasks")
+    model = load_model(model_ref, baseline)
+    if workers > 1:
+        connect_ray()
+        model = RayEncoder(model, workers, use_gpu=(device or "").startswith("cuda"))
+    elif device:
+        model.to(device)
+    results: Results = {}
+    try:
+        for task in tasks:
+            start = time.perf_counter()
+            if finetune is not None and isinstance(task, ArgsimTask):
+                results |= finetune_argsim(task, finetune, data_dir)
+            else:
+                results |= task.run(model, data_dir, batch_size)
+            progress(task, time.perf_counter() - start)
+    finally:
+        if workers > 1:
+            model.close()
+    return results
