@@ -28,7 +28,6 @@ from sbert_ray.data.records import (
     Records,
     make_record,
 )
-from sbert_ray.models.resolve import hub_reachable
 
 HUB_MIRROR_ENV = "SBERT_RAY_HUB_MIRROR"
 _TRAIN_DEV_TEST = {"train": "train", "dev": "validation", "test": "test"}
@@ -124,6 +123,8 @@ def check_hub(name: str, split: str) -> str:
         _check_split(str(folder), source, hub_split)
         return str(folder)
     from datasets import config as datasets_config
+
+    from sbert_ray.models.resolve import hub_reachable  # the model layer's Hub probe (imports transformers)
 
     if not datasets_config.HF_HUB_OFFLINE and hub_reachable():
         return source.path
