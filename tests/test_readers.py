@@ -16,7 +16,6 @@ from sbert_ray.data import (
     STS_SUBSETS,
     UKP_ASPECT_FOLDS,
     DataError,
-    HubSource,
     LabelledPair,
     ScoredPair,
     TopicPair,
@@ -239,33 +238,6 @@ def test_hub_table_names_the_public_datasets(monkeypatch) -> None:
         load_records("sickr", "test")  # mteb/sickr-sts holds all 9,927 pairs: only "all" maps to it
     with pytest.raises(DataError, match="no Hugging Face Hub source"):
         load_records("nli-offline", "train")
-
-
-def test_hub_path_converts_class_names_and_drops_no_gold(tmp_path, monkeypatch) -> None:
-    # A Hub-layout dataset on disk (parquet with a ClassLabel in another order) read by the same code path.
-    from datasets import ClassLabel, Dataset, Features, Value
-
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.delenv(DATA_DIR_ENV, raising=False)
-    features = Features(
-        {
-            "premise": Value("string"),
-            "hypothesis": Value("string"),
-            "label": ClassLabel(names=["entailment", "neutral", "contradiction"]),
-        }
-    )
-    rows = {"premise": ["p1", "p2", "p3"], "hypothesis": ["h1", "h2", "h3"], "label": [0, 2, -1]}
-    (tmp_path / "data").mkdir()
-    Dataset.from_dict(rows, features=features).to_parquet(tmp_path / "data" / "train-00000-of-00001.parquet")
-    columns = {"sentence1": "premise", "sentence2": "hypothesis"}
-    source = HubSource(str(tmp_path), "labelled", {"train": "train"}, columns=columns)
-    monkeypatch.setitem(HUB_SOURCES, "tiny-nli", source)
-    records = load_records("tiny-nli", "train")
-    assert list(records) == [
-        LabelledPair("p1", "h1", NLI_LABELS.index("entailment")),
-        LabelledPair("p2", "h2", NLI_LABELS.index("contradiction")),
-    ]
-    assert records.dropped == 1
 
 
 # --- bad rows -------------------------------------------------------------------------------------------------

@@ -136,5 +136,8 @@ def test_hub_evaluation_data_is_checked_in_prepare_when_offline(tiny_train_confi
     monkeypatch.delenv("SBERT_RAY_DATA_DIR", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     config = load_config(tiny_train_config(), ["data_dir=", "evaluation.final_tasks=[sts]"])
-    with pytest.raises(ConfigError, match=r"evaluation.final_tasks: task 'sts': dataset 'sts12' .* unreachable"):
+    expected = (
+        r"evaluation.final_tasks: task 'sts': 'sts12' \(mteb/sts12-sts\) needs the Hugging Face Hub, which is unr"
+    )
+    with pytest.raises(ConfigError, match=expected):
         prepare(config)

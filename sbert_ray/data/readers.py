@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from sbert_ray.data.hub import HUB_SOURCES, hub_reachable, hub_source, load_hub
+from sbert_ray.data.hub import HUB_SOURCES, check_hub, load_hub
 from sbert_ray.data.records import (
     NLI_LABEL_IDS,
     NLI_LABELS,
@@ -397,74 +397,120 @@ _CAD_FILES = {
 _WIKISEC_FILES = {"train": "train.csv", "dev": "validation.csv", "test": "test.csv"}
 
 
-def _stsb(root: Path, split: str, errors: Errors) -> Records:
-    return read_stsb(root / "stsb" / _choose("stsb", split, _STSB_FILES), errors)
+@dataclasses.dataclass(frozen=True)
+class LocalDataset:
+    """A dataset name in the data directory: the files a split needs (paths relative to the directory; a
+    DataError for an unknown split), and how to read the split's records from the directory."""
+
+    files: Callable[[str], list[str]]
+    read: Callable[[Path, str, Errors], Records]
+
+    def load(self, root: Path, split: str, errors: Errors) -> Records:
+        self.files(split)  # an unknown split is a DataError here, before any file is opened
+        return self.read(root, split, errors)
 
 
-def _sick(root: Path, split: str, errors: Errors) -> Records:
-    files = _choose("sickr", split, _SICK_FILES)
-    return Records.concat(read_sick(root / "sickr" / file, errors) for file in files)
+def _one_reader_per_file(
+    folder: str, name: str, choices: Mapping[str, str | tuple[str, ...]], reader: Callable[[Path, Errors], Records]
+) -> LocalDataset:
+    """A dataset whose split is one or more files of `folder`, each read by `reader` and concatenated."""
+
+    def files(split: str) -> list[str]:
+        chosen = _choose(name, split, choices)
+        return [f"{folder}/{file}" for file in ((chosen,) if isinstance(chosen, str) else chosen)]
+
+    def read(root: Path, split: str, errors: Errors) -> Records:
+        return Records.concat(reader(root / file, errors) for file in files(split))
+
+    return LocalDataset(files, read)
+
+
+def _sts_folder(name: str) -> str:
+    return f"sts12-16/STS{name.removeprefix('sts')}-en-test"
 
 
 def sts_subsets(root: Path, name: str, errors: Errors = "raise") -> dict[str, Records]:
     """STS12-16 by sub-set, in the order of STS_SUBSETS (their concatenation is the year's test set)."""
-    folder = root / "sts12-16" / f"STS{name.removeprefix('sts')}-en-test"
-    return {subset: read_sts_subset(folder, subset, errors) for subset in STS_SUBSETS[name]}
+    return {subset: read_sts_subset(root / _sts_folder(name), subset, errors) for subset in STS_SUBSETS[name]}
 
 
-def _sts_year(name: str) -> Callable[[Path, str, Errors], Records]:
-    def read(root: Path, split: str, errors: Errors) -> Records:
+def _sts_year(name: str) -> LocalDataset:
+    def files(split: str) -> list[str]:
         _choose(name, split, {"test": None})
+        return [f"{_sts_folder(name)}/STS.{kind}.{s}.txt" for s in STS_SUBSETS[name] for kind in ("input", "gs")]
+
+    def read(root: Path, split: str, errors: Errors) -> Records:
         return Records.concat(sts_subsets(root, name, errors).values())
 
-    return read
+    return LocalDataset(files, read)
 
 
-def _snli(root: Path, split: str, errors: Errors) -> Records:
-    return read_nli_csv(root / "nli" / "snli" / _choose("snli", split, _SNLI_FILES), errors)
+_STSB = _one_reader_per_file("stsb", "stsb", _STSB_FILES, read_stsb)
+_SICK = _one_reader_per_file("sickr", "sickr", _SICK_FILES, read_sick)
+_SNLI = _one_reader_per_file("nli/snli", "snli", _SNLI_FILES, read_nli_csv)
+_MNLI = _one_reader_per_file("nli/mnli", "mnli", _MNLI_FILES, read_nli_csv)
+_XNLI = _one_reader_per_file("nli-extra/xnli-en", "xnli", _XNLI_FILES, read_xnli)
+_CAD_SNLI = _one_reader_per_file("nli-extra/cad-snli", "cad-snli", _CAD_FILES, read_cad_snli)
+_BWS = _one_reader_per_file("bws-argsim", "bws", {"all": "BWS_corpus.csv"}, read_bws)
+# Not in shared/data; a user with the Dor et al. release puts its CSVs in <data dir>/wikisec/.
+_WIKISEC = _one_reader_per_file("wikisec", "wikisec", _WIKISEC_FILES, read_wikisec_csv)
 
 
-def _mnli(root: Path, split: str, errors: Errors) -> Records:
-    return read_nli_csv(root / "nli" / "mnli" / _choose("mnli", split, _MNLI_FILES), errors)
+def _snli_senteval_files(split: str) -> list[str]:
+    _choose("snli-senteval", split, {"dev": None, "test": None})
+    return [f"nli/snli-senteval/{stem}.{split}" for stem in ("s1", "s2", "labels")]
 
 
 def _snli_senteval(root: Path, split: str, errors: Errors) -> Records:
-    _choose("snli-senteval", split, {"dev": None, "test": None})
     return read_senteval_nli(root / "nli" / "snli-senteval", split, errors)
 
 
-def _xnli(root: Path, split: str, errors: Errors) -> Records:
-    return read_xnli(root / "nli-extra" / "xnli-en" / _choose("xnli", split, _XNLI_FILES), errors)
+# The largest NLI training set available offline: the only real SNLI-train pairs (CAD original/train), their
+# counterfactual revisions, and XNLI-en (MultiNLI-style, disjoint from MultiNLI dev). SNLI and MultiNLI dev/test
+# are left out on purpose: they stay NLI evaluation data.
+_NLI_OFFLINE_PARTS = (
+    (_CAD_SNLI, "original/train"),
+    (_CAD_SNLI, "revised_combined/train"),
+    (_XNLI, "dev"),
+    (_XNLI, "test"),
+)
 
 
-def _cad_snli(root: Path, split: str, errors: Errors) -> Records:
-    files = _choose("cad-snli", split, _CAD_FILES)
-    return Records.concat(read_cad_snli(root / "nli-extra" / "cad-snli" / file, errors) for file in files)
+def _nli_offline_files(split: str) -> list[str]:
+    _choose("nli-offline", split, {"train": None})
+    return [file for dataset, part in _NLI_OFFLINE_PARTS for file in dataset.files(part)]
 
 
 def _nli_offline(root: Path, split: str, errors: Errors) -> Records:
-    # The largest NLI training set available offline: the only real SNLI-train pairs (CAD original/train),
-    # their counterfactual revisions, and XNLI-en (MultiNLI-style, disjoint from MultiNLI dev). SNLI and
-    # MultiNLI dev/test are left out on purpose: they stay NLI evaluation data.
-    _choose("nli-offline", split, {"train": None})
-    parts = [_cad_snli(root, "original/train", errors), _cad_snli(root, "revised_combined/train", errors)]
-    return Records.concat(parts + [_xnli(root, "dev", errors), _xnli(root, "test", errors)])
+    return Records.concat(dataset.read(root, part, errors) for dataset, part in _NLI_OFFLINE_PARTS)
 
 
 def _nli_triplets(root: Path, split: str, errors: Errors) -> Records:
     # Built from an SNLI evaluation split (the split names which; "test" is the usual choice).
-    return nli_triplets(_snli(root, split, errors))
+    return nli_triplets(_SNLI.read(root, split, errors))
 
 
-def _ukp_aspect(root: Path, split: str, errors: Errors) -> Records:
-    # "all", or "fold<k>/<train|dev|test>" of UKP_ASPECT_FOLDS.
-    records = read_ukp_aspect(root / "ukp-aspect" / "UKP_ASPECT.tsv", errors)
+def _ukp_fold(split: str) -> tuple[dict[str, tuple[str, ...]], str] | None:
+    """None for "all"; for "fold<k>/<train|dev|test>" that fold of UKP_ASPECT_FOLDS and the part."""
     if split == "all":
-        return records
+        return None
     match = re.fullmatch(r"fold([0-3])/(train|dev|test)", split)
     if not match:
         raise DataError(f"local dataset 'ukp-aspect' has no split {split!r}; use 'all' or 'fold<0-3>/<train|dev|test>'")
-    fold, part = UKP_ASPECT_FOLDS[int(match[1])], match[2]
+    return UKP_ASPECT_FOLDS[int(match[1])], match[2]
+
+
+def _ukp_aspect_files(split: str) -> list[str]:
+    _ukp_fold(split)
+    return ["ukp-aspect/UKP_ASPECT.tsv"]
+
+
+def _ukp_aspect(root: Path, split: str, errors: Errors) -> Records:
+    fold_part = _ukp_fold(split)
+    records = read_ukp_aspect(root / "ukp-aspect" / "UKP_ASPECT.tsv", errors)
+    if fold_part is None:
+        return records
+    fold, part = fold_part
     if part == "train":
         held_out = set(fold["dev"]) | set(fold["test"])
         kept = [record for record in records if record.topic not in held_out]
@@ -473,32 +519,28 @@ def _ukp_aspect(root: Path, split: str, errors: Errors) -> Records:
     return Records(kept, skipped=records.skipped, dropped=records.dropped)
 
 
-def _bws(root: Path, split: str, errors: Errors) -> Records:
-    # One split: the corpus has no official topic split (cross-topic folds are the caller's choice).
-    _choose("bws", split, {"all": None})
-    return read_bws(root / "bws-argsim" / "BWS_corpus.csv", errors)
-
-
-def _wikisec(root: Path, split: str, errors: Errors) -> Records:
-    # Not in shared/data; a user with the Dor et al. release puts its CSVs in <data dir>/wikisec/.
-    return read_wikisec_csv(root / "wikisec" / _choose("wikisec", split, _WIKISEC_FILES), errors)
-
-
-_LOCAL: dict[str, Callable[[Path, str, Errors], Records]] = {
-    "stsb": _stsb,
-    "sickr": _sick,
+_LOCAL: dict[str, LocalDataset] = {
+    "stsb": _STSB,
+    "sickr": _SICK,
     **{name: _sts_year(name) for name in STS_SUBSETS},
-    "snli": _snli,
-    "mnli": _mnli,
-    "snli-senteval": _snli_senteval,
-    "xnli": _xnli,
-    "cad-snli": _cad_snli,
-    "nli-offline": _nli_offline,
-    "nli-triplets": _nli_triplets,
-    "ukp-aspect": _ukp_aspect,
-    "bws": _bws,
-    "wikisec": _wikisec,
+    "snli": _SNLI,
+    "mnli": _MNLI,
+    "snli-senteval": LocalDataset(_snli_senteval_files, _snli_senteval),
+    "xnli": _XNLI,
+    "cad-snli": _CAD_SNLI,
+    "nli-offline": LocalDataset(_nli_offline_files, _nli_offline),
+    "nli-triplets": LocalDataset(_SNLI.files, _nli_triplets),
+    "ukp-aspect": LocalDataset(_ukp_aspect_files, _ukp_aspect),
+    "bws": _BWS,
+    "wikisec": _WIKISEC,
 }
+
+
+def _local(name: str) -> LocalDataset:
+    if name not in _LOCAL:
+        where = " (it is only on the Hugging Face Hub: unset the data directory)" if name in HUB_SOURCES else ""
+        raise DataError(f"dataset {name!r} is not a local dataset{where}; local names: {', '.join(_LOCAL)}")
+    return _LOCAL[name]
 
 
 def load_records(
@@ -511,33 +553,29 @@ def load_records(
     root = resolve_data_dir(data_dir)
     if root is None:
         return load_hub(name, split, errors)
-    if name not in _LOCAL:
-        where = " (it is only on the Hugging Face Hub: unset the data directory)" if name in HUB_SOURCES else ""
-        raise DataError(f"dataset {name!r} is not a local dataset{where}; local names: {', '.join(_LOCAL)}")
-    return _LOCAL[name](root, split, errors)
+    return _local(name).load(root, split, errors)
+
+
+def check_available(name: str, split: str, data_dir: str | os.PathLike | None = None) -> str:
+    """Where `load_records(name, split, data_dir)` would read from, checked before any work, without reading
+    rows: the data directory when every file the split needs is there (else a DataError naming the first missing
+    file), or without one the Hub source (its mirror folder, the Hub, or the datasets cache: `check_hub`)."""
+    root = resolve_data_dir(data_dir)
+    if root is None:
+        return check_hub(name, split)
+    missing = [root / file for file in _local(name).files(split) if not (root / file).is_file()]
+    if missing:
+        more = f" (and {len(missing) - 1} more missing files)" if len(missing) > 1 else ""
+        raise DataError(f"{name!r} split {split!r} needs {missing[0]}, which does not exist{more}")
+    return str(root)
 
 
 def load_sts_subsets(
     name: str, data_dir: str | os.PathLike | None = None, errors: Errors = "raise"
 ) -> dict[str, Records]:
-    """STS12-16 test pairs per sub-set (file order); needs local files (the Hub copies lack sub-set names)."""
+    """STS12-16 test pairs per sub-set (file order) from local files; without a data directory there are none
+    ({}): the Hub copies (mteb/sts12-sts ... sts16-sts) carry no sub-set name in their rows (see hub.py)."""
     if name not in STS_SUBSETS:
         raise DataError(f"{name!r} is not one of {', '.join(STS_SUBSETS)}")
     root = resolve_data_dir(data_dir)
-    if root is None:
-        raise DataError(f"per-subset {name} needs local files: pass --data-dir or set {DATA_DIR_ENV}")
-    return sts_subsets(root, name, errors)
-
-
-def check_available(name: str, split: str, data_dir: str | os.PathLike | None = None) -> None:
-    """A DataError now, before any work, when a dataset split cannot be had: local files are read (which checks
-    every row); without a data directory the name and split must exist on the Hub and the Hub must be reachable."""
-    if resolve_data_dir(data_dir) is not None:
-        load_records(name, split, data_dir)
-        return
-    hub_source(name, split)
-    if not hub_reachable():
-        raise DataError(
-            f"dataset {name!r} ({split}) comes from the Hugging Face Hub, which is unreachable (or HF_HUB_OFFLINE "
-            f"is set); pass --data-dir or set {DATA_DIR_ENV} to read local copies"
-        )
+    return {} if root is None else sts_subsets(root, name, errors)

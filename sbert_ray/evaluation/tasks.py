@@ -68,7 +68,7 @@ class StsTask(EvalTask):
 
     def check(self, data_dir=None) -> None:
         for name in self.datasets:
-            check_available(name, sts.test_split(name, data_dir), data_dir)
+            check_available(name, sts.sts_split(name, data_dir), data_dir)
 
     def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
         return _flat(sts.run_sts_suite(model, data_dir, self.datasets, batch_size, self.similarities))
