@@ -26,6 +26,8 @@ def ray_head(tmp_path_factory):
             str(BIN / "ray"), "start", "--head", "--block", "--num-cpus", "2", "--port", str(free_port()),
             "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard),
             "--include-dashboard", "true", "--disable-usage-stats",
+            # Fixed defaults (agent 52365, client 10001) collide with any other cluster on the machine.
+            "--dashboard-agent-listen-port", str(free_port()), "--ray-client-server-port", str(free_port()),
         ],
         root / "head.log",
         RAY_AUTH_MODE="token",
