@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -95,6 +96,23 @@ class TrackingConfig:
     tracking_uri: str | None = None  # default: $MLFLOW_TRACKING_URI, else sqlite under ~/sbert-ray/mlflow
     experiment: str = "sbert-ray"
     run_name: str | None = None
+    registered_model_name: str | None = None  # register the final model as a new version of this MLflow model
+    alias: str | None = None  # and point this alias (e.g. "champion") at that version
+
+    def validate(self) -> None:
+        """MLflow's rules for registered model names and aliases, checked before any work starts."""
+        name, alias = self.registered_model_name, self.alias
+        if name is not None and (not name.strip() or any(c in name for c in "/:")):
+            raise ConfigError(f"tracking.registered_model_name: {name!r} must be non-empty without '/' or ':'")
+        if alias is None:
+            return
+        if name is None:
+            raise ConfigError("tracking.alias needs tracking.registered_model_name: an alias names a model version")
+        if not re.fullmatch(r"[\w-]+", alias) or alias.lower() == "latest" or re.fullmatch(r"[vV]\d+", alias):
+            raise ConfigError(
+                f"tracking.alias: {alias!r} must be letters, digits, '_' or '-', and not 'latest' or 'v<number>' "
+                "(MLflow reserves those for versions)"
+            )
 
 
 @dataclass
@@ -135,6 +153,7 @@ class TrainConfig:
         _positive("checkpoint.keep_best", self.checkpoint.keep_best)
         if self.evaluation.eval_every < 0:
             raise ConfigError("evaluation.eval_every must be >= 0")
+        self.tracking.validate()
 
 
 def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:

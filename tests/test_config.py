@@ -18,6 +18,11 @@ def test_yaml_and_overrides(tmp_path):
     assert isinstance(config, TrainConfig)
 
 
+def test_registry_keys():
+    config = load_config(None, ["tracking.registered_model_name=minilm-stsb", "tracking.alias=champion"])
+    assert (config.tracking.registered_model_name, config.tracking.alias) == ("minilm-stsb", "champion")
+
+
 def test_override_adds_a_stage():
     raw = {"stages": [{"dataset": "nli-offline", "objective": "softmax"}]}
     apply_override(raw, "stages.1.dataset=stsb")
@@ -38,6 +43,10 @@ def test_override_adds_a_stage():
         ("", ["stages.0.batch_size=15", "scaling.num_workers=2"], "divisible"),
         ("", ["oops"], "key=value"),
         ("- a\n", [], "top level must be a mapping"),
+        ("", ["tracking.alias=champion"], "tracking.alias needs tracking.registered_model_name"),
+        ("", ["tracking.registered_model_name=team/model"], "tracking.registered_model_name: 'team/model'"),
+        ("", ["tracking.registered_model_name=m", "tracking.alias=v2"], "tracking.alias: 'v2'"),
+        ("", ["tracking.registered_model_name=m", "tracking.alias=latest"], "tracking.alias: 'latest'"),
     ],
 )
 def test_bad_configs_name_the_key_and_file(tmp_path, text, overrides, message):

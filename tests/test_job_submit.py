@@ -3,79 +3,17 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from process_helpers import BIN, free_port, start, stop, wait_for_url
 from sentence_transformers import SentenceTransformer
 
 REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for_url(url: str, timeout: float = 90) -> None:
-    deadline = time.time() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except urllib.error.HTTPError:  # it answers (e.g. 401 without the cluster token): it is up
-            return
-        except OSError:
-            assert time.time() < deadline, f"{url} did not come up"
-            time.sleep(0.5)
-
-
-def start(command: list[str], log: Path, **env: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        command,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # so teardown can stop the whole process group
-        env={**os.environ, **env},
-    )
-
-
-def stop(process: subprocess.Popen) -> None:
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-
-
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mlflow-server")
-    port = free_port()
-    server = start(
-        [
-            str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-            "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-            "--artifacts-destination", str(root / "artifacts"),
-        ],
-        root / "server.log",
-        MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
-    )  # fmt: skip
-    try:
-        wait_for_url(f"http://127.0.0.1:{port}/health")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        stop(server)
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +26,8 @@ def ray_head(tmp_path_factory):
             str(BIN / "ray"), "start", "--head", "--block", "--num-cpus", "2", "--port", str(free_port()),
             "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard),
             "--include-dashboard", "true", "--disable-usage-stats",
+            # Fixed defaults (agent 52365, client 10001) collide with any other cluster on the machine.
+            "--dashboard-agent-listen-port", str(free_port()), "--ray-client-server-port", str(free_port()),
         ],
         root / "head.log",
         RAY_AUTH_MODE="token",
@@ -122,7 +62,7 @@ def test_ray_job_submit_trains_and_logs_to_mlflow_server(
 
     client = MlflowClient(mlflow_server)
     experiment = client.get_experiment_by_name("sbert-ray")
-    (run,) = client.search_runs([experiment.experiment_id])
+    (run,) = client.search_runs([experiment.experiment_id], f"tags.ray_job_id = '{submission_id}'")  # a shared server
     assert run.info.status == "FINISHED"
     assert run.data.tags["ray_job_id"] == submission_id
     for key in ("train/loss", "dev/spearman_cosine", "final/stsb/spearman_cosine"):

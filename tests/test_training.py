@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import mlflow
 import numpy as np
 import psutil
 import pytest
@@ -47,7 +48,8 @@ def wait_for_registered_checkpoint(run_dir: Path, timeout: float = 120) -> None:
 
 
 def test_training_run_is_complete_in_mlflow(local_ray, tiny_train_config, tmp_path):
-    config = load_config(tiny_train_config(eval_every=4))
+    registered = ["tracking.registered_model_name=tiny-stsb", "tracking.alias=champion"]
+    config = load_config(tiny_train_config(eval_every=4), registered)
     result = run_training(config)
 
     client, run = only_run(config.tracking.tracking_uri)
@@ -69,6 +71,14 @@ def test_training_run_is_complete_in_mlflow(local_ray, tiny_train_config, tmp_pa
     reference = SentenceTransformer(model_dir, device="cpu").encode(sentences)
     ours = SentenceEncoder.load(result.model_dir).encode(sentences)
     np.testing.assert_allclose(reference, ours, atol=1e-5)
+
+    # Its model card names the data, the final score and the run; the registered version serves the same vectors.
+    card = (Path(model_dir) / "README.md").read_text()
+    assert (Path(result.model_dir) / "README.md").read_text() == card
+    assert "stsb" in card and f"{result.final['stsb/spearman_cosine']:.2f}" in card and result.run_id in card
+    mlflow.set_tracking_uri(config.tracking.tracking_uri)
+    served = mlflow.pyfunc.load_model("models:/tiny-stsb@champion").predict(sentences)
+    np.testing.assert_allclose(np.asarray(served), ours, atol=1e-5)
 
     # Best-k checkpoints by dev Spearman (k=2), plus the latest one, which Ray always keeps for resuming.
     assert 2 <= len(list((Path(config.checkpoint.storage_path) / "tiny").glob("checkpoint_*"))) <= 3

@@ -10,6 +10,7 @@ twice per epoch (like DistributedSampler's padding).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -34,14 +35,15 @@ class SmartBatchSampler(Sampler[list[int]]):
         self.lengths = np.asarray(lengths, dtype=np.int64)
         self.batch_size, self.num_replicas, self.rank = batch_size, num_replicas, rank
         self.seed = seed
-        size = len(self.lengths)
-        # Only the last mega-batch can end in a short batch (mega-batches are whole multiples of batch_size).
-        self.total_batches = -(-size // batch_size)
-        rounds = -(-self.total_batches // num_replicas)
-        if rounds == 0:
-            raise ValueError(f"{size} examples make no batch of {batch_size}")
-        self.num_batches = rounds  # per rank, per full epoch
+        self.num_batches = self.batches_per_rank(len(self.lengths), batch_size, num_replicas)  # per full epoch
+        if self.num_batches == 0:
+            raise ValueError(f"{len(self.lengths)} examples make no batch of {batch_size}")
         self.epoch, self.start_batch = 0, 0
+
+    @staticmethod
+    def batches_per_rank(size: int, batch_size: int, num_replicas: int) -> int:
+        """Batches each rank gets per epoch: all batches (the last one may be short), padded to whole rounds."""
+        return math.ceil(math.ceil(size / batch_size) / num_replicas)
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """Select the epoch's order; start_batch > 0 skips this rank's first batches (resume mid-epoch)."""

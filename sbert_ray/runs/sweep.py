@@ -28,6 +28,7 @@ from sbert_ray.data.readers import resolve_data_dir
 from sbert_ray.runs.cluster import connect_ray, runs_that_fit
 from sbert_ray.runs.training import TrainResult, prepare, run_training
 from sbert_ray.tracking.mlflow_run import environment_tags, resolve_tracking_uri
+from sbert_ray.tracking.model_registry import register_run_model
 from sbert_ray.tracking.sweep import SweepTracker
 from sbert_ray.tuning import results
 from sbert_ray.tuning.results import TrialRow
@@ -53,7 +54,10 @@ def run_trial(sampled: dict, context: TrialContext) -> None:
         config,
         name=trial_id,  # same trial id on --resume, so the Train run and its MLflow run continue
         checkpoint=dataclasses.replace(config.checkpoint, storage_path=context.trials_dir),
-        tracking=dataclasses.replace(config.tracking, run_name=f"trial {trial_id}"),
+        # Only the sweep's best model is registered (below), not every trial's.
+        tracking=dataclasses.replace(
+            config.tracking, run_name=f"trial {trial_id}", registered_model_name=None, alias=None
+        ),
     )
     result = run_training(config, parent_run_id=context.parent_run_id, callbacks=[TuneReportCallback()])
     # "finished", not "done": Tune reads a reported "done" as the end of the trial and stops it on the spot.
@@ -84,10 +88,9 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
             if not resume
             else f"--resume: no sweep to continue at {path}"
         )
-    with SweepTracker(
-        base.tracking.tracking_uri, base.tracking.experiment, sweep.name, resume_key=str(path)
-    ) as tracker:
-        print(f"MLflow: {base.tracking.tracking_uri}  sweep run {tracker.run_id}{' (resumed)' * tracker.resumed}")
+    tracking = base.tracking
+    with SweepTracker(tracking.tracking_uri, tracking.experiment, sweep.name, resume_key=str(path)) as tracker:
+        print(f"MLflow: {tracking.tracking_uri}  sweep run {tracker.run_id}{' (resumed)' * tracker.resumed}")
         # One param per searched key (option names may hold characters MLflow refuses in param names).
         settings = flatten(to_dict(dataclasses.replace(sweep, base=base, search_space={})))
         tracker.log_params(settings | {f"search_space.{k}": json.dumps(v) for k, v in sweep.search_space.items()})
@@ -107,9 +110,11 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
         _close_trial_runs(tracker, rows, path / "trials")
         best = _summarize(tracker, sweep, space, rows, path / "summary")
         retrained = None
-        if sweep.retrain_best and best is not None:
+        if sweep.retrain_best and best is not None:  # the retrained run registers its model itself
             retrained = run_training(_retrain_config(best.config, sweep.name, path), parent_run_id=tracker.run_id)
-        return SweepResult(tracker.run_id, base.tracking.tracking_uri, path, rows, best, retrained)
+        elif best is not None and tracking.registered_model_name:
+            register_run_model(tracking.tracking_uri, best.run_id, tracking.registered_model_name, tracking.alias)
+        return SweepResult(tracker.run_id, tracking.tracking_uri, path, rows, best, retrained)
 
 
 def _new_tuner(sweep: SweepConfig, space: SearchSpace, corners: list[TrainConfig], trainable, path: Path) -> tune.Tuner:

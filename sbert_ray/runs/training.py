@@ -17,6 +17,7 @@ import functools
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +33,11 @@ from sbert_ray.data.records import DataError
 from sbert_ray.evaluation.results import nest
 from sbert_ray.evaluation.tasks import EvalTask, Results, check_tasks, headlines, parse_tasks
 from sbert_ray.models import SentenceEncoder, load_encoder, resolve_model_ref
+from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_card
 from sbert_ray.runs.cluster import connect_ray
 from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags, plot_curves, resolve_tracking_uri
-from sbert_ray.training.batches import is_user_file, load_training_records, texts_and_labels
+from sbert_ray.tracking.model_registry import log_sentence_transformer, model_uri
+from sbert_ray.training.batches import is_user_file, load_training_records, stage_steps, texts_and_labels
 from sbert_ray.training.state import MODEL_DIR
 from sbert_ray.training.worker import train_loop_per_worker
 
@@ -51,8 +54,9 @@ class TrainResult:
     metrics: dict  # the last checkpoint's report: global_step, dev_spearman, ...
 
 
-def prepare(config: TrainConfig) -> TrainConfig:
-    """Fill in what depends on where the run lives, and check data, model and evaluation tasks before Ray starts."""
+def prepare(config: TrainConfig) -> tuple[TrainConfig, list[int]]:
+    """Fill in what depends on where the run lives, and check data, model and evaluation tasks before Ray starts.
+    Returns the config and the number of training examples of each stage."""
     if config.data_dir and not Path(config.data_dir).is_dir():
         raise ConfigError(f"data_dir: {config.data_dir} is not a directory")
     data_dir = resolve_data_dir(config.data_dir)
@@ -75,12 +79,19 @@ def prepare(config: TrainConfig) -> TrainConfig:
             check_available(name, split, data_dir)
         except DataError as err:
             raise ConfigError(f"{key}: {err}") from None
+    examples = []
     for i, stage in enumerate(config.stages):  # reading validates every row and the objective/record match
         try:
-            texts_and_labels(load_training_records(stage, data_dir), stage)
+            columns, _ = texts_and_labels(load_training_records(stage, data_dir), stage)
         except ValueError as err:
             raise ConfigError(f"stages.{i}: {err}") from None
-    return config
+        examples.append(len(columns[0]))
+        if stage_steps(examples[-1], stage, config.scaling.num_workers)[1] == 0:
+            raise ConfigError(
+                f"stages.{i}: {examples[-1]} examples give no optimizer step of global batch {stage.batch_size} "
+                f"over {config.scaling.num_workers} workers"
+            )
+    return config, examples
 
 
 def build_trainer(config: TrainConfig, tracking_uri: str, run_id: str, callbacks: list | None = None) -> TorchTrainer:
@@ -110,7 +121,7 @@ def build_trainer(config: TrainConfig, tracking_uri: str, run_id: str, callbacks
 def run_training(config: TrainConfig, parent_run_id: str | None = None, callbacks: list | None = None) -> TrainResult:
     """Run one training job. Under a sweep, ``parent_run_id`` nests the MLflow run under the sweep's run and
     ``callbacks`` (e.g. Tune's ``TuneReportCallback``) go to the ``TorchTrainer``."""
-    config = prepare(config)
+    config, examples = prepare(config)
     evaluation = config.evaluation
     before_tasks, final_tasks = parse_tasks(evaluation.before_tasks), parse_tasks(evaluation.final_tasks)
     tracking_uri = resolve_tracking_uri(config.tracking.tracking_uri)
@@ -136,9 +147,10 @@ def run_training(config: TrainConfig, parent_run_id: str | None = None, callback
             before = evaluate(functools.partial(load_encoder, **to_dict(config.model), seed=config.seed), before_tasks)
             tracker.log_metrics({f"before/{key}": value for key, value in before.items()})
 
+        start = time.perf_counter()
         result = build_trainer(config, tracking_uri, tracker.run_id, callbacks).fit()
+        train_seconds = time.perf_counter() - start
         save_final_model(result.checkpoint, Path(config.output_dir))
-        tracker.log_artifacts(config.output_dir, "model")
         final = {}
         if final_tasks:
             final = evaluate(functools.partial(checkpoint_model, result.checkpoint), final_tasks)
@@ -146,6 +158,13 @@ def run_training(config: TrainConfig, parent_run_id: str | None = None, callback
                 {f"final/{key}": value for key, value in final.items()}, step=result.metrics["global_step"]
             )
             tracker.log_dict(nest(final), "evaluation.json")
+        card = model_card_info(config, examples, result.metrics, train_seconds, final_tasks, final, tracker)
+        write_model_card(config.output_dir, card)
+        tracker.log_artifacts(config.output_dir, "model")
+        tracking = config.tracking
+        log_sentence_transformer(
+            tracking_uri, tracker.run_id, config.output_dir, tracking.registered_model_name, tracking.alias
+        )
         plot_curves(tracker, {"train/loss": "plots/loss.png", "dev/spearman_cosine": "plots/dev_spearman.png"})
         return TrainResult(
             run_id=tracker.run_id,
@@ -157,6 +176,55 @@ def run_training(config: TrainConfig, parent_run_id: str | None = None, callback
             headlines=headlines(final_tasks, final),
             metrics=dict(result.metrics),
         )
+
+
+def model_card_info(
+    config: TrainConfig,
+    examples: list[int],
+    metrics: dict,
+    train_seconds: float,
+    final_tasks: Sequence[EvalTask],
+    final: Results,
+    tracker: RunTracker,
+) -> ModelCardInfo:
+    """What the final model's card says beyond its folder: data and settings per stage, hardware, time, scores."""
+    num_workers = config.scaling.num_workers
+    stages = [
+        StageInfo(
+            objective=stage.objective,
+            dataset=stage.dataset,
+            split=stage.split,
+            n_examples=n,
+            loss=stage.loss,
+            batch_size=stage.batch_size,
+            learning_rate=stage.learning_rate,
+            epochs=stage.epochs,
+            steps=stage_steps(n, stage, num_workers)[1],
+            hyperparameters={
+                "warmup_ratio": stage.warmup_ratio,
+                "weight_decay": stage.weight_decay,
+                "adam_eps": stage.adam_eps,
+                "max_grad_norm": stage.max_grad_norm,
+                "grad_accum_steps": stage.grad_accum_steps,
+            },
+        )
+        for stage, n in zip(config.stages, examples, strict=True)
+    ]
+    tracking = config.tracking
+    return ModelCardInfo(
+        base_model=config.model.name,
+        stages=stages,
+        hardware=metrics.get("hardware", "unknown"),
+        num_workers=num_workers,
+        train_seconds=train_seconds,
+        results=final,
+        primary_metrics={entry: metric for entry, (metric, _) in headlines(final_tasks, final).items()},
+        name=config.name,
+        mlflow_run_id=tracker.run_id,
+        tracking_uri=tracker.tracking_uri,
+        mlflow_model_uri=model_uri(tracker.run_id, tracking.registered_model_name, tracking.alias),
+        registered_model_name=tracking.registered_model_name,
+    )
 
 
 def checkpoint_model(checkpoint: ray.train.Checkpoint) -> SentenceEncoder:

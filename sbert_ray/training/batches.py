@@ -14,10 +14,25 @@ import torch
 from sbert_ray.config import StageConfig
 from sbert_ray.data.readers import load_records, read_user_file
 from sbert_ray.data.records import TEXT_FIELDS, Records
+from sbert_ray.data.sampler import SmartBatchSampler
 from sbert_ray.losses.registry import OBJECTIVES
 
 logger = logging.getLogger(__name__)
 USER_FILE_SUFFIXES = (".csv", ".tsv", ".jsonl")
+
+
+def local_batch_size(stage: StageConfig, num_workers: int) -> int:
+    """Examples per micro-batch on each worker: the global batch split over workers and accumulation steps."""
+    return stage.batch_size // (num_workers * stage.grad_accum_steps)
+
+
+def stage_steps(examples: int, stage: StageConfig, num_workers: int) -> tuple[int, int]:
+    """(optimizer steps per epoch, optimizer steps the stage runs) for ``examples`` training examples: what the
+    workers train, and what a run checks and reports beforehand."""
+    batches = SmartBatchSampler.batches_per_rank(examples, local_batch_size(stage, num_workers), num_workers)
+    per_epoch = batches // stage.grad_accum_steps
+    total = stage.epochs * per_epoch
+    return per_epoch, min(total, stage.max_steps) if stage.max_steps else total
 
 
 def is_user_file(stage: StageConfig) -> bool:

@@ -26,8 +26,15 @@ from sbert_ray.data.sampler import SmartBatchSampler
 from sbert_ray.evaluation.sts import evaluate_pairs
 from sbert_ray.losses.registry import build_loss
 from sbert_ray.models import SentenceEncoder, load_encoder
+from sbert_ray.models.model_card import describe_hardware
 from sbert_ray.tracking.mlflow_run import RunLogger
-from sbert_ray.training.batches import TokenizedColumns, load_training_records, texts_and_labels
+from sbert_ray.training.batches import (
+    TokenizedColumns,
+    load_training_records,
+    local_batch_size,
+    stage_steps,
+    texts_and_labels,
+)
 from sbert_ray.training.state import MODEL_DIR, TrainState, restore_training, save_checkpoint
 
 LOG_EVERY = 10  # optimizer steps between MLflow metric points
@@ -82,19 +89,14 @@ class _Worker:
         records = load_training_records(stage, data_dir)
         columns, labels = texts_and_labels(records, stage)
         data = TokenizedColumns(columns, labels, self.encoder.tokenizer, self.encoder.max_seq_length)
-        local_batch = stage.batch_size // (world_size * stage.grad_accum_steps)
         sampler = SmartBatchSampler(
             data.lengths,
-            local_batch,
+            local_batch_size(stage, world_size),
             num_replicas=world_size,
             rank=self.rank,
             seed=self.config.seed + state.stage,
         )
-        steps_per_epoch = sampler.num_batches // stage.grad_accum_steps
-        if steps_per_epoch == 0:
-            raise ValueError(f"stage {state.stage}: {len(data)} examples give no full step of batch {stage.batch_size}")
-        total_steps = stage.epochs * steps_per_epoch
-        total_steps = min(total_steps, stage.max_steps) if stage.max_steps else total_steps
+        steps_per_epoch, total_steps = stage_steps(len(data), stage, world_size)  # prepare() checked both are > 0
 
         objective = build_loss(stage.objective, self.encoder, stage.loss)
         optimizer = torch.optim.AdamW(
@@ -159,6 +161,7 @@ class _Worker:
         if self.rank != 0:
             ray.train.report(metrics)
             return
+        metrics["hardware"] = describe_hardware(self.device)  # for the model card
         dev = evaluate_pairs(self.encoder, self.dev_pairs, batch_size=self.config.evaluation.batch_size)
         metrics["dev_spearman"] = state.dev_spearman = dev["spearman_cosine"]
         self.logger.log_metrics({"dev/spearman_cosine": dev["spearman_cosine"]}, step=state.global_step)
