@@ -6,7 +6,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar
 
+import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from sbert_ray.data.records import Kind, Record
 from sbert_ray.models.encoder import SentenceEncoder
@@ -15,8 +17,8 @@ from sbert_ray.models.encoder import SentenceEncoder
 class EncoderLoss(nn.Module, ABC):
     """A loss that owns the encoder, so wrapping the loss in DDP also syncs heads such as SoftmaxLoss's.
 
-    `forward(features, labels)` takes one tokenized dict per column (e.g. [sentence1, sentence2]) and
-    `compute_loss_from_embeddings` applies the paper's formula to the resulting sentence embeddings.
+    `forward(features, labels)` takes one tokenized dict per column (e.g. [sentence1, sentence2]), `embed`s
+    them, and `compute_loss_from_embeddings` applies the paper's formula to the resulting sentence embeddings.
 
     Each objective also declares what it trains on (read by the registry in `losses/registry.py` and by the
     training data pipeline): the record types it accepts, how a user's own file is read for it, and which
@@ -38,7 +40,28 @@ class EncoderLoss(nn.Module, ABC):
         return True
 
     def forward(self, features: Sequence[dict[str, Tensor]], labels: Tensor | None = None) -> Tensor:
-        return self.compute_loss_from_embeddings([self.encoder(column) for column in features], labels)
+        return self.compute_loss_from_embeddings(self.embed(features), labels)
+
+    def embed(self, features: Sequence[dict[str, Tensor]]) -> list[Tensor]:
+        """One embedding tensor [batch, dim] per column, from a single encoder forward over all columns: each
+        column padded to the widest, stacked, the result split back. One pass over [columns * batch, width] runs
+        larger matrix products (and the encoder's fixed per-call work once) for a little padding, which the
+        attention mask hides; smart batching groups examples by their longest sentence, so the columns of a batch
+        are of similar width."""
+        if len(features) == 1:
+            return [self.encoder(features[0])]
+        width = max(column["input_ids"].shape[1] for column in features)
+        pad_id = self.encoder.tokenizer.pad_token_id or 0
+        stacked = {
+            name: torch.cat(
+                [
+                    F.pad(column[name], (0, width - column[name].shape[1]), value=pad_id if name == "input_ids" else 0)
+                    for column in features
+                ]
+            )
+            for name in features[0]
+        }
+        return list(self.encoder(stacked).split([column["input_ids"].shape[0] for column in features]))
 
     @abstractmethod
     def compute_loss_from_embeddings(self, embeddings: Sequence[Tensor], labels: Tensor | None) -> Tensor:

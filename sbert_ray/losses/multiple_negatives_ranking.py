@@ -49,6 +49,9 @@ class MultipleNegativesRankingLoss(EncoderLoss):
             candidates, offset = gather_across_workers(candidates)
         # All positives first, then all negatives, so anchor i's positive is candidate offset + i.
         candidates = candidates.transpose(0, 1).flatten(0, 1)
-        scores = self.scale * F.normalize(anchors, dim=-1) @ F.normalize(candidates, dim=-1).T
-        targets = torch.arange(offset, offset + len(anchors), device=anchors.device)
-        return F.cross_entropy(scores, targets)
+        # Similarities and softmax in fp32 even under bf16/fp16 autocast: scaled by 20, bf16's 8-bit mantissa
+        # would blur the differences between candidates that the ranking is about.
+        with torch.autocast(anchors.device.type, enabled=False):
+            scores = self.scale * F.normalize(anchors.float(), dim=-1) @ F.normalize(candidates.float(), dim=-1).T
+            targets = torch.arange(offset, offset + len(anchors), device=anchors.device)
+            return F.cross_entropy(scores, targets)
