@@ -74,10 +74,14 @@ def _report(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     from sbert_ray.config import load_config
     from sbert_ray.evaluation.tasks import headlines, parse_tasks
-    from sbert_ray.runs.training import run_training
+    from sbert_ray.runs.training import TrainingDiverged, run_training
 
     config = load_config(args.config, args.overrides)  # every config error surfaces here, before Ray starts
-    result = run_training(config)
+    try:
+        result = run_training(config)
+    except TrainingDiverged as err:  # a result, not a crash: one clear line, no traceback
+        print(f"sbert-ray train: {err}", file=sys.stderr)
+        return 1
     final = result.headlines
     for entry, (metric, before) in headlines(parse_tasks(config.evaluation.before_tasks), result.before).items():
         after = f"{final[entry][1]:.2f}" if entry in final else "not scored"

@@ -78,6 +78,10 @@ class ScalingConfig:
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 1.0
     torch_threads: int | None = None  # per worker; None = cpus_per_worker rounded up
+    # Training arithmetic. auto: on a GPU bf16 autocast where it has bf16 (Ampere and later), else fp16 autocast
+    # with a gradient scaler (V100, T4); on CPUs fp32, so published numbers stay exact. Weights and optimizer
+    # state stay fp32 in every mode.
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
 
     def threads_per_worker(self) -> int:
         """Torch threads of each training worker (and of the evaluation that runs on a worker's resources)."""
@@ -150,6 +154,13 @@ class TrainConfig:
                     f"scaling.num_workers * grad_accum_steps = {per_step}"
                 )
         _positive("scaling.num_workers", self.scaling.num_workers)
+        if self.scaling.use_gpu and self.scaling.num_workers > 1 and self.scaling.gpus_per_worker < 1:
+            # Ray would pack several ranks onto one GPU, and NCCL refuses two ranks on the same device.
+            raise ConfigError(
+                f"scaling.gpus_per_worker: {self.scaling.gpus_per_worker} GPU per worker with "
+                f"scaling.num_workers={self.scaling.num_workers} would put several workers on one GPU, which NCCL "
+                "refuses; use 1 or more"
+            )
         _positive("checkpoint.keep_best", self.checkpoint.keep_best)
         if self.evaluation.eval_every < 0:
             raise ConfigError("evaluation.eval_every must be >= 0")

@@ -59,7 +59,9 @@ class SentenceEncoder(nn.Module):
         resolved = resolve_model_ref(ref)
         layout = read_st_layout(resolved)
         subfolder = layout.transformer_subfolder if layout else ""
-        transformer = AutoModel.from_pretrained(resolved, subfolder=subfolder)
+        # fp32 whatever the checkpoint holds (transformers 5 defaults to dtype="auto"): training and published
+        # numbers need fp32 weights; 16-bit runs cast or autocast explicitly.
+        transformer = AutoModel.from_pretrained(resolved, subfolder=subfolder, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(resolved, subfolder=subfolder)
         if max_seq_length is None:
             max_seq_length = _saved_max_seq_length(layout, tokenizer, transformer)

@@ -39,7 +39,7 @@ from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags, plot_cur
 from sbert_ray.tracking.model_registry import log_sentence_transformer, model_uri
 from sbert_ray.training.batches import is_user_file, load_training_records, stage_steps, texts_and_labels
 from sbert_ray.training.state import MODEL_DIR
-from sbert_ray.training.worker import train_loop_per_worker
+from sbert_ray.training.trainer import torch_trainer
 
 
 @dataclass
@@ -95,15 +95,9 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, list[int]]:
 
 
 def build_trainer(config: TrainConfig, tracking_uri: str, run_id: str, callbacks: list | None = None) -> TorchTrainer:
-    scaling = config.scaling
-    resources = {"CPU": scaling.cpus_per_worker, **({"GPU": scaling.gpus_per_worker} if scaling.use_gpu else {})}
-    return TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config={"config": config, "tracking_uri": tracking_uri, "run_id": run_id},
-        scaling_config=ray.train.ScalingConfig(
-            num_workers=scaling.num_workers, use_gpu=scaling.use_gpu, resources_per_worker=resources
-        ),
-        run_config=ray.train.RunConfig(
+    return torch_trainer(
+        config,
+        ray.train.RunConfig(
             # Same name + storage = same run: a resubmitted job resumes from its latest checkpoint.
             name=config.name,
             storage_path=config.checkpoint.storage_path,
@@ -115,6 +109,28 @@ def build_trainer(config: TrainConfig, tracking_uri: str, run_id: str, callbacks
                 checkpoint_score_order="max",
             ),
         ),
+        tracking_uri,
+        run_id,
+    )
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite; the run stopped before writing a checkpoint from the broken weights."""
+
+
+def check_diverged(result: ray.train.Result) -> None:
+    """Raise TrainingDiverged, naming the step and the last good checkpoint, when the workers stopped on a NaN/inf
+    loss (they return that, rather than fail: Ray would restart them from the checkpoint into the same NaN)."""
+    diverged = (result.return_value or {}).get("diverged")
+    if diverged is None:
+        return
+    if result.checkpoint is None:
+        last_good = "no checkpoint was written before it"
+    else:
+        last_good = f"last good checkpoint: {result.checkpoint.path} (step {result.metrics['global_step']})"
+    raise TrainingDiverged(
+        f"training stopped: the loss was {diverged['loss']} at step {diverged['step']} (stage {diverged['stage']}); "
+        f"{last_good}"
     )
 
 
@@ -150,6 +166,7 @@ def run_training(config: TrainConfig, parent_run_id: str | None = None, callback
         start = time.perf_counter()
         result = build_trainer(config, tracking_uri, tracker.run_id, callbacks).fit()
         train_seconds = time.perf_counter() - start
+        check_diverged(result)
         save_final_model(result.checkpoint, Path(config.output_dir))
         final = {}
         if final_tasks:

@@ -1,16 +1,21 @@
-"""What a checkpoint holds and how a worker restores it: model, objective head, optimizer, scheduler, position."""
+"""What a checkpoint holds and how a worker restores it: model, objective head, optimizer, scheduler, gradient
+scaler, position, and every rank's random number generators (so a resumed run draws the same dropout masks)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 STATE_FILE = "train_state.json"
 MODEL_DIR = "model"
+TRAINING_FILE = "training.pt"
+RNG_FILE = "rng.pt"
 
 
 @dataclass
@@ -34,22 +39,59 @@ class TrainState:
         return cls(**json.loads((directory / STATE_FILE).read_text()))
 
 
-def save_checkpoint(directory: Path, state: TrainState, objective, optimizer, scheduler) -> None:
-    """The encoder in sentence-transformers layout (a checkpoint is a usable model), the rest beside it."""
+def save_checkpoint(
+    directory: Path, state: TrainState, objective, optimizer, scheduler, scaler, rng_states: list[dict]
+) -> None:
+    """The encoder in sentence-transformers layout (a checkpoint is a usable model), the rest beside it;
+    ``rng_states`` holds one entry per rank (``rng_state()`` of each)."""
     objective.encoder.save(directory / MODEL_DIR)
     head = {k: v for k, v in objective.state_dict().items() if not k.startswith("encoder.")}
-    torch.save(
-        {"head": head, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
-        directory / "training.pt",
-    )
+    training = {"head": head, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+    if scaler is not None:
+        training["scaler"] = scaler.state_dict()
+    torch.save(training, directory / TRAINING_FILE)
+    torch.save(rng_states, directory / RNG_FILE)
     state.save(directory)
 
 
-def restore_training(directory: Path, objective, optimizer, scheduler) -> None:
-    saved = torch.load(directory / "training.pt", map_location="cpu", weights_only=True)
+def restore_training(directory: Path, objective, optimizer, scheduler, scaler) -> None:
+    """Load head, optimizer, scheduler and scaler state. The objective must already be on its training device:
+    ``optimizer.load_state_dict`` puts each state tensor on its parameter's device as it is then."""
+    saved = torch.load(directory / TRAINING_FILE, map_location="cpu", weights_only=True)
     # The encoder's weights came with the checkpoint's model folder; only the head is loaded here.
     missing, unexpected = objective.load_state_dict(saved["head"], strict=False)
     if unexpected or any(not key.startswith("encoder.") for key in missing):
         raise RuntimeError(f"checkpoint {directory} does not match the objective: {missing=} {unexpected=}")
     optimizer.load_state_dict(saved["optimizer"])
     scheduler.load_state_dict(saved["scheduler"])
+    if scaler is not None and "scaler" in saved:
+        scaler.load_state_dict(saved["scaler"])
+
+
+def rng_state(device: torch.device) -> dict:
+    """This process's generators: torch (CPU, and the device's on CUDA), numpy's global one, Python's ``random``.
+    Plain tensors, numbers and tuples only, so the file loads with ``weights_only=True``."""
+    name, keys, position, has_gauss, cached_gaussian = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": (name, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached_gaussian),
+        "python": random.getstate(),
+    }
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    name, keys, position, has_gauss, cached_gaussian = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), position, has_gauss, cached_gaussian))
+    random.setstate(state["python"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def load_rng_states(directory: Path) -> list[dict]:
+    """Every rank's generator state saved with a checkpoint ([] for a checkpoint written before they were)."""
+    path = directory / RNG_FILE
+    return torch.load(path, weights_only=True) if path.exists() else []

@@ -1,0 +1,33 @@
+"""The ``TorchTrainer`` of the worker loop, as every training run, sweep trial and training benchmark fits it."""
+
+from __future__ import annotations
+
+import time
+
+import ray.train
+from ray.train.torch import TorchTrainer
+
+from sbert_ray.config import TrainConfig
+from sbert_ray.training.worker import train_loop_per_worker
+
+
+def torch_trainer(
+    config: TrainConfig, run_config: ray.train.RunConfig, tracking_uri: str | None = None, run_id: str | None = None
+) -> TorchTrainer:
+    """``config.scaling.num_workers`` workers with their CPUs (and GPUs); rank 0 logs to MLflow run ``run_id`` when
+    one is given. Call ``fit()`` right away: the workers time their first optimizer step from now."""
+    scaling = config.scaling
+    resources = {"CPU": scaling.cpus_per_worker, **({"GPU": scaling.gpus_per_worker} if scaling.use_gpu else {})}
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={
+            "config": config,
+            "tracking_uri": tracking_uri,
+            "run_id": run_id,
+            "fit_started": time.time(),  # wall clock: workers may be other processes on other nodes
+        },
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=scaling.num_workers, use_gpu=scaling.use_gpu, resources_per_worker=resources
+        ),
+        run_config=run_config,
+    )
