@@ -17,6 +17,7 @@ def _eval(args: argparse.Namespace) -> int:
     from sbert_ray.evaluation.tasks import ArgsimTask, headlines, parse_tasks
     from sbert_ray.runs.argsim import finetune_config
     from sbert_ray.runs.evaluation import evaluate_model
+    from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
 
     tasks = parse_tasks(args.tasks, args.similarities.split(","))  # fail on a typo before loading anything
     if args.baseline == "tfidf" and (args.mode == "finetune" or not all(isinstance(t, ArgsimTask) for t in tasks)):
@@ -40,6 +41,8 @@ def _eval(args: argparse.Namespace) -> int:
         workers=args.workers,
         device=args.device,
         progress=lambda task, seconds: print(f"{task.spec}: {seconds:.1f} s", flush=True),
+        tracking_uri=resolve_tracking_uri(args.tracking_uri) if args.mlflow else None,
+        experiment=args.experiment,
     )
     print(format_results(results, {entry: metric for entry, (metric, _) in headlines(tasks, results).items()}))
     if args.output:
@@ -118,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--batch-size", type=int, default=64)
     ev.add_argument("--similarities", default="cosine", help="cosine,manhattan,euclidean,dot")
     ev.add_argument("--device", help="e.g. cuda")
+    ev.add_argument("--mlflow", action="store_true", help="log the evaluation as an MLflow run (params, metrics, JSON)")
+    ev.add_argument("--tracking-uri", help="with --mlflow (default: $MLFLOW_TRACKING_URI, else ~/sbert-ray/mlflow)")
+    ev.add_argument("--experiment", default="sbert-ray-eval", help="with --mlflow: the MLflow experiment")
     ev.add_argument(
         "--mode",
         choices=("unsupervised", "finetune"),
