@@ -32,6 +32,7 @@ from sbert_ray.training.batches import (
     TokenizedColumns,
     load_training_records,
     local_batch_size,
+    log_coverage,
     stage_steps,
     texts_and_labels,
 )
@@ -97,6 +98,8 @@ class _Worker:
             seed=self.config.seed + state.stage,
         )
         steps_per_epoch, total_steps = stage_steps(len(data), stage, world_size)  # prepare() checked both are > 0
+        if self.rank == 0:
+            log_coverage(state.stage, data, sampler, steps_per_epoch * stage.grad_accum_steps)
 
         objective = build_loss(stage.objective, self.encoder, stage.loss)
         optimizer = torch.optim.AdamW(
