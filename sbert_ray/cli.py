@@ -26,7 +26,8 @@ def _eval(args: argparse.Namespace) -> int:
     finetune = None
     if args.mode == "finetune":  # checked here, before any encoding or Ray work
         pooling = BASELINE_POOLING.get(args.baseline)
-        finetune = finetune_config(args.model, data_dir, pooling, args.train_set)
+        overrides = args.train_set + ["model.allow_unsafe_weights=true"] * args.allow_unsafe_weights
+        finetune = finetune_config(args.model, data_dir, pooling, overrides)
     print(
         f"model: {args.model}{f' ({args.baseline} baseline)' if args.baseline else ''}   mode: {args.mode}   "
         f"data: {data_dir or 'Hugging Face Hub'}"
@@ -40,6 +41,7 @@ def _eval(args: argparse.Namespace) -> int:
         finetune=finetune,
         workers=args.workers,
         device=args.device,
+        allow_unsafe_weights=args.allow_unsafe_weights,
         progress=lambda task, seconds: print(f"{task.spec}: {seconds:.1f} s", flush=True),
         tracking_uri=resolve_tracking_uri(args.tracking_uri) if args.mlflow else None,
         experiment=args.experiment,
@@ -109,6 +111,13 @@ def _tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sbert-ray", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -118,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--tasks", default="sts", help="comma-separated tasks (default: sts)")
     ev.add_argument("--data-dir", help="local data folder (default: $SBERT_RAY_DATA_DIR, else the Hub)")
     ev.add_argument("--output", help="write results as JSON here")
-    ev.add_argument("--batch-size", type=int, default=64)
+    ev.add_argument("--batch-size", type=_positive_int, default=64)
     ev.add_argument("--similarities", default="cosine", help="cosine,manhattan,euclidean,dot")
     ev.add_argument("--device", help="e.g. cuda")
     ev.add_argument("--mlflow", action="store_true", help="log the evaluation as an MLflow run (params, metrics, JSON)")
@@ -143,8 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the paper's baselines from --model's backbone: token average, CLS vector, or tf-idf",
     )
     ev.add_argument(
+        "--allow-unsafe-weights",
+        action="store_true",
+        help="also load pickled PyTorch weights (pytorch_model.bin), which can run code: trusted models only",
+    )
+    ev.add_argument(
         "--workers",
-        type=int,
+        type=_positive_int,
         default=1,
         help="encode on this many Ray workers (one GPU each with --device cuda); same numbers as one process",
     )

@@ -35,6 +35,9 @@ class ModelConfig:
     pooling: PoolingMode | None = None  # None keeps the model's own pooling (mean for a plain Hugging Face model)
     max_seq_length: int = 128
     normalize: bool | None = None
+    # Weights are read from safetensors files only; True also allows pickled PyTorch files (pytorch_model.bin),
+    # which can run code when loaded: only for models from a source you trust.
+    allow_unsafe_weights: bool = False
 
 
 @dataclass

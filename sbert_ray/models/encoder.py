@@ -12,10 +12,11 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
 from sbert_ray.models.pooling import Pooling, PoolingMode
 from sbert_ray.models.resolve import resolve_model_ref
-from sbert_ray.models.st_layout import StLayout, read_st_layout, write_st_layout
+from sbert_ray.models.st_layout import ModelError, StLayout, check_weights, read_st_layout, write_st_layout
 
 DEFAULT_MAX_SEQ_LENGTH = 128
 
@@ -50,19 +51,31 @@ class SentenceEncoder(nn.Module):
         pooling: PoolingMode | None = None,
         max_seq_length: int | None = None,
         normalize: bool | None = None,
+        allow_unsafe_weights: bool = False,
     ) -> SentenceEncoder:
         """Load a sentence-transformers folder, a plain Hugging Face model (mean pooling) or a Hub id.
 
         Arguments that are not None override what the saved model says. Like `from_pretrained`, the
-        result is in eval mode; call `.train()` before training.
+        result is in eval mode; call `.train()` before training. Weights load from safetensors files only,
+        unless ``allow_unsafe_weights`` (pickled PyTorch files can run code); the model's own code never runs.
         """
         resolved = resolve_model_ref(ref)
         layout = read_st_layout(resolved)
         subfolder = layout.transformer_subfolder if layout else ""
-        transformer = AutoModel.from_pretrained(resolved, subfolder=subfolder)
-        tokenizer = AutoTokenizer.from_pretrained(resolved, subfolder=subfolder)
+        if Path(resolved).is_dir():  # a bad file is named here, not as a bare SafetensorError from transformers
+            check_weights(Path(resolved) / subfolder, allow_pickle=allow_unsafe_weights)
+        transformer = AutoModel.from_pretrained(
+            resolved,
+            subfolder=subfolder,
+            use_safetensors=None if allow_unsafe_weights else True,
+            trust_remote_code=False,
+        )
+        tokenizer = AutoTokenizer.from_pretrained(resolved, subfolder=subfolder, trust_remote_code=False)
         if max_seq_length is None:
             max_seq_length = _saved_max_seq_length(layout, tokenizer, transformer)
+        limit = position_limit(tokenizer, transformer.config)
+        if limit is not None and max_seq_length > limit:
+            raise ModelError(f"{ref}: max_seq_length {max_seq_length} is beyond the model's {limit} positions")
         encoder = cls(
             transformer,
             tokenizer,
@@ -123,6 +136,8 @@ class SentenceEncoder(nn.Module):
             raise TypeError("encode expects a sequence of sentences, not a single string")
         if convert_to not in ("numpy", "torch"):
             raise ValueError(f"convert_to must be 'numpy' or 'torch', not {convert_to!r}")
+        if batch_size < 1:  # range(0, n, -1) is empty: the result would be uninitialised memory
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         embeddings = torch.empty(len(sentences), self.embedding_dim, device=self.device)
         if len(sentences) > 0:
             was_training = self.training
@@ -152,5 +167,12 @@ def _saved_max_seq_length(
         return DEFAULT_MAX_SEQ_LENGTH
     if layout.max_seq_length is not None:
         return int(layout.max_seq_length)
-    limits = [tokenizer.model_max_length, getattr(transformer.config, "max_position_embeddings", None)]
-    return int(min(limit for limit in limits if limit is not None))
+    return position_limit(tokenizer, transformer.config) or DEFAULT_MAX_SEQ_LENGTH
+
+
+def position_limit(tokenizer: PreTrainedTokenizerBase, config) -> int | None:
+    """The longest input the model takes: its position embeddings, or the tokenizer's model_max_length where that
+    is lower (RoBERTa's 514 positions hold 512 tokens); None when neither says (e.g. relative positions)."""
+    limits = [getattr(config, "max_position_embeddings", None), tokenizer.model_max_length]
+    limits = [int(limit) for limit in limits if limit is not None and limit < VERY_LARGE_INTEGER]
+    return min(limits, default=None)

@@ -25,6 +25,7 @@ def evaluate_model(
     finetune: TrainConfig | None = None,
     workers: int = 1,
     device: str | None = None,
+    allow_unsafe_weights: bool = False,
     progress: Callable[[EvalTask, float], None] = lambda task, seconds: None,
     tracking_uri: str | None = None,
     experiment: str = "sbert-ray-eval",
@@ -35,7 +36,9 @@ def evaluate_model(
     evaluation is an MLflow run of ``experiment``."""
     check_tasks(tasks, data_dir, "--tasks")
     if tracking_uri is None:
-        return _evaluate(model_ref, tasks, data_dir, batch_size, baseline, finetune, workers, device, progress)
+        return _evaluate(
+            model_ref, tasks, data_dir, batch_size, baseline, finetune, workers, device, allow_unsafe_weights, progress
+        )
     run_name = f"eval {model_ref}" + (f" ({baseline})" if baseline else "")
     with RunTracker(tracking_uri, experiment, run_name=run_name) as tracker:
         tracker.set_tags(environment_tags())
@@ -50,15 +53,19 @@ def evaluate_model(
                 "workers": workers,
             }
         )
-        results = _evaluate(model_ref, tasks, data_dir, batch_size, baseline, finetune, workers, device, progress)
+        results = _evaluate(
+            model_ref, tasks, data_dir, batch_size, baseline, finetune, workers, device, allow_unsafe_weights, progress
+        )
         tracker.log_metrics(results)
         tracker.log_dict(nest(results), "evaluation.json")
         print(f"MLflow run {tracker.run_id} at {tracking_uri}")
         return results
 
 
-def _evaluate(model_ref, tasks, data_dir, batch_size, baseline, finetune, workers, device, progress) -> Results:
-    model = load_model(model_ref, baseline)
+def _evaluate(
+    model_ref, tasks, data_dir, batch_size, baseline, finetune, workers, device, allow_unsafe_weights, progress
+) -> Results:
+    model = load_model(model_ref, baseline, allow_unsafe_weights)
     if workers > 1:
         connect_ray()
         model = RayEncoder(model, workers, use_gpu=(device or "").startswith("cuda"))

@@ -32,7 +32,7 @@ from sbert_ray.data.readers import check_available, resolve_data_dir
 from sbert_ray.data.records import DataError
 from sbert_ray.evaluation.results import nest
 from sbert_ray.evaluation.tasks import EvalTask, Results, check_tasks, headlines, parse_tasks
-from sbert_ray.models import SentenceEncoder, load_encoder, resolve_model_ref
+from sbert_ray.models import SentenceEncoder, check_model, load_encoder
 from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_card
 from sbert_ray.runs.cluster import connect_ray
 from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags, plot_curves, resolve_tracking_uri
@@ -67,8 +67,7 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, list[int]]:
         checkpoint=dataclasses.replace(config.checkpoint, storage_path=str(storage)),
         output_dir=str(Path(config.output_dir or storage / config.name / "final-model").expanduser().resolve()),
     )
-    if not config.model.name.startswith("random:"):
-        resolve_model_ref(config.model.name)  # a missing folder or unknown id fails here
+    check_model(config.model.name, config.model.max_seq_length, config.model.allow_unsafe_weights)
     # Cheap checks first (is every dataset there?), then the training data read in full.
     for key in ("before_tasks", "final_tasks"):
         check_tasks(parse_tasks(getattr(config.evaluation, key)), data_dir, f"evaluation.{key}")
