@@ -57,7 +57,8 @@ def _report(args: argparse.Namespace) -> int:
     from sbert_ray.evaluation import report
     from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
 
-    tracking_uri = resolve_tracking_uri(args.tracking_uri)
+    # Only when MLflow is used: resolving the default creates its folder.
+    tracking_uri = resolve_tracking_uri(args.tracking_uri) if args.run or not args.no_mlflow else None
     result_sets = [report.read_results_file(spec) for spec in args.results]
     result_sets += [report.read_mlflow_run(run_id, tracking_uri) for run_id in args.run]
     if not result_sets:
