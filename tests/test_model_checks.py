@@ -7,15 +7,18 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
 from sbert_ray.cli import main
 from sbert_ray.config import load_config
 from sbert_ray.models import ModelError, SentenceEncoder, check_model
+from sbert_ray.models.encoder import position_limit
 from sbert_ray.runs.training import run_training
 
 
@@ -104,6 +107,21 @@ def test_max_seq_length_beyond_the_position_embeddings(tiny_model_dir: Path, nam
     if name == "tiny folder":
         with pytest.raises(ModelError, match="max_seq_length 100000 is beyond the model's 512 positions"):
             SentenceEncoder.load(ref, max_seq_length=100_000)
+
+
+@pytest.mark.parametrize(
+    "positions, tokenizer_limit, limit",
+    [
+        (512, 512, 512),  # BERT
+        (514, 512, 512),  # RoBERTa / MPNet / XLM-R: positions start after the padding index
+        (512, 128, 512),  # sentence-transformers >= 6 saves max_seq_length as model_max_length: not a limit
+        (512, VERY_LARGE_INTEGER, 512),  # a tokenizer without a limit
+        (None, 512, None),  # relative positions: no limit from the config
+    ],
+)
+def test_position_limit(positions, tokenizer_limit, limit) -> None:
+    config = SimpleNamespace(**({"max_position_embeddings": positions} if positions else {}))
+    assert position_limit(SimpleNamespace(model_max_length=tokenizer_limit), config) == limit
 
 
 def test_prepare_checks_max_seq_length(tiny_train_config) -> None:

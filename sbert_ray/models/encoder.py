@@ -12,7 +12,6 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
-from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
 from sbert_ray.models.pooling import Pooling, PoolingMode
 from sbert_ray.models.resolve import resolve_model_ref
@@ -167,12 +166,19 @@ def _saved_max_seq_length(
         return DEFAULT_MAX_SEQ_LENGTH
     if layout.max_seq_length is not None:
         return int(layout.max_seq_length)
-    return position_limit(tokenizer, transformer.config) or DEFAULT_MAX_SEQ_LENGTH
+    limits = [tokenizer.model_max_length, getattr(transformer.config, "max_position_embeddings", None)]
+    return int(min(limit for limit in limits if limit is not None))
 
 
 def position_limit(tokenizer: PreTrainedTokenizerBase, config) -> int | None:
-    """The longest input the model takes: its position embeddings, or the tokenizer's model_max_length where that
-    is lower (RoBERTa's 514 positions hold 512 tokens); None when neither says (e.g. relative positions)."""
-    limits = [getattr(config, "max_position_embeddings", None), tokenizer.model_max_length]
-    limits = [int(limit) for limit in limits if limit is not None and limit < VERY_LARGE_INTEGER]
-    return min(limits, default=None)
+    """The longest input the model's position embeddings hold; None when the config has none (relative positions).
+
+    RoBERTa-style models (XLM-R, MPNet, ...) number positions from after the padding index, so their 514
+    embeddings hold 512 tokens, which their tokenizer's model_max_length says. A model_max_length further below
+    is a saved default (sentence-transformers >= 6 keeps max_seq_length there), not a limit.
+    """
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is None:
+        return None
+    tokens = tokenizer.model_max_length
+    return tokens if positions - 2 <= tokens < positions else positions
