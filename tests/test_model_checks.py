@@ -4,6 +4,7 @@ position embeddings. Plus the eval command's own bad sizes."""
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 from pathlib import Path
@@ -96,6 +97,21 @@ def test_custom_model_code_never_runs(model_copy: Path, tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="(?s)^model.name: .*trust_remote_code"):
         check_model(str(model_copy), 128)
     assert not marker.exists()
+
+
+def test_every_model_load_in_the_package_refuses_remote_code() -> None:
+    """Every from_pretrained / SentenceTransformer call in sbert_ray says trust_remote_code=False explicitly."""
+    package = Path(__file__).resolve().parents[1] / "sbert_ray"
+    calls = []
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            function = getattr(node, "func", None)
+            name = getattr(function, "attr", None) or getattr(function, "id", None)
+            if isinstance(node, ast.Call) and name in ("from_pretrained", "SentenceTransformer"):
+                trust = next((k.value for k in node.keywords if k.arg == "trust_remote_code"), None)
+                calls.append((f"{path.name}:{node.lineno}", isinstance(trust, ast.Constant) and trust.value is False))
+    assert len(calls) >= 5  # the encoder, the model checks, the model card, the MLflow flavor
+    assert [where for where, explicit in calls if not explicit] == []
 
 
 @pytest.mark.parametrize("name", ["random:tiny", "tiny folder"])
