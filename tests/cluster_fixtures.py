@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import local_cluster
 import pytest
 import ray
-from ray._raylet import AuthenticationTokenLoader
+from ray._raylet import AuthenticationTokenLoader, Config
 
 
 @pytest.fixture(scope="session")
@@ -42,10 +42,18 @@ def connect(token_head, monkeypatch) -> Iterator[local_cluster.Head]:
     ray.shutdown()
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token_head.token_path))
-    AuthenticationTokenLoader.instance().reset_cache()  # an earlier local cluster may have cached its own token
+    refresh_auth_settings()
     ray.init(address=token_head.gcs)
     yield token_head
     ray.shutdown()
+    monkeypatch.undo()
+    refresh_auth_settings()
+
+
+def refresh_auth_settings() -> None:
+    """Ray reads RAY_AUTH_MODE and the token once per process; re-read them after changing the environment (an
+    earlier local cluster in this process may have cached its own token)."""
+    Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()
 
 

@@ -28,6 +28,7 @@ from sbert_ray.tracking.mlflow_run import environment_tags, resolve_tracking_uri
 from sbert_ray.tracking.sweep import SweepTracker
 from sbert_ray.training.driver import TrainResult, connect_ray, prepare, runs_that_fit, train
 from sbert_ray.tuning import results
+from sbert_ray.tuning.placement_groups import RemoveOrphanedPlacementGroups, release_trial_placement_groups
 from sbert_ray.tuning.results import TrialRow
 from sbert_ray.tuning.space import METRIC, SearchSpace, SweepConfig
 
@@ -97,6 +98,7 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
         else:
             tuner = _new_tuner(sweep, space, corners, trainable, path)
         grid = tuner.fit()
+        release_trial_placement_groups()  # what stopped trials reserved, before retrain_best needs it
         tracker.log_metrics({"sweep/wall_s": time.perf_counter() - start})
         rows = results.trial_rows(grid, space)
         _close_trial_runs(tracker, rows, path / "trials")
@@ -142,6 +144,7 @@ def _new_tuner(sweep: SweepConfig, space: SearchSpace, corners: list[TrainConfig
             name=path.name,
             storage_path=str(path.parent),
             failure_config=tune.FailureConfig(max_failures=0),  # Ray Train already restarts failed workers
+            callbacks=[RemoveOrphanedPlacementGroups()],  # stopped trials' Train groups (see placement_groups.py)
         ),
     )
 
