@@ -19,6 +19,7 @@ POOLINGS = ("mean", "max", "cls")
 OBJECTIVES = ("softmax", "regression", "triplet", "mnrl")
 CONCAT_PARTS = ("u", "v", "|u-v|", "u*v")
 TRIPLET_DISTANCES = ("euclidean", "cosine", "manhattan")
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")  # Ray placement group strategies
 
 
 class ConfigError(ValueError):
@@ -77,6 +78,7 @@ class ScalingConfig:
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 1.0
     torch_threads: int | None = None  # per worker; None = cpus_per_worker rounded up
+    placement_strategy: str = "PACK"  # SPREAD puts the workers on different nodes where it can
 
 
 @dataclass
@@ -132,6 +134,7 @@ class TrainConfig:
                     f"scaling.num_workers * grad_accum_steps = {per_step}"
                 )
         _positive("scaling.num_workers", self.scaling.num_workers)
+        _choice("scaling.placement_strategy", self.scaling.placement_strategy, PLACEMENT_STRATEGIES)
         _positive("checkpoint.keep_best", self.checkpoint.keep_best)
         if self.evaluation.eval_every < 0:
             raise ConfigError("evaluation.eval_every must be >= 0")

@@ -69,7 +69,7 @@ def start(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Pope
     )
 
 
-def stop(process: subprocess.Popen, grace_s: float = 10) -> None:
+def stop(process: subprocess.Popen, grace_s: float = 5) -> None:
     """SIGTERM the process group, SIGKILL what is left after ``grace_s`` (raylets can take a while)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
@@ -100,20 +100,19 @@ def recipe_commands(readme: Path = REPO / "README.md") -> list[str]:
 
 
 def localized(command: str, ports: dict[str, int], head_cpus: int | None = None) -> str:
-    """README's command with this machine's free ports instead of Ray's defaults (other clusters may hold those
-    here), and the head's CPU count. Fails loudly if README's command no longer has what is replaced."""
-    replacements = {
-        "--port 6379": f"--port {ports['gcs']}",
-        "--dashboard-port 8265": f"--dashboard-port {ports['dashboard']} "
-        f"--dashboard-agent-listen-port {ports['agent']}" + (f" --num-cpus {head_cpus}" if head_cpus else ""),
-        "http://127.0.0.1:8265": f"http://127.0.0.1:{ports['dashboard']}",
-    }
-    for old, new in replacements.items():
-        if old in command:
+    """README's command with free ports instead of Ray's defaults (other clusters may hold those on this machine)
+    and the head's CPU count. Fails loudly if README's command no longer has what is replaced."""
+    if command.startswith("ray start --head"):
+        for old, new in {
+            "--port 6379": f"--port {ports['gcs']}",
+            "--dashboard-port 8265": f"--dashboard-port {ports['dashboard']}",
+        }.items():
+            if old not in command:
+                raise ValueError(f"README's recipe changed, update localized(): {command}")
             command = command.replace(old, new)
-    if command.startswith("ray start") and str(ports["gcs"]) not in command:
-        raise ValueError(f"README's recipe changed, update localized(): {command}")
-    return command
+        command += f" --dashboard-agent-listen-port {ports['agent']} --ray-client-server-port {ports['client']}"
+        command += f" --num-cpus {head_cpus}" if head_cpus else ""
+    return command.replace("http://127.0.0.1:8265", f"http://127.0.0.1:{ports['dashboard']}")
 
 
 # ------------------------------------------------------------------------------------------------ servers
@@ -129,24 +128,25 @@ class S3Server:
         """What clients need to reach it: boto3 and pyarrow (Ray Train's storage) read AWS_ENDPOINT_URL."""
         return {"AWS_ENDPOINT_URL": self.endpoint, **S3_CREDENTIALS}
 
+    def client(self):
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            region_name=S3_CREDENTIALS["AWS_DEFAULT_REGION"],
+        )
+
 
 def start_s3(root: Path) -> S3Server:
     port = free_port()
     process = start([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], root / "s3.log", {})
     server = S3Server(process, f"http://127.0.0.1:{port}")
     wait_for_url(server.endpoint)
-    import boto3
-
-    boto3.client("s3", endpoint_url=server.endpoint, **_boto_credentials()).create_bucket(Bucket=BUCKET)
+    server.client().create_bucket(Bucket=BUCKET)
     return server
-
-
-def _boto_credentials() -> dict[str, str]:
-    return {
-        "aws_access_key_id": S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-        "aws_secret_access_key": S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-        "region_name": S3_CREDENTIALS["AWS_DEFAULT_REGION"],
-    }
 
 
 def start_mlflow(root: Path, s3: S3Server) -> tuple[subprocess.Popen, str]:
@@ -191,7 +191,7 @@ def start_head(root: Path, env: dict[str, str], cpus: int | None = None) -> Head
     home.mkdir()
     # Ray's socket paths must stay short, so its temp dir is a short one of its own rather than under ``root``.
     env = {**env, "HOME": str(home), "RAY_TMPDIR": tempfile.mkdtemp(prefix="sr-", dir="/tmp")}
-    ports = {"gcs": free_port(), "dashboard": free_port(), "agent": free_port()}
+    ports = {name: free_port() for name in ("gcs", "dashboard", "agent", "client")}
     commands = recipe_commands()
     setup = commands[: next(i for i, c in enumerate(commands) if c.startswith("ray start")) + 1]
     script = "set -e\n" + "\n".join(localized(c, ports, cpus) for c in setup)

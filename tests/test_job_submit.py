@@ -40,7 +40,7 @@ def test_readme_recipe_submits_a_job_that_trains_and_logs_to_mlflow_server(token
     exports = [c for c in commands if c.startswith("export ")]
     (submit,) = [c for c in commands if c.startswith("ray job submit")]
     submission_id = f"sbert-ray-test-{int(time.time())}"
-    job = localized(submit, {"dashboard": int(token_head.dashboard.rsplit(":", 1)[1]), "gcs": 0, "agent": 0})
+    job = localized(submit, {"dashboard": int(token_head.dashboard.rsplit(":", 1)[1])})
     job = job.replace("ray job submit", f"ray job submit --submission-id {submission_id}", 1)
     job += " " + " ".join(
         [*TINY_QUICKSTART, f"tracking.tracking_uri={mlflow_server}", f"checkpoint.storage_path={tmp_path / 'runs'}"]

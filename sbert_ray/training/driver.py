@@ -17,6 +17,7 @@ from sbert_ray.evaluation import suite
 from sbert_ray.models.resolve import resolve_model_ref
 from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags, plot_curves, resolve_tracking_uri
 from sbert_ray.training.batches import load_training_records, texts_and_labels
+from sbert_ray.training.storage import download_final_model, is_remote, resolve_storage
 from sbert_ray.training.worker import load_encoder, train_loop_per_worker
 
 
@@ -32,11 +33,14 @@ class TrainResult:
 
 def prepare(config: TrainConfig) -> TrainConfig:
     """Fill in defaults that depend on where the run lives, and check data and model before Ray starts."""
-    storage = Path(config.checkpoint.storage_path).expanduser().resolve()
+    storage = resolve_storage(config.checkpoint.storage_path)
+    output_dir = config.output_dir
+    if output_dir is None and not is_remote(storage):  # remote storage: the driver downloads it after training
+        output_dir = f"{storage}/{config.name}/final-model"
     config = dataclasses.replace(
         config,
-        checkpoint=dataclasses.replace(config.checkpoint, storage_path=str(storage)),
-        output_dir=str(Path(config.output_dir or storage / config.name / "final-model").expanduser().resolve()),
+        checkpoint=dataclasses.replace(config.checkpoint, storage_path=storage),
+        output_dir=str(Path(output_dir).expanduser().resolve()) if output_dir else None,
     )
     if config.data_dir and not Path(config.data_dir).is_dir():
         raise ConfigError(f"data_dir: {config.data_dir} is not a directory")
@@ -63,7 +67,10 @@ def build_trainer(config: TrainConfig, tracking_uri: str, run_id: str, callbacks
         train_loop_per_worker,
         train_loop_config={"config": to_dict(config), "tracking_uri": tracking_uri, "run_id": run_id},
         scaling_config=ray.train.ScalingConfig(
-            num_workers=scaling.num_workers, use_gpu=scaling.use_gpu, resources_per_worker=resources
+            num_workers=scaling.num_workers,
+            use_gpu=scaling.use_gpu,
+            resources_per_worker=resources,
+            placement_strategy=scaling.placement_strategy,
         ),
         run_config=ray.train.RunConfig(
             # Same name + storage = same run: a resubmitted job resumes from its latest checkpoint.
@@ -124,14 +131,19 @@ def train(config: TrainConfig, parent_run_id: str | None = None, callbacks: list
             before = suite.run_tasks(load_encoder(config.model, config.seed), config.evaluation.before_tasks, data_dir)
             tracker.log_metrics(suite.metric_items(before, "before"))
         connect_ray()
-        build_trainer(config, tracking_uri, tracker.run_id, callbacks).fit()
+        result = build_trainer(config, tracking_uri, tracker.run_id, callbacks).fit()
+        model_dir = config.output_dir
+        if is_remote(config.checkpoint.storage_path):  # rank 0 may have run on another machine
+            model_dir = download_final_model(
+                result.checkpoint, config.output_dir or f"~/sbert-ray/models/{config.name}"
+            )
         plot_curves(tracker, {"train/loss": "plots/loss.png", "dev/spearman_cosine": "plots/dev_spearman.png"})
         ok = True
         return TrainResult(
             run_id=tracker.run_id,
             tracking_uri=tracking_uri,
             artifact_uri=tracker.artifact_uri,
-            model_dir=config.output_dir,
+            model_dir=model_dir,
             before=before,
             final=suite.primary_scores(tracker.logged_results("final")),
         )

@@ -33,6 +33,7 @@ from sbert_ray.training.batches import (
     texts_and_labels,
 )
 from sbert_ray.training.state import MODEL_DIR, TrainState, restore_training, save_checkpoint
+from sbert_ray.training.storage import is_remote
 
 LOG_EVERY = 10  # optimizer steps between MLflow metric points
 NO_DECAY = ("bias", "LayerNorm.weight", "LayerNorm.bias", "layer_norm.weight", "layer_norm.bias")
@@ -182,8 +183,12 @@ class _Worker:
 def _final_evaluation(config: TrainConfig, encoder, data_dir, logger: RunLogger, step: int) -> dict[str, float]:
     """Rank 0: save the final model, score the final suite, log model + results to MLflow.
     Returns ``final_<dataset>`` primary scores for the last report (what a Tune trial ends on)."""
-    encoder.save(config.output_dir)  # the driver has filled in the default location
-    logger.log_artifacts(config.output_dir, "model")
+    # Local storage: output_dir, which the driver has filled in. Remote storage: this node's scratch space only (the
+    # driver may be on another machine); the driver takes the final model from the last checkpoint.
+    with tempfile.TemporaryDirectory(prefix="sbert-ray-final-") as scratch:
+        model_dir = scratch if is_remote(config.checkpoint.storage_path) else config.output_dir
+        encoder.save(model_dir)
+        logger.log_artifacts(model_dir, "model")
     results = suite.run_tasks(encoder, config.evaluation.final_tasks, data_dir) if config.evaluation.final_tasks else {}
     if results:
         logger.log_dict(results, "evaluation.json")
