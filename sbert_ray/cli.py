@@ -108,7 +108,7 @@ def _tune(args: argparse.Namespace) -> int:
         print(f"best trial {result.best.trial_id}: dev Spearman x100 {result.best.dev_spearman:.2f}")
     if result.retrained is not None:
         print("retrained best, Spearman x100: " + ", ".join(f"{k} {v:.2f}" for k, v in result.retrained.final.items()))
-    print(f"sweep: {result.path} (summary/: results table, plot, best config)")
+    print(f"sweep: {result.path} (results table, plot, best config: {result.summary})")
     print(f"MLflow sweep run {result.run_id} at {result.tracking_uri}")
     return 0
 

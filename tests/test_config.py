@@ -33,6 +33,7 @@ def test_override_adds_a_stage():
         ("", ["stages.0.epochs=two"], "stages.0.epochs: expected int"),
         ("", ["stages.0.concat=[u, w]"], "stages.0.concat: 'w'"),
         ("", ["stages.0.batch_size=15", "scaling.num_workers=2"], "divisible"),
+        ("", ["scaling.placement_strategy=spread"], "scaling.placement_strategy: 'spread' is not one of PACK, SPREAD"),
         ("", ["oops"], "key=value"),
         ("- a\n", [], "top level must be a mapping"),
     ],
