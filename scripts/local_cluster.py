@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -237,6 +238,7 @@ def stop_cluster(head: Head) -> None:
     for node in head.nodes:
         stop(node)
     stop(head.process)
+    shutil.rmtree(head.ray_tmpdir, ignore_errors=True)  # the sessions' sockets and logs
 
 
 def main() -> int:
