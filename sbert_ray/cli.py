@@ -107,7 +107,7 @@ def _tune(args: argparse.Namespace) -> int:
     if result.retrained is not None:
         scores = result.retrained.headlines.items()
         print("retrained best, Spearman x100: " + ", ".join(f"{entry} {value:.2f}" for entry, (_, value) in scores))
-    print(f"sweep: {result.path} (summary/: results table, plot, best config)")
+    print(f"sweep: {result.path} (results table, plot, best config: {result.summary})")
     print(f"MLflow sweep run {result.run_id} at {result.tracking_uri}")
     return 0
 

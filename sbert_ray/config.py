@@ -81,6 +81,8 @@ class ScalingConfig:
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 1.0
     torch_threads: int | None = None  # per worker; None = cpus_per_worker rounded up
+    # Ray placement strategy of the workers: SPREAD puts them on different nodes where it can
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
 
     def threads_per_worker(self) -> int:
         """Torch threads of each training worker (and of the evaluation that runs on a worker's resources)."""

@@ -41,6 +41,7 @@ def test_override_adds_a_stage():
         ("", ["stages.0.loss.concat=[u, v]"], "for objective 'regression' (its settings: none)"),
         ("", ["stages.0.objective=rank"], "stages.0.objective: 'rank' is not one of softmax, regression"),
         ("", ["stages.0.batch_size=15", "scaling.num_workers=2"], "divisible"),
+        ("", ["scaling.placement_strategy=spread"], "scaling.placement_strategy: 'spread' is not one of PACK, SPREAD"),
         ("", ["oops"], "key=value"),
         ("- a\n", [], "top level must be a mapping"),
         ("", ["tracking.alias=champion"], "tracking.alias needs tracking.registered_model_name"),

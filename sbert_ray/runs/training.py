@@ -39,6 +39,7 @@ from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags, plot_cur
 from sbert_ray.tracking.model_registry import log_sentence_transformer, model_uri
 from sbert_ray.training.batches import is_user_file, load_training_records, stage_steps, texts_and_labels
 from sbert_ray.training.state import MODEL_DIR
+from sbert_ray.training.storage import is_remote, resolve_storage
 from sbert_ray.training.worker import train_loop_per_worker
 
 
@@ -60,12 +61,16 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, list[int]]:
     if config.data_dir and not Path(config.data_dir).is_dir():
         raise ConfigError(f"data_dir: {config.data_dir} is not a directory")
     data_dir = resolve_data_dir(config.data_dir)
-    storage = Path(config.checkpoint.storage_path).expanduser().resolve()
+    storage = resolve_storage(config.checkpoint.storage_path)
+    # The final model is copied here from the last checkpoint (a download when storage is remote).
+    output_dir = config.output_dir or (
+        f"~/sbert-ray/models/{config.name}" if is_remote(storage) else f"{storage}/{config.name}/final-model"
+    )
     config = dataclasses.replace(
         config,
         data_dir=str(data_dir) if data_dir else None,  # workers may run with another environment and directory
-        checkpoint=dataclasses.replace(config.checkpoint, storage_path=str(storage)),
-        output_dir=str(Path(config.output_dir or storage / config.name / "final-model").expanduser().resolve()),
+        checkpoint=dataclasses.replace(config.checkpoint, storage_path=storage),
+        output_dir=str(Path(output_dir).expanduser().resolve()),
     )
     check_model(config.model.name, config.model.max_seq_length, config.model.allow_unsafe_weights)
     # Cheap checks first (is every dataset there?), then the training data read in full.
@@ -100,7 +105,10 @@ def build_trainer(config: TrainConfig, tracking_uri: str, run_id: str, callbacks
         train_loop_per_worker,
         train_loop_config={"config": config, "tracking_uri": tracking_uri, "run_id": run_id},
         scaling_config=ray.train.ScalingConfig(
-            num_workers=scaling.num_workers, use_gpu=scaling.use_gpu, resources_per_worker=resources
+            num_workers=scaling.num_workers,
+            use_gpu=scaling.use_gpu,
+            resources_per_worker=resources,
+            placement_strategy=scaling.placement_strategy,
         ),
         run_config=ray.train.RunConfig(
             # Same name + storage = same run: a resubmitted job resumes from its latest checkpoint.
