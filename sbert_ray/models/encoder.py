@@ -15,7 +15,7 @@ from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTo
 
 from sbert_ray.models.pooling import Pooling, PoolingMode
 from sbert_ray.models.resolve import resolve_model_ref
-from sbert_ray.models.st_layout import StLayout, read_st_layout, write_st_layout
+from sbert_ray.models.st_layout import ModelError, StLayout, check_weights, read_st_layout, write_st_layout
 
 DEFAULT_MAX_SEQ_LENGTH = 128
 
@@ -50,21 +50,34 @@ class SentenceEncoder(nn.Module):
         pooling: PoolingMode | None = None,
         max_seq_length: int | None = None,
         normalize: bool | None = None,
+        allow_unsafe_weights: bool = False,
     ) -> SentenceEncoder:
         """Load a sentence-transformers folder, a plain Hugging Face model (mean pooling) or a Hub id.
 
         Arguments that are not None override what the saved model says. Like `from_pretrained`, the
-        result is in eval mode; call `.train()` before training.
+        result is in eval mode; call `.train()` before training. Weights load from safetensors files only,
+        unless ``allow_unsafe_weights`` (pickled PyTorch files can run code); the model's own code never runs.
         """
         resolved = resolve_model_ref(ref)
         layout = read_st_layout(resolved)
         subfolder = layout.transformer_subfolder if layout else ""
+        if Path(resolved).is_dir():  # a bad file is named here, not as a bare SafetensorError from transformers
+            check_weights(Path(resolved) / subfolder, allow_pickle=allow_unsafe_weights)
         # fp32 whatever the checkpoint holds (transformers 5 defaults to dtype="auto"): training and published
         # numbers need fp32 weights; 16-bit runs cast or autocast explicitly.
-        transformer = AutoModel.from_pretrained(resolved, subfolder=subfolder, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(resolved, subfolder=subfolder)
+        transformer = AutoModel.from_pretrained(
+            resolved,
+            subfolder=subfolder,
+            dtype=torch.float32,
+            use_safetensors=None if allow_unsafe_weights else True,
+            trust_remote_code=False,
+        )
+        tokenizer = AutoTokenizer.from_pretrained(resolved, subfolder=subfolder, trust_remote_code=False)
         if max_seq_length is None:
             max_seq_length = _saved_max_seq_length(layout, tokenizer, transformer)
+        limit = position_limit(tokenizer, transformer.config)
+        if limit is not None and max_seq_length > limit:
+            raise ModelError(f"{ref}: max_seq_length {max_seq_length} is beyond the model's {limit} positions")
         encoder = cls(
             transformer,
             tokenizer,
@@ -125,6 +138,8 @@ class SentenceEncoder(nn.Module):
             raise TypeError("encode expects a sequence of sentences, not a single string")
         if convert_to not in ("numpy", "torch"):
             raise ValueError(f"convert_to must be 'numpy' or 'torch', not {convert_to!r}")
+        if batch_size < 1:  # range(0, n, -1) is empty: the result would be uninitialised memory
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         embeddings = torch.empty(len(sentences), self.embedding_dim, device=self.device)
         if len(sentences) > 0:
             was_training = self.training
@@ -156,3 +171,17 @@ def _saved_max_seq_length(
         return int(layout.max_seq_length)
     limits = [tokenizer.model_max_length, getattr(transformer.config, "max_position_embeddings", None)]
     return int(min(limit for limit in limits if limit is not None))
+
+
+def position_limit(tokenizer: PreTrainedTokenizerBase, config) -> int | None:
+    """The longest input the model's position embeddings hold; None when the config has none (relative positions).
+
+    RoBERTa-style models (XLM-R, MPNet, ...) number positions from after the padding index, so their 514
+    embeddings hold 512 tokens, which their tokenizer's model_max_length says. A model_max_length further below
+    is a saved default (sentence-transformers >= 6 keeps max_seq_length there), not a limit.
+    """
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is None:
+        return None
+    tokens = tokenizer.model_max_length
+    return tokens if positions - 2 <= tokens < positions else positions

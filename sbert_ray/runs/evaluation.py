@@ -1,4 +1,5 @@
-"""``sbert-ray eval``: score a given model (or one of the paper's baselines) on evaluation tasks."""
+"""``sbert-ray eval``: score a given model (or one of the paper's baselines) on evaluation tasks, optionally as an
+MLflow run (params, every number as a metric, ``evaluation.json``, which ``sbert-ray report --run`` reads)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from collections.abc import Callable, Sequence
 from sbert_ray.config import TrainConfig
 from sbert_ray.evaluation.baselines import load_model
 from sbert_ray.evaluation.distributed import RayEncoder
+from sbert_ray.evaluation.results import nest
 from sbert_ray.evaluation.tasks import ArgsimTask, EvalTask, Results, check_tasks
 from sbert_ray.runs.argsim import finetune_argsim
 from sbert_ray.runs.cluster import connect_ray
+from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags
 
 
 def evaluate_model(
@@ -22,13 +25,47 @@ def evaluate_model(
     finetune: TrainConfig | None = None,
     workers: int = 1,
     device: str | None = None,
+    allow_unsafe_weights: bool = False,
     progress: Callable[[EvalTask, float], None] = lambda task, seconds: None,
+    tracking_uri: str | None = None,
+    experiment: str = "sbert-ray-eval",
 ) -> Results:
     """What ``sbert-ray eval`` runs: every task's data checked first, then each task scored in this process (or
     encoding spread over ``workers`` Ray actors). With ``finetune``, argument-similarity tasks fine-tune a fresh
-    copy of the model per fold first (``runs.argsim``) from that training config."""
+    copy of the model per fold first (``runs.argsim``) from that training config. With ``tracking_uri``, the
+    evaluation is an MLflow run of ``experiment``."""
     check_tasks(tasks, data_dir, "--tasks")
-    model = load_model(model_ref, baseline)
+    if tracking_uri is None:
+        return _evaluate(
+            model_ref, tasks, data_dir, batch_size, baseline, finetune, workers, device, allow_unsafe_weights, progress
+        )
+    run_name = f"eval {model_ref}" + (f" ({baseline})" if baseline else "")
+    with RunTracker(tracking_uri, experiment, run_name=run_name) as tracker:
+        tracker.set_tags(environment_tags())
+        tracker.log_params(
+            {
+                "model.name": model_ref,
+                "tasks": ",".join(task.spec for task in tasks),
+                "mode": "finetune" if finetune else "unsupervised",
+                "baseline": baseline or "none",
+                "data_dir": str(data_dir or "Hugging Face Hub"),
+                "batch_size": batch_size,
+                "workers": workers,
+            }
+        )
+        results = _evaluate(
+            model_ref, tasks, data_dir, batch_size, baseline, finetune, workers, device, allow_unsafe_weights, progress
+        )
+        tracker.log_metrics(results)
+        tracker.log_dict(nest(results), "evaluation.json")
+        print(f"MLflow run {tracker.run_id} at {tracking_uri}")
+        return results
+
+
+def _evaluate(
+    model_ref, tasks, data_dir, batch_size, baseline, finetune, workers, device, allow_unsafe_weights, progress
+) -> Results:
+    model = load_model(model_ref, baseline, allow_unsafe_weights)
     if workers > 1:
         connect_ray()
         model = RayEncoder(model, workers, use_gpu=(device or "").startswith("cuda"))

@@ -32,13 +32,14 @@ from sbert_ray.data.readers import check_available, resolve_data_dir
 from sbert_ray.data.records import DataError
 from sbert_ray.evaluation.results import nest
 from sbert_ray.evaluation.tasks import EvalTask, Results, check_tasks, headlines, parse_tasks
-from sbert_ray.models import SentenceEncoder, load_encoder, resolve_model_ref
+from sbert_ray.models import SentenceEncoder, check_model, load_encoder
 from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_card
 from sbert_ray.runs.cluster import connect_ray
 from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags, plot_curves, resolve_tracking_uri
 from sbert_ray.tracking.model_registry import log_sentence_transformer, model_uri
 from sbert_ray.training.batches import is_user_file, load_training_records, stage_steps, texts_and_labels
 from sbert_ray.training.state import MODEL_DIR
+from sbert_ray.training.storage import is_remote, resolve_storage
 from sbert_ray.training.trainer import torch_trainer
 
 
@@ -60,15 +61,18 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, list[int]]:
     if config.data_dir and not Path(config.data_dir).is_dir():
         raise ConfigError(f"data_dir: {config.data_dir} is not a directory")
     data_dir = resolve_data_dir(config.data_dir)
-    storage = Path(config.checkpoint.storage_path).expanduser().resolve()
+    storage = resolve_storage(config.checkpoint.storage_path)
+    # The final model is copied here from the last checkpoint (a download when storage is remote).
+    output_dir = config.output_dir or (
+        f"~/sbert-ray/models/{config.name}" if is_remote(storage) else f"{storage}/{config.name}/final-model"
+    )
     config = dataclasses.replace(
         config,
         data_dir=str(data_dir) if data_dir else None,  # workers may run with another environment and directory
-        checkpoint=dataclasses.replace(config.checkpoint, storage_path=str(storage)),
-        output_dir=str(Path(config.output_dir or storage / config.name / "final-model").expanduser().resolve()),
+        checkpoint=dataclasses.replace(config.checkpoint, storage_path=storage),
+        output_dir=str(Path(output_dir).expanduser().resolve()),
     )
-    if not config.model.name.startswith("random:"):
-        resolve_model_ref(config.model.name)  # a missing folder or unknown id fails here
+    check_model(config.model.name, config.model.max_seq_length, config.model.allow_unsafe_weights)
     # Cheap checks first (is every dataset there?), then the training data read in full.
     for key in ("before_tasks", "final_tasks"):
         check_tasks(parse_tasks(getattr(config.evaluation, key)), data_dir, f"evaluation.{key}")

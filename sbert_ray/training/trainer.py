@@ -27,7 +27,10 @@ def torch_trainer(
             "fit_started": time.time(),  # wall clock: workers may be other processes on other nodes
         },
         scaling_config=ray.train.ScalingConfig(
-            num_workers=scaling.num_workers, use_gpu=scaling.use_gpu, resources_per_worker=resources
+            num_workers=scaling.num_workers,
+            use_gpu=scaling.use_gpu,
+            resources_per_worker=resources,
+            placement_strategy=scaling.placement_strategy,
         ),
         run_config=run_config,
     )

@@ -43,6 +43,7 @@ from sbert_ray.training.batches import (
     TokenizedColumns,
     load_training_records,
     local_batch_size,
+    log_coverage,
     stage_steps,
     texts_and_labels,
 )
@@ -163,6 +164,8 @@ class _Worker:
             seed=self.config.seed + state.stage,
         )
         steps_per_epoch, total_steps = stage_steps(len(data), stage, world_size)  # prepare() checked both are > 0
+        if self.rank == 0:
+            log_coverage(state.stage, data, sampler, steps_per_epoch * stage.grad_accum_steps)
 
         # A head restored from the checkpoint must not advance the random stream restored with it.
         with torch.random.fork_rng(self._rng_devices()) if resume_from is not None else nullcontext():
