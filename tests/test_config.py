@@ -115,6 +115,7 @@ def test_shipped_configs_load():
         (["seed=-1"], "seed must be in [0, 2**32)"),
         (["scaling.use_gpu=true", "scaling.num_workers=2", "scaling.gpus_per_worker=0.5"], "NCCL refuses"),
         (["scaling.use_gpu=true", "scaling.gpus_per_worker=1.5"], "scaling.gpus_per_worker: more than one GPU"),
+        (["scaling.precision=half"], "scaling.precision: 'half' is not one of auto, bf16, fp16, fp32"),
         (["name=../elsewhere"], "name: '../elsewhere' must be a folder name"),
         (["stages.3.learning_rate=1e-5"], "override 'stages.3.learning_rate': index 3 is past the end of a list of 1"),
         (["stages.0.concat=[u, v"], "override 'stages.0.concat': '[u, v' is not a YAML value"),

@@ -254,3 +254,13 @@ def test_gathered_loss_and_gradients_equal_the_global_batch(
         result = torch.load(tmp_path / f"result{index}.pt")
         torch.testing.assert_close(result["loss"], expected_loss.detach(), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(result["grads"], expected_grads, atol=1e-5, rtol=1e-4)
+
+
+def test_one_forward_embeds_every_column_as_separate_forwards_would(encoder: SentenceEncoder) -> None:
+    """EncoderLoss.embed pads the columns to the widest and runs the encoder once; the attention mask hides the
+    extra padding, so each column's embeddings are those of its own forward."""
+    features = _features(encoder, ANCHORS, ["Short.", "Tiny.", "A bit longer sentence than the others.", "Ok."])
+    assert features[0]["input_ids"].shape[1] != features[1]["input_ids"].shape[1]  # padding is exercised
+    loss = CosineSimilarityLoss(encoder)
+    for joint, separate in zip(loss.embed(features), [encoder(column) for column in features], strict=True):
+        torch.testing.assert_close(joint, separate, atol=1e-5, rtol=1e-5)
