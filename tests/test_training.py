@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,7 +22,7 @@ from sentence_transformers import SentenceTransformer
 
 from sbert_ray.config import ConfigError, load_config
 from sbert_ray.models.encoder import SentenceEncoder
-from sbert_ray.runs.training import prepare, run_training
+from sbert_ray.runs.training import TrainingDiverged, prepare, run_training
 
 
 @pytest.fixture(scope="module")
@@ -84,26 +86,6 @@ def test_training_run_is_complete_in_mlflow(local_ray, tiny_train_config, tmp_pa
     assert 2 <= len(list((Path(config.checkpoint.storage_path) / "tiny").glob("checkpoint_*"))) <= 3
 
 
-def test_killed_worker_resumes_from_checkpoint(local_ray, tiny_train_config):
-    config = load_config(tiny_train_config(name="killed", limit=1600, eval_every=20))
-    outcome: dict = {}
-    thread = threading.Thread(target=lambda: outcome.update(result=run_training(config)))
-    thread.start()
-    wait_for_registered_checkpoint(Path(config.checkpoint.storage_path) / config.name)
-    workers = [p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
-    assert workers, "no Ray Train worker process found"
-    workers[0].kill()
-    thread.join(timeout=300)
-    assert "result" in outcome, "training did not finish after the worker was killed"
-
-    client, run = only_run(config.tracking.tracking_uri)
-    assert run.info.status == "FINISHED"
-    resumed = client.get_metric_history(run.info.run_id, "train/resumed_from_step")
-    assert resumed and resumed[0].value >= 20  # restarted from a checkpoint, not from step 0
-    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
-    assert max(steps) == 1600 // 8  # and still ran to the last step
-
-
 def test_resubmitted_run_resumes(tiny_train_config):
     """A driver killed mid-run (as a cancelled job): running the same config again continues the same run."""
     path = tiny_train_config(name="resubmit", limit=1600, eval_every=20)
@@ -151,3 +133,68 @@ def test_hub_evaluation_data_is_checked_in_prepare_when_offline(tiny_train_confi
     )
     with pytest.raises(ConfigError, match=expected):
         prepare(config)
+
+
+def loss_curve(tracking_uri: str, run_id: str) -> dict[int, list[float]]:
+    """Every train/loss value logged at each step (a resumed run logs again the steps it retrains)."""
+    curve: dict[int, list[float]] = {}
+    for metric in MlflowClient(tracking_uri).get_metric_history(run_id, "train/loss"):
+        curve.setdefault(metric.step, []).append(metric.value)
+    return curve
+
+
+def test_a_killed_run_resumes_on_the_curve_of_an_uninterrupted_one(local_ray, tiny_train_config):
+    """Checkpoints hold every rank's random state (dropout), optimizer, scheduler and sampler position, so a run
+    whose worker is killed retrains from its checkpoint along the very curve of an uninterrupted run with the same
+    seed: the steps before the kill show that one seed gives one curve, those after it that resuming is exact."""
+    config = load_config(tiny_train_config(name="straight", limit=1600, eval_every=20), ["evaluation.final_tasks=[]"])
+    straight = {
+        step: values[-1]
+        for step, values in loss_curve(config.tracking.tracking_uri, run_training(config).run_id).items()
+    }
+    assert len(straight) == 1600 // 8 // 10 and len(set(straight.values())) > 1
+
+    config = load_config(tiny_train_config(name="killed", limit=1600, eval_every=20), ["evaluation.final_tasks=[]"])
+    outcome: dict = {}
+    thread = threading.Thread(target=lambda: outcome.update(result=run_training(config)))
+    thread.start()
+    wait_for_registered_checkpoint(Path(config.checkpoint.storage_path) / config.name)
+    workers = [p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
+    assert workers, "no Ray Train worker process found"
+    workers[0].kill()
+    thread.join(timeout=300)
+    assert "result" in outcome, "training did not finish after the worker was killed"
+    run_id = outcome["result"].run_id
+    client = MlflowClient(config.tracking.tracking_uri)
+    assert client.get_run(run_id).info.status == "FINISHED"
+    resumed_from = client.get_metric_history(run_id, "train/resumed_from_step")
+    assert resumed_from and resumed_from[0].value >= 20  # restarted from a checkpoint, not from step 0
+    resumed = loss_curve(config.tracking.tracking_uri, run_id)
+    assert resumed.keys() == straight.keys()
+    for step, values in resumed.items():  # before the kill, and again after the resume
+        assert values == pytest.approx([straight[step]] * len(values), rel=1e-5), step
+
+
+def test_nan_loss_stops_the_run_naming_the_step_and_the_last_good_checkpoint(local_ray, tiny_train_config):
+    """A second stage at an absurd learning rate blows the weights up: the workers stop together at the next loss
+    read instead of training on, no checkpoint is written from the broken weights, the error names the step
+    and the checkpoint of the first stage, and the MLflow run ends FAILED."""
+    path = tiny_train_config(name="diverges", limit=96, eval_every=0)
+    second_stage = [
+        "stages.1.dataset=stsb",
+        "stages.1.limit=96",
+        "stages.1.batch_size=8",
+        "stages.1.learning_rate=1e30",
+    ]
+    config = load_config(path, ["evaluation.final_tasks=[]", *second_stage])
+    with pytest.raises(TrainingDiverged) as err:
+        run_training(config)
+    message = str(err.value)
+    step = int(re.search(r"the loss was \S+ at step (\d+) \(stage 1\)", message).group(1))
+    assert 96 // 8 < step <= 2 * 96 // 8
+    run_dir = Path(config.checkpoint.storage_path) / config.name
+    checkpoints = sorted(path for path in run_dir.glob("checkpoint_*") if path.is_dir())
+    assert [json.loads((c / "train_state.json").read_text())["global_step"] for c in checkpoints] == [12]
+    assert f"last good checkpoint: {checkpoints[0]} (step 12)" in message
+    _, run = only_run(config.tracking.tracking_uri)
+    assert run.info.status == "FAILED"
