@@ -1,4 +1,4 @@
-"""``sbert-ray`` command line: eval | train | tune | report."""
+"""``sbert-ray`` command line: eval | train | tune | report | bench."""
 
 from __future__ import annotations
 
@@ -123,6 +123,72 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _bench_train(args: argparse.Namespace) -> int:
+    """Progress and the table go to stderr, the records as JSON to stdout (and --output): under `ray job submit`
+    the job's log then ends with the JSON."""
+    import json
+    from pathlib import Path
+
+    from sbert_ray.bench.train import TrainBenchSettings, check_inputs, format_table, log_records, run_train_bench
+    from sbert_ray.data.readers import resolve_data_dir
+    from sbert_ray.runs.cluster import connect_ray
+    from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
+
+    workers = _int_list("--workers", args.workers)
+    threads = _int_list("--threads-per-worker", args.threads_per_worker)
+    if len(threads) not in (1, len(workers)):
+        raise ConfigError("--threads-per-worker takes one number, or one per --workers entry")
+    layouts = list(zip(workers, threads * len(workers) if len(threads) == 1 else threads, strict=True))
+    if args.steps < 2:
+        raise ConfigError("--steps must be >= 2: the first step is timed apart from the rest")
+    data_dir = resolve_data_dir(args.data_dir)
+    settings = TrainBenchSettings(
+        model=args.model,
+        data_dir=str(data_dir.resolve()) if data_dir else None,
+        batch_size=args.batch_size,
+        max_seq_length=args.max_seq_length,
+        steps=args.steps,
+        limit=args.limit,
+        device=args.device,
+        precision=args.precision,
+    )
+    check_inputs(settings)
+    tracking_uri = None if args.no_mlflow else resolve_tracking_uri(args.tracking_uri)
+    if not args.local:
+        connect_ray()
+    records = run_train_bench(
+        settings,
+        layouts,
+        repeats=args.repeats,
+        reference_threads=args.reference_threads,
+        reference=not args.no_reference,
+        local=args.local,
+        storage_path=args.storage_path,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    print(format_table(records), file=sys.stderr)
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps(records, indent=2) + "\n")
+        print(f"wrote {args.output}", file=sys.stderr)
+    if tracking_uri:
+        params = {**vars(settings), "layouts": layouts, "repeats": args.repeats, "local": args.local}
+        run_id = log_records(records, params, tracking_uri, args.experiment)
+        print(f"MLflow run {run_id} at {tracking_uri}", file=sys.stderr)
+    print(json.dumps(records, indent=2))
+    return 0
+
+
+def _int_list(option: str, text: str) -> list[int]:
+    try:
+        values = [int(item) for item in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"{option} takes comma-separated integers, got {text!r}") from None
+    if min(values) < 1:
+        raise ConfigError(f"{option} must be positive, got {text!r}")
+    return values
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sbert-ray", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -195,6 +261,47 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("overrides", nargs="*", help="key=value overrides, e.g. num_samples=4 base.stages.0.limit=500")
     tu.add_argument("--resume", action="store_true", help="continue an interrupted sweep; finished trials stay")
     tu.set_defaults(func=_tune)
+
+    bench = sub.add_parser("bench", help="throughput benchmarks side by side: table, JSON, MLflow run with a chart")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    bt = bench_sub.add_parser(
+        "train", help="training pairs/s and time to the first step: our Ray Train loop vs sentence-transformers"
+    )
+    bt.add_argument(
+        "--model", default="sentence-transformers/all-MiniLM-L6-v2", help="folder, Hub id or random:<shape>"
+    )
+    bt.add_argument("--data-dir", help="local data folder (default: $SBERT_RAY_DATA_DIR, else the Hub)")
+    bt.add_argument("--workers", default="1,2", help="Ray Train worker counts to compare, e.g. 1,2,4 (default: 1,2)")
+    bt.add_argument(
+        "--threads-per-worker",
+        default="1",
+        help="torch threads (= CPUs) per worker: one number for all, or one per --workers entry, e.g. 2,1",
+    )
+    bt.add_argument(
+        "--reference-threads",
+        type=_positive_int,
+        help="threads of sentence-transformers' trainer (default: the most CPUs a layout uses)",
+    )
+    bt.add_argument("--batch-size", type=_positive_int, default=16, help="global batch (default: 16, the quickstart's)")
+    bt.add_argument("--max-seq-length", type=_positive_int, default=128)
+    bt.add_argument("--steps", type=_positive_int, default=60, help="optimizer steps per run (default: 60)")
+    bt.add_argument("--limit", type=_positive_int, help="first N STSb train pairs (default: all 5,749)")
+    bt.add_argument("--repeats", type=_positive_int, default=3, help="runs per variant, interleaved (default: 3)")
+    bt.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    bt.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
+                    help="as scaling.precision (auto: fp32 on CPU, bf16 or fp16 on GPU)")  # fmt: skip
+    bt.add_argument("--local", action="store_true", help="one worker in this process, no Ray cluster (one GPU)")
+    bt.add_argument("--no-reference", action="store_true", help="skip sentence-transformers' trainer")
+    bt.add_argument(
+        "--storage-path",
+        help="checkpoint storage (default: a temporary folder on this node); on a multi-node cluster a shared one "
+        "(s3://... or NFS), as checkpoint.storage_path",
+    )
+    bt.add_argument("--output", help="also write the records (printed as JSON on stdout) to this file")
+    bt.add_argument("--tracking-uri", help="MLflow (default: $MLFLOW_TRACKING_URI, else ~/sbert-ray/mlflow)")
+    bt.add_argument("--experiment", default="sbert-ray-bench")
+    bt.add_argument("--no-mlflow", action="store_true", help="print and write JSON only")
+    bt.set_defaults(func=_bench_train)
     return parser
 
 

@@ -12,10 +12,15 @@ from sbert_ray.training.worker import train_loop_per_worker
 
 
 def torch_trainer(
-    config: TrainConfig, run_config: ray.train.RunConfig, tracking_uri: str | None = None, run_id: str | None = None
+    config: TrainConfig,
+    run_config: ray.train.RunConfig,
+    tracking_uri: str | None = None,
+    run_id: str | None = None,
+    local: bool = False,
 ) -> TorchTrainer:
     """``config.scaling.num_workers`` workers with their CPUs (and GPUs); rank 0 logs to MLflow run ``run_id`` when
-    one is given. Call ``fit()`` right away: the workers time their first optimizer step from now."""
+    one is given. ``local``: Ray Train's local mode, one worker in this process and no cluster (benchmarks on one
+    GPU). Call ``fit()`` right away: the workers time their first optimizer step from now."""
     scaling = config.scaling
     resources = {"CPU": scaling.cpus_per_worker, **({"GPU": scaling.gpus_per_worker} if scaling.use_gpu else {})}
     return TorchTrainer(
@@ -27,7 +32,7 @@ def torch_trainer(
             "fit_started": time.time(),  # wall clock: workers may be other processes on other nodes
         },
         scaling_config=ray.train.ScalingConfig(
-            num_workers=scaling.num_workers,
+            num_workers=0 if local else scaling.num_workers,
             use_gpu=scaling.use_gpu,
             resources_per_worker=resources,
             placement_strategy=scaling.placement_strategy,

@@ -80,11 +80,14 @@ def train_loop_per_worker(loop_config: dict) -> dict:
     """Train every stage; returns rank 0's summary (``Result.return_value``): throughput, time to the first step,
     and ``diverged`` when a NaN/inf loss stopped the run."""
     config: TrainConfig = loop_config["config"]
+    fit_started = loop_config["fit_started"]
+    started = time.time() - fit_started  # Ray Train's start-up: controller, worker processes, imports
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     torch.set_num_threads(config.scaling.threads_per_worker())
     seed_everything(config.seed)
-    device = ray.train.torch.get_device()
+    # Ray Train's local mode (benchmarks) gives a GPU whenever one is visible: use_gpu decides.
+    device = ray.train.torch.get_device() if config.scaling.use_gpu else torch.device("cpu")
     logger = (
         RunLogger(loop_config["tracking_uri"], loop_config["run_id"]) if rank == 0 and loop_config["run_id"] else None
     )
@@ -114,7 +117,7 @@ def train_loop_per_worker(loop_config: dict) -> dict:
             dev_pairs = load_records(config.evaluation.dev_dataset, config.evaluation.dev_split, data_dir)
             dev_pairs = dev_pairs[: config.evaluation.dev_limit] if config.evaluation.dev_limit else dev_pairs
 
-        worker = _Worker(config, encoder, device, rank, world_size, logger, dev_pairs, loop_config["fit_started"])
+        worker = _Worker(config, encoder, device, rank, world_size, logger, dev_pairs, fit_started, started)
         try:
             for index, stage in enumerate(config.stages):
                 if index < state.stage or (index == state.stage and state.stage_done):
@@ -139,12 +142,17 @@ class _Worker:
     """Training on one worker: each stage's loop, the loss window (read every LOG_EVERY steps), the report points
     (dev evaluation + checkpoint), and the throughput rank 0 returns."""
 
-    def __init__(self, config, encoder, device, rank, world_size, logger, dev_pairs, fit_started: float):
+    def __init__(
+        self, config, encoder, device, rank, world_size, logger, dev_pairs, fit_started: float, started: float
+    ):
         self.config, self.encoder, self.device = config, encoder, device
         self.rank, self.world_size, self.logger, self.dev_pairs = rank, world_size, logger, dev_pairs
         self.precision = resolve_precision(config.scaling.precision, device)
         self.fit_started = fit_started  # wall clock at trainer.fit(), for the time to the first optimizer step
         self.stepped = False  # whether this process has taken an optimizer step yet
+        # Seconds from fit() to: this function's start, the first stage's data tokenised, the first optimizer step.
+        self.time_to_worker_start = started
+        self.time_to_data: float | None = None
         self.time_to_first_step: float | None = None
         self.steady_pairs, self.steady_seconds = 0, 0.0  # after the first step, reports excluded
         # The loss of each step of the current window, summed over micro-batches, on the device until read.
@@ -164,6 +172,7 @@ class _Worker:
             seed=self.config.seed + state.stage,
         )
         steps_per_epoch, total_steps = stage_steps(len(data), stage, world_size)  # prepare() checked both are > 0
+        self.time_to_data = self.time_to_data or time.time() - self.fit_started
         if self.rank == 0:
             log_coverage(state.stage, data, sampler, steps_per_epoch * stage.grad_accum_steps)
 
@@ -296,6 +305,8 @@ class _Worker:
         """What rank 0 returns to the driver (``Result.return_value``)."""
         return {
             "precision": self.precision,
+            "time_to_worker_start_s": self.time_to_worker_start,
+            "time_to_data_s": self.time_to_data,
             "time_to_first_step_s": self.time_to_first_step,
             "pairs_per_s": self.steady_pairs / self.steady_seconds if self.steady_seconds else None,
             "diverged": None

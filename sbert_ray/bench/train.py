@@ -1,0 +1,379 @@
+"""Training throughput: this project's Ray Train worker loop with 1..N workers beside sentence-transformers'
+``SentenceTransformerTrainer``, at the same model, data (STSb train, regression), batch and maximum sequence length.
+
+Every variant trains ``steps`` optimizer steps from the same model; repeats run interleaved (A B C A B C ...) so
+that a change in machine load hits all variants alike. Per run: the time from ``fit()`` (ours: building the
+``TorchTrainer``, so Ray Train's worker start-up counts; the reference: loading its model) to the end of the first
+optimizer step, and the steady pairs/s after it. Ours runs the real worker loop (``train_loop_per_worker``) on the
+connected Ray cluster, or with ``local`` in this process (Ray Train's local mode, no cluster: one GPU without Ray);
+the reference runs as a Ray task with one worker's resources (or, ``local``, in this process). The model is loaded
+where each variant runs (a ``random:<shape>`` model is built there from the seed), so nothing on the driver's disk
+needs to be visible to other nodes except the checkpoint storage: on a multi-node cluster ``storage_path`` must be
+shared (``s3://...`` or NFS), as ``checkpoint.storage_path`` of a training run.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+import ray.train
+import torch
+
+from sbert_ray.config import ConfigError, EvalConfig, ModelConfig, ScalingConfig, StageConfig, TrainConfig
+from sbert_ray.data.readers import check_available, load_records
+from sbert_ray.models import build_random_bert, check_model, resolve_model_ref
+from sbert_ray.models.load import RANDOM_PREFIX
+from sbert_ray.training.precision import resolve_precision
+from sbert_ray.training.storage import resolve_storage
+from sbert_ray.training.trainer import torch_trainer
+
+OURS, REFERENCE = "sbert-ray", "sentence-transformers"
+STARTUP_KEYS = ("time_to_worker_start_s", "time_to_data_s")
+
+
+@dataclass(frozen=True)
+class TrainBenchSettings:
+    """What every variant shares: model, data, batch, length, steps, device and precision."""
+
+    model: str = "sentence-transformers/all-MiniLM-L6-v2"
+    data_dir: str | None = None
+    batch_size: int = 16  # global: split over the workers
+    max_seq_length: int = 128
+    steps: int = 60  # optimizer steps per run; the first is timed apart, the rest give pairs/s
+    limit: int | None = None  # first N STSb train pairs (default all 5,749)
+    device: str = "cpu"
+    precision: str = "fp32"  # auto, bf16, fp16, fp32 as scaling.precision
+    seed: int = 42
+
+
+@dataclass
+class Variant:
+    impl: str
+    workers: int
+    threads_per_worker: int
+    pairs_per_s: list[float]
+    time_to_first_step_s: list[float]
+    load_1m: list[float]  # the machine's 1-minute load average as each run started
+    startup: list[dict]  # ours: seconds from fit() to the worker function's start and to its data being ready
+
+
+def check_inputs(settings: TrainBenchSettings) -> None:
+    """Model, data and device checked on the driver before any cluster work (ModelError, DataError, ConfigError)."""
+    if settings.device not in ("cpu", "cuda"):
+        raise ConfigError(f"--device: {settings.device!r} is not cpu or cuda")
+    check_model(settings.model, settings.max_seq_length)
+    check_available("stsb", "train", settings.data_dir)
+
+
+def run_train_bench(
+    settings: TrainBenchSettings,
+    layouts: Sequence[tuple[int, int]],
+    repeats: int = 3,
+    reference_threads: int | None = None,
+    reference: bool = True,
+    local: bool = False,
+    storage_path: str | None = None,
+    progress: Callable[[str], None] = lambda line: None,
+) -> list[dict]:
+    """Records for our loop at each (workers, threads per worker) layout and for the reference trainer (with
+    ``reference_threads``, default the most CPUs a layout uses), interleaved ``repeats`` times. Unless ``local``,
+    Ray must be initialised (the CLI joins RAY_ADDRESS, else starts a local cluster). Checkpoints go under
+    ``storage_path`` (default: a temporary folder on this node, removed at the end)."""
+    if local and any(workers != 1 for workers, _ in layouts):
+        raise ConfigError("--local runs one worker in this process: use --workers 1")
+    if settings.device == "cuda" and not local and not ray.cluster_resources().get("GPU"):
+        raise ConfigError("--device cuda: the Ray cluster has no GPU")
+    reference_threads = reference_threads or max(workers * threads for workers, threads in layouts)
+    variants = [Variant(OURS, workers, threads, [], [], [], []) for workers, threads in layouts]
+    if reference:
+        variants.append(Variant(REFERENCE, 1, reference_threads, [], [], [], []))
+    with tempfile.TemporaryDirectory(prefix="sbert-ray-bench-train-") as tmp:
+        # One folder per bench: repeats of a layout never resume each other's checkpoints.
+        storage = f"{resolve_storage(storage_path or tmp)}/bench-train-{time.strftime('%Y%m%d-%H%M%S')}"
+        for repeat in range(repeats):
+            for variant in variants:
+                variant.load_1m.append(os.getloadavg()[0])
+                if variant.impl == OURS:
+                    measured = _ours(settings, variant, f"{storage}/run-{repeat}", local)
+                else:
+                    measured = _reference(settings, variant.threads_per_worker, local)
+                variant.pairs_per_s.append(measured["pairs_per_s"])
+                variant.time_to_first_step_s.append(measured["time_to_first_step_s"])
+                variant.startup.append({key: measured.get(key) for key in STARTUP_KEYS})
+                progress(
+                    f"repeat {repeat + 1}/{repeats} {label(_describe(variant, settings))}: "
+                    f"{measured['pairs_per_s']:.1f} pairs/s, first step after {measured['time_to_first_step_s']:.1f} s "
+                    f"(load {variant.load_1m[-1]:.1f})"
+                )
+    records = [_record(variant, settings) for variant in variants]
+    _add_ratios(records)
+    return records
+
+
+def model_folder(ref: str, workdir: Path, seed: int) -> str:
+    """A folder (or Hub id) sentence-transformers loads: ``random:<shape>`` is built into ``workdir`` with the
+    weights our workers build from the same seed (``load_encoder``)."""
+    if ref.startswith(RANDOM_PREFIX):
+        shape = ref.removeprefix(RANDOM_PREFIX)
+        return str(build_random_bert(workdir / f"random-{shape}", shape=shape, seed=seed))
+    return resolve_model_ref(ref)
+
+
+def bench_config(settings: TrainBenchSettings, workers: int, threads: int, storage: str) -> TrainConfig:
+    """The quickstart's stage (STSb regression, lr 2e-5, 10% warm-up) cut to ``steps`` steps, on the bench's
+    layout; one dev evaluation on a few pairs at the end (after the timing)."""
+    config = TrainConfig(
+        name="bench-train",
+        seed=settings.seed,
+        data_dir=settings.data_dir,
+        model=ModelConfig(name=settings.model, max_seq_length=settings.max_seq_length),
+        # As many epochs as ``steps`` needs (the reference trainer also runs on past an epoch).
+        stages=[
+            StageConfig(
+                limit=settings.limit, epochs=settings.steps, max_steps=settings.steps, batch_size=settings.batch_size
+            )
+        ],
+        evaluation=EvalConfig(dev_limit=10, final_tasks=[]),
+        scaling=ScalingConfig(
+            num_workers=workers,
+            use_gpu=settings.device == "cuda",
+            cpus_per_worker=threads,
+            torch_threads=threads,
+            precision=settings.precision,
+        ),
+    )
+    config.checkpoint.storage_path = storage
+    config.validate()
+    return config
+
+
+def _ours(settings: TrainBenchSettings, variant: Variant, storage: str, local: bool) -> dict:
+    config = bench_config(settings, variant.workers, variant.threads_per_worker, storage)
+    run_config = ray.train.RunConfig(
+        name=f"{variant.workers}x{variant.threads_per_worker}", storage_path=storage,
+        failure_config=ray.train.FailureConfig(max_failures=0),
+    )  # fmt: skip
+    return torch_trainer(config, run_config, local=local).fit().return_value
+
+
+def _reference(settings: TrainBenchSettings, threads: int, local: bool) -> dict:
+    if local:
+        return reference_trainer_run(settings, threads)
+    task = ray.remote(reference_trainer_run).options(
+        num_cpus=threads, num_gpus=1 if settings.device == "cuda" else 0, scheduling_strategy="DEFAULT"
+    )
+    return ray.get(task.remote(settings, threads))
+
+
+def reference_trainer_run(settings: TrainBenchSettings, threads: int) -> dict:
+    """sentence-transformers' own trainer with the quickstart's settings on the same pairs; timed by a callback
+    from before the model is loaded to the end of the first step, then over the remaining steps."""
+    from datasets import Dataset
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+    )
+    from sentence_transformers.sentence_transformer.losses import CosineSimilarityLoss
+    from transformers import TrainerCallback
+
+    started = time.time()
+    torch.set_num_threads(threads)
+    device = torch.device(settings.device)
+    precision = resolve_precision(settings.precision, device)
+    pairs = load_records("stsb", "train", settings.data_dir)[: settings.limit]
+    data = {
+        "sentence1": [p.sentence1 for p in pairs],
+        "sentence2": [p.sentence2 for p in pairs],
+        "score": [p.score / 5 for p in pairs],
+    }
+    step_ends: list[float] = []
+
+    class StepClock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            step_ends.append(time.time())
+
+    with tempfile.TemporaryDirectory(prefix="sbert-ray-bench-st-") as output_dir:
+        st_model = SentenceTransformer(model_folder(settings.model, Path(output_dir), settings.seed), device=device)
+        st_model.max_seq_length = settings.max_seq_length
+        args = SentenceTransformerTrainingArguments(
+            output_dir=output_dir,
+            per_device_train_batch_size=settings.batch_size,
+            max_steps=settings.steps,
+            learning_rate=2e-5,
+            warmup_steps=0.1,  # a float is a ratio of the steps (transformers 5)
+            weight_decay=0.01,
+            adam_epsilon=1e-6,
+            max_grad_norm=1.0,
+            seed=settings.seed,
+            bf16=precision == "bf16",
+            fp16=precision == "fp16",
+            use_cpu=device.type == "cpu",
+            save_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+        )
+        trainer = SentenceTransformerTrainer(
+            model=st_model,
+            args=args,
+            train_dataset=Dataset.from_dict(data),
+            loss=CosineSimilarityLoss(st_model),
+            callbacks=[StepClock()],
+        )
+        trainer.train()
+    return {
+        "precision": precision,
+        "time_to_first_step_s": step_ends[0] - started,
+        "pairs_per_s": (len(step_ends) - 1) * settings.batch_size / (step_ends[-1] - step_ends[0]),
+    }
+
+
+def _describe(variant: Variant, settings: TrainBenchSettings) -> dict:
+    return {
+        "impl": variant.impl,
+        "precision": resolve_precision(settings.precision, torch.device(settings.device)),
+        "device": settings.device,
+        "batch_size": settings.batch_size,
+        "workers": variant.workers,
+        "threads_per_worker": variant.threads_per_worker,
+    }
+
+
+def label(record: dict) -> str:
+    return f"{record['impl']}/{record['workers']}x{record['threads_per_worker']}/{record['precision']}"
+
+
+def _record(variant: Variant, settings: TrainBenchSettings) -> dict:
+    rates, firsts = variant.pairs_per_s, variant.time_to_first_step_s
+    median = statistics.median(rates)
+    return {
+        **_describe(variant, settings),
+        "model": settings.model,
+        "max_seq_length": settings.max_seq_length,
+        "steps": settings.steps,
+        "train_pairs": settings.limit or 5749,
+        "pairs_per_s": median,
+        "pairs_per_s_min": min(rates),
+        "pairs_per_s_max": max(rates),
+        "spread": (max(rates) - min(rates)) / median,
+        "pairs_per_s_runs": rates,
+        "steps_per_s": median / settings.batch_size,
+        "time_to_first_step_s": statistics.median(firsts),
+        "time_to_first_step_s_runs": firsts,
+        "load_1m_runs": variant.load_1m,
+        **{
+            f"{key}_runs": [run[key] for run in variant.startup]
+            for key in STARTUP_KEYS
+            if any(run.get(key) is not None for run in variant.startup)
+        },
+    }
+
+
+def _add_ratios(records: list[dict]) -> None:
+    """Ratios of medians: against the reference trainer, and against our first layout (e.g. 1 worker x 2 threads)
+    as ``vs_first_layout``; ``scaling_efficiency`` is pairs/s per worker over one worker's at the same threads."""
+    reference = next((r["pairs_per_s"] for r in records if r["impl"] == REFERENCE), None)
+    ours = [r for r in records if r["impl"] == OURS]
+    for record in records:
+        record["vs_reference"] = record["pairs_per_s"] / reference if reference else None
+    for record in ours:
+        record["vs_first_layout"] = record["pairs_per_s"] / ours[0]["pairs_per_s"]
+        single = next(
+            (r for r in ours if r["workers"] == 1 and r["threads_per_worker"] == record["threads_per_worker"]), None
+        )
+        record["scaling_efficiency"] = (
+            record["pairs_per_s"] / (record["workers"] * single["pairs_per_s"]) if single else None
+        )
+
+
+COLUMNS = (  # (header, record key, format)
+    ("impl", "impl", "{}"),
+    ("workers x threads", "layout", "{}"),
+    ("precision", "precision", "{}"),
+    ("batch", "batch_size", "{}"),
+    ("pairs/s", "pairs_per_s", "{:.1f}"),
+    ("steps/s", "steps_per_s", "{:.2f}"),
+    ("spread", "spread", "{:.0%}"),
+    ("x reference", "vs_reference", "{:.2f}"),
+    ("x first layout", "vs_first_layout", "{:.2f}"),
+    ("scaling eff.", "scaling_efficiency", "{:.2f}"),
+    ("first step s", "time_to_first_step_s", "{:.1f}"),
+)
+
+
+def format_table(records: Sequence[dict]) -> str:
+    """One row per record (medians over the repeats); spread is (max - min) / median of the runs' pairs/s."""
+    rows = [[header for header, _, _ in COLUMNS]]
+    for record in records:
+        values = {**record, "layout": f"{record['workers']} x {record['threads_per_worker']}"}
+        rows.append(["-" if values.get(key) is None else fmt.format(values[key]) for _, key, fmt in COLUMNS])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in rows)
+
+
+def chart(records: Sequence[dict], title: str):
+    """Pairs/s (median, min-max whiskers) and time to the first step, one bar per record; returns the figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [label(r) for r in records]
+    colours = ["tab:blue" if r["impl"] == OURS else "tab:gray" for r in records]
+    fig, (rate_ax, first_ax) = plt.subplots(1, 2, figsize=(11, 0.45 * len(records) + 1.8), sharey=True)
+    rates = [r["pairs_per_s"] for r in records]
+    whiskers = [
+        [r["pairs_per_s"] - r["pairs_per_s_min"] for r in records],
+        [r["pairs_per_s_max"] - r["pairs_per_s"] for r in records],
+    ]
+    rate_ax.barh(range(len(records)), rates, xerr=whiskers, color=colours, capsize=3)
+    rate_ax.set_yticks(range(len(records)), labels, fontsize=8)
+    rate_ax.invert_yaxis()
+    rate_ax.set_xlabel("training pairs / s (median of repeats, min-max)")
+    first_ax.barh(range(len(records)), [r["time_to_first_step_s"] for r in records], color=colours)
+    first_ax.set_xlabel("seconds to the first optimizer step (median)")
+    for ax in (rate_ax, first_ax):
+        ax.grid(axis="x", alpha=0.3)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def log_records(records: Sequence[dict], params: dict, tracking_uri: str, experiment: str) -> str:
+    """One MLflow run: params, pairs/s and ratios per record, the records as JSON and the chart; returns its id."""
+    import matplotlib.pyplot as plt
+
+    from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags
+
+    with RunTracker(tracking_uri, experiment, run_name="bench-train") as tracker:
+        tracker.set_tags(environment_tags())
+        tracker.log_params(params)
+        tracker.log_metrics(
+            {
+                f"{label(record)}/{key}": record[key]
+                for record in records
+                for key in (
+                    "pairs_per_s",
+                    "steps_per_s",
+                    "time_to_first_step_s",
+                    "vs_reference",
+                    "vs_first_layout",
+                    "scaling_efficiency",
+                )
+                if record.get(key) is not None
+            }
+        )
+        tracker.log_dict({"records": list(records)}, "bench_train.json")
+        figure = chart(records, f"sbert-ray bench train: {params['model']}, batch {params['batch_size']}")
+        tracker.log_figure(figure, "bench_train.png")
+        plt.close(figure)
+        return tracker.run_id

@@ -1,0 +1,86 @@
+"""`sbert-ray bench train` end to end on a tiny model: submitted with `ray job submit` to a token-authenticated
+cluster, our Ray Train loop beside sentence-transformers' trainer, records printed and written as JSON and logged
+to MLflow with a chart. No timing is asserted, only that every number is there and consistent."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import ray
+from local_cluster import BIN
+from mlflow.tracking import MlflowClient
+
+from sbert_ray.cli import main
+
+RECORD_KEYS = {
+    "impl", "precision", "device", "batch_size", "workers", "threads_per_worker", "model", "max_seq_length", "steps",
+    "pairs_per_s", "pairs_per_s_runs", "spread", "time_to_first_step_s", "time_to_first_step_s_runs",
+    "load_1m_runs", "vs_reference", "steps_per_s",
+}  # fmt: skip
+
+
+def bench(data_dir: Path, *options: str) -> list[str]:
+    common = ["--model", "random:tiny", "--data-dir", str(data_dir), "--steps", "3", "--limit", "64", "--repeats", "1"]
+    return ["bench", "train", *common, *options]
+
+
+def last_json(log: str):
+    """The JSON document the job printed last (`ray job submit` follows it with its own status lines)."""
+    return json.JSONDecoder().raw_decode(log[log.rindex("\n[\n") + 1 :])[0]
+
+
+def test_bench_train_as_a_ray_job_records_ours_beside_the_reference(token_head, data_dir, tmp_path):
+    output, tracking_uri = tmp_path / "bench.json", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    argv = bench(data_dir, "--workers", "1,2", "--threads-per-worker", "1", "--output", str(output))
+    command = [
+        "ray", "job", "submit", "--address", token_head.dashboard, "--",
+        str(BIN / "sbert-ray"), *argv, "--tracking-uri", tracking_uri, "--experiment", "bench",
+    ]  # fmt: skip
+    env = {**os.environ, **token_head.env, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    job = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+
+    records = json.loads(output.read_text())
+    assert last_json(job.stdout) == records  # the job's stdout ends with the records
+    assert "x reference" in job.stdout  # the table, on the job's stderr
+    one, two, reference = records
+    assert RECORD_KEYS <= one.keys() and RECORD_KEYS <= reference.keys()
+    assert [(r["impl"], r["workers"], r["threads_per_worker"]) for r in records] == [
+        ("sbert-ray", 1, 1), ("sbert-ray", 2, 1), ("sentence-transformers", 1, 2),
+    ]  # fmt: skip
+    for record in records:
+        assert record["precision"] == "fp32" and record["batch_size"] == 16 and record["steps"] == 3
+        assert record["pairs_per_s"] > 0 and record["time_to_first_step_s"] > 0
+        assert record["pairs_per_s"] == record["pairs_per_s_runs"][0]
+        assert record["steps_per_s"] == pytest.approx(record["pairs_per_s"] / 16)
+    assert two["time_to_worker_start_s_runs"][0] < two["time_to_first_step_s"]
+    assert two["vs_reference"] == pytest.approx(two["pairs_per_s"] / reference["pairs_per_s"])
+    assert two["scaling_efficiency"] == pytest.approx(two["pairs_per_s"] / (2 * one["pairs_per_s"]))
+    assert one["scaling_efficiency"] == 1
+
+    client = MlflowClient(tracking_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("bench").experiment_id])
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"bench_train.json", "bench_train.png"}
+    assert run.data.metrics["sbert-ray/2x1/fp32/pairs_per_s"] == pytest.approx(two["pairs_per_s"])
+    assert run.data.metrics["sbert-ray/2x1/fp32/scaling_efficiency"] == pytest.approx(two["scaling_efficiency"])
+
+
+def test_bench_train_runs_in_process_without_ray(data_dir, tmp_path, capsys):
+    """--local: Ray Train's local mode, as benchmarks/gpu.sh runs it on one GPU; here on the CPU in bf16."""
+    output = tmp_path / "local.json"
+    argv = bench(data_dir, "--local", "--precision", "bf16", "--no-reference", "--no-mlflow", "--output", str(output))
+    assert main(argv) == 0 and not ray.is_initialized()
+    (record,) = json.loads(output.read_text())
+    assert (record["impl"], record["workers"], record["precision"]) == ("sbert-ray", 1, "bf16")
+    assert record["pairs_per_s"] > 0 and record["vs_reference"] is None
+
+    assert json.loads(capsys.readouterr().out) == [record]
+
+    assert main(bench(data_dir, "--local", "--workers", "1,2", "--no-mlflow")) == 2
+    assert "--local runs one worker in this process" in capsys.readouterr().err
+    assert main(bench(data_dir, "--model", "random:huge", "--no-mlflow")) == 2  # checked before Ray starts
+    assert "unknown random BERT shape 'huge'" in capsys.readouterr().err and not ray.is_initialized()
