@@ -1,6 +1,7 @@
 """Training objectives; each owns the encoder so that DDP wraps the loss module. ``OBJECTIVES`` names them."""
 
 from sbert_ray.losses.base import EncoderLoss
+from sbert_ray.losses.cached_multiple_negatives_ranking import CachedMultipleNegativesRankingLoss
 from sbert_ray.losses.cosine_similarity import CosineSimilarityLoss
 from sbert_ray.losses.multiple_negatives_ranking import MultipleNegativesRankingLoss
 from sbert_ray.losses.registry import OBJECTIVES, build_loss, loss_settings
@@ -11,6 +12,7 @@ __all__ = [
     "CONCAT_FEATURES",
     "DISTANCES",
     "OBJECTIVES",
+    "CachedMultipleNegativesRankingLoss",
     "CosineSimilarityLoss",
     "EncoderLoss",
     "MultipleNegativesRankingLoss",

@@ -15,8 +15,8 @@ from sbert_ray.models.encoder import SentenceEncoder
 class EncoderLoss(nn.Module, ABC):
     """A loss that owns the encoder, so wrapping the loss in DDP also syncs heads such as SoftmaxLoss's.
 
-    `forward(features, labels)` takes one tokenized dict per column (e.g. [sentence1, sentence2]) and
-    `compute_loss_from_embeddings` applies the paper's formula to the resulting sentence embeddings.
+    `forward(features, labels)` takes one tokenized dict per column (e.g. [sentence1, sentence2]), `embed`s
+    each, and `compute_loss_from_embeddings` applies the paper's formula to the resulting sentence embeddings.
 
     Each objective also declares what it trains on (read by the registry in `losses/registry.py` and by the
     training data pipeline): the record types it accepts, how a user's own file is read for it, and which
@@ -38,7 +38,11 @@ class EncoderLoss(nn.Module, ABC):
         return True
 
     def forward(self, features: Sequence[dict[str, Tensor]], labels: Tensor | None = None) -> Tensor:
-        return self.compute_loss_from_embeddings([self.encoder(column) for column in features], labels)
+        return self.compute_loss_from_embeddings(self.embed(features), labels)
+
+    def embed(self, features: Sequence[dict[str, Tensor]]) -> list[Tensor]:
+        """One embedding tensor [batch, dim] per column (a cached loss embeds in mini-batches)."""
+        return [self.encoder(column) for column in features]
 
     @abstractmethod
     def compute_loss_from_embeddings(self, embeddings: Sequence[Tensor], labels: Tensor | None) -> Tensor:

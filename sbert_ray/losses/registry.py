@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sbert_ray.losses.base import EncoderLoss
+from sbert_ray.losses.cached_multiple_negatives_ranking import CachedMultipleNegativesRankingLoss
 from sbert_ray.losses.cosine_similarity import CosineSimilarityLoss
 from sbert_ray.losses.multiple_negatives_ranking import MultipleNegativesRankingLoss
 from sbert_ray.losses.softmax import SoftmaxLoss
@@ -24,6 +25,7 @@ OBJECTIVES: dict[str, type[EncoderLoss]] = {
     "regression": CosineSimilarityLoss,
     "triplet": TripletLoss,
     "mnrl": MultipleNegativesRankingLoss,
+    "cached_mnrl": CachedMultipleNegativesRankingLoss,
 }
 
 
