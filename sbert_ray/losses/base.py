@@ -48,6 +48,10 @@ class EncoderLoss(nn.Module, ABC):
     def compute_loss_from_embeddings(self, embeddings: Sequence[Tensor], labels: Tensor | None) -> Tensor:
         """The scalar loss for one embedding tensor [batch, dim] per column."""
 
+    def prepare_for_dims(self, dims: Sequence[int]) -> None:
+        """MatryoshkaLoss calls this with every embedding size the formula will see; a loss whose parameters
+        depend on that size (SoftmaxLoss's classifier) creates them here, before the optimizer is built."""
+
     def _columns(self, embeddings: Sequence[Tensor], expected: int) -> Sequence[Tensor]:
         if len(embeddings) != expected:
             raise ValueError(f"{type(self).__name__} expects {expected} columns, got {len(embeddings)}")

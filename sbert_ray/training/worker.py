@@ -101,7 +101,9 @@ class _Worker:
         if self.rank == 0:
             log_coverage(state.stage, data, sampler, steps_per_epoch * stage.grad_accum_steps)
 
-        objective = build_loss(stage.objective, self.encoder, stage.loss)
+        objective = build_loss(
+            stage.objective, self.encoder, stage.loss, stage.matryoshka_dims, stage.matryoshka_weights
+        )
         optimizer = torch.optim.AdamW(
             _parameter_groups(objective, stage.weight_decay), lr=stage.learning_rate, eps=stage.adam_eps
         )
