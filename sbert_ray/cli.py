@@ -22,6 +22,8 @@ def _eval(args: argparse.Namespace) -> int:
     tasks = parse_tasks(args.tasks, args.similarities.split(","))  # fail on a typo before loading anything
     if args.baseline == "tfidf" and (args.mode == "finetune" or not all(isinstance(t, ArgsimTask) for t in tasks)):
         raise ConfigError("--baseline tfidf scores argument-similarity tasks (afs, ukp-aspect, bws) unsupervised only")
+    if args.truncate_dim and (args.mode == "finetune" or args.baseline == "tfidf"):
+        raise ConfigError("--truncate-dim scores the model's own embeddings: not with --mode finetune or tfidf")
     data_dir = resolve_data_dir(args.data_dir)
     finetune = None
     if args.mode == "finetune":  # checked here, before any encoding or Ray work
@@ -45,6 +47,7 @@ def _eval(args: argparse.Namespace) -> int:
         progress=lambda task, seconds: print(f"{task.spec}: {seconds:.1f} s", flush=True),
         tracking_uri=resolve_tracking_uri(args.tracking_uri) if args.mlflow else None,
         experiment=args.experiment,
+        truncate_dims=args.truncate_dim or (),
     )
     print(format_results(results, {entry: metric for entry, (metric, _) in headlines(tasks, results).items()}))
     if args.output:
@@ -119,6 +122,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes):
+        raise argparse.ArgumentTypeError(f"expected distinct positive sizes like 384,128,64, got {text!r}")
+    return sizes
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sbert-ray", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -162,6 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=1,
         help="encode on this many Ray workers (one GPU each with --device cuda); same numbers as one process",
+    )
+    ev.add_argument(
+        "--truncate-dim",
+        type=_sizes,
+        metavar="K[,K...]",
+        help="score the first K embedding values (Matryoshka), e.g. 384,128,64: entries like stsb@128",
     )
     ev.set_defaults(func=_eval)
 

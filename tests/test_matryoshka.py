@@ -1,8 +1,10 @@
-"""Matryoshka: the wrapped loss summed over embedding prefixes (by hand and against sentence-transformers), and a
-Ray Train run of cached multiple-negatives ranking under Matryoshka on two workers."""
+"""Matryoshka: the wrapped loss summed over embedding prefixes (by hand and against sentence-transformers), models
+saved and loaded truncated in both libraries, evaluation at several sizes in one run, and a Ray Train run of
+cached multiple-negatives ranking under Matryoshka on two workers."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -12,9 +14,13 @@ import torch
 from mlflow.tracking import MlflowClient
 from sentence_transformers import SentenceTransformer
 from sentence_transformers import losses as st_losses
+from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
+from sentence_transformers.sentence_transformer.modules import Normalize
 from torch.nn import functional as F
 
+from sbert_ray.cli import main
 from sbert_ray.config import ConfigError, load_config
+from sbert_ray.data import load_records
 from sbert_ray.losses import (
     CachedMultipleNegativesRankingLoss,
     CosineSimilarityLoss,
@@ -135,6 +141,60 @@ def test_stage_config_rejects_bad_sizes_before_ray(tmp_path: Path):
         load_config(None, ["stages.0.matryoshka_dims=[32, 16]", "stages.0.matryoshka_weights=[1.0]"])
     with pytest.raises(ConfigError, match=r"stages\.0\.matryoshka_dims: expected distinct positive"):
         load_config(None, ["stages.0.matryoshka_dims=[0]"])
+
+
+# --- truncated models ------------------------------------------------------------------------------------------
+
+
+def test_truncate_dim_round_trips_with_sentence_transformers(encoder: SentenceEncoder, tmp_path: Path):
+    sentences = ANCHORS + POSITIVES
+    # Ours saved truncated: sentence-transformers loads it truncated and encodes the same numbers.
+    encoder.truncate_dim = 16
+    encoder.save(tmp_path / "ours")
+    assert json.loads((tmp_path / "ours" / "config_sentence_transformers.json").read_text())["truncate_dim"] == 16
+    theirs = SentenceTransformer(str(tmp_path / "ours"), device="cpu")
+    assert theirs.truncate_dim == 16
+    ours = encoder.encode(sentences)
+    assert ours.shape == (8, 16)
+    np.testing.assert_allclose(theirs.encode(sentences), ours, atol=1e-6)
+    # Theirs saved truncated (and normalising, which truncation follows): we load it truncated.
+    theirs.truncate_dim = 8
+    theirs.append(Normalize())
+    theirs.save(str(tmp_path / "theirs"))
+    loaded = SentenceEncoder.load(tmp_path / "theirs")
+    assert loaded.truncate_dim == 8 and loaded.normalize
+    np.testing.assert_allclose(loaded.encode(sentences), theirs.encode(sentences), atol=1e-6)
+    # Saving without truncation over a truncated folder leaves no stale truncate_dim behind.
+    loaded.truncate_dim = None
+    loaded.save(tmp_path / "theirs")
+    assert SentenceTransformer(str(tmp_path / "theirs"), device="cpu").truncate_dim is None
+
+
+def test_eval_scores_each_size_as_sentence_transformers_truncates(tiny_model_dir: Path, data_dir: Path, tmp_path: Path):
+    # The first 300 pairs of STSb test, in a data folder of their own: the real reader, a quarter of the encoding.
+    small = tmp_path / "data" / "stsb"
+    small.mkdir(parents=True)
+    lines = (data_dir / "stsb" / "sts-test.csv").read_text(encoding="utf-8").splitlines(keepends=True)
+    (small / "sts-test.csv").write_text("".join(lines[:300]), encoding="utf-8")
+    output = tmp_path / "results.json"
+    code = main(["eval", "--model", str(tiny_model_dir), "--tasks", "stsb", "--truncate-dim", "32,16,8"]
+                + ["--data-dir", str(small.parent), "--output", str(output)])  # fmt: skip
+    assert code == 0
+    results = json.loads(output.read_text())
+    assert list(results) == ["stsb@32", "stsb@16", "stsb@8"]
+    pairs = load_records("stsb", "test", small.parent)
+    reference = SentenceTransformer(str(tiny_model_dir), device="cpu")
+    for dim in (32, 16, 8):
+        reference.truncate_dim = dim
+        evaluator = EmbeddingSimilarityEvaluator(
+            [p.sentence1 for p in pairs], [p.sentence2 for p in pairs], [p.score for p in pairs]
+        )
+        expected = evaluator(reference)["spearman_cosine"] * 100
+        assert results[f"stsb@{dim}"]["spearman_cosine"] == pytest.approx(expected, abs=0.01)
+        assert results[f"stsb@{dim}"]["n"] == len(pairs) == 300
+    assert results["stsb@8"]["spearman_cosine"] != pytest.approx(results["stsb@32"]["spearman_cosine"], abs=0.01)
+    # A size the model does not have is refused before anything is encoded.
+    assert main(["eval", "--model", str(tiny_model_dir), "--tasks", "stsb", "--truncate-dim", "64"]) == 2
 
 
 # --- training ------------------------------------------------------------------------------------------------
