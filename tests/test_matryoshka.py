@@ -32,6 +32,7 @@ from sbert_ray.losses import (
 )
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.models.random_bert import random_bert
+from sbert_ray.models.st_layout import ModelError
 from sbert_ray.runs.training import run_training
 
 ANCHORS = ["A girl rides a bike.", "The chef slices onions.", "A crowd watches fireworks.", "He fixes the roof."]
@@ -168,6 +169,14 @@ def test_truncate_dim_round_trips_with_sentence_transformers(encoder: SentenceEn
     loaded.truncate_dim = None
     loaded.save(tmp_path / "theirs")
     assert SentenceTransformer(str(tmp_path / "theirs"), device="cpu").truncate_dim is None
+
+
+@pytest.mark.parametrize(("truncate_dim", "message"), [("16", "positive integer"), (64, "beyond the model's 32")])
+def test_a_bad_saved_truncate_dim_names_the_folder(tiny_model_dir: Path, tmp_path: Path, truncate_dim, message):
+    SentenceEncoder.load(tiny_model_dir).save(tmp_path / "model")
+    (tmp_path / "model" / "config_sentence_transformers.json").write_text(json.dumps({"truncate_dim": truncate_dim}))
+    with pytest.raises(ModelError, match=f"{tmp_path / 'model'}.*{message}"):
+        SentenceEncoder.load(tmp_path / "model")
 
 
 def test_eval_scores_each_size_as_sentence_transformers_truncates(tiny_model_dir: Path, data_dir: Path, tmp_path: Path):

@@ -82,13 +82,16 @@ class SentenceEncoder(nn.Module):
         limit = position_limit(tokenizer, transformer.config)
         if limit is not None and max_seq_length > limit:
             raise ModelError(f"{ref}: max_seq_length {max_seq_length} is beyond the model's {limit} positions")
+        truncate_dim, size = truncate_dim or (layout.truncate_dim if layout else None), transformer.config.hidden_size
+        if truncate_dim is not None and truncate_dim > size:
+            raise ModelError(f"{ref}: truncate_dim {truncate_dim} is beyond the model's {size} dimensions")
         encoder = cls(
             transformer,
             tokenizer,
             pooling=pooling or (layout.pooling if layout else "mean"),
             max_seq_length=max_seq_length,
             normalize=normalize if normalize is not None else bool(layout and layout.normalize),
-            truncate_dim=truncate_dim or (layout.truncate_dim if layout else None),
+            truncate_dim=truncate_dim,
         )
         return encoder.eval()
 

@@ -75,6 +75,9 @@ def read_st_layout(ref: str) -> StLayout | None:
     subfolder = paths["Transformer"]
     st_config = _read_json(ref, _join(subfolder, "sentence_bert_config.json")) or {}
     model_config = _read_json(ref, "config_sentence_transformers.json") or {}
+    truncate_dim = model_config.get("truncate_dim")
+    if truncate_dim is not None and (not isinstance(truncate_dim, int) or truncate_dim < 1):
+        raise ModelError(f"{ref}: config_sentence_transformers.json: truncate_dim must be a positive integer")
     pooling_config = _read_json(ref, _join(paths["Pooling"], "config.json"))
     if pooling_config is None:
         raise ModelError(f"{ref}: the Pooling module has no config.json")
@@ -83,7 +86,7 @@ def read_st_layout(ref: str) -> StLayout | None:
         pooling=_pooling_mode(ref, pooling_config),
         normalize="Normalize" in paths,
         max_seq_length=st_config.get("max_seq_length"),
-        truncate_dim=model_config.get("truncate_dim"),
+        truncate_dim=truncate_dim,
     )
 
 
