@@ -13,7 +13,7 @@ import ray
 import torch
 from mlflow.tracking import MlflowClient
 from sentence_transformers import SentenceTransformer
-from sentence_transformers import losses as st_losses
+from sentence_transformers.sentence_transformer import losses as st_losses
 from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
 from sentence_transformers.sentence_transformer.modules import Normalize
 from torch.nn import functional as F
