@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, DataError, FileNotFoundError) as err:  # bad input: one clear line, no traceback
+    except (ConfigError, DataError) as err:  # bad input: one clear line, no traceback
         print(f"sbert-ray {args.command}: error: {err}", file=sys.stderr)
         return 2
 
