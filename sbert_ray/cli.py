@@ -22,6 +22,8 @@ def _eval(args: argparse.Namespace) -> int:
     tasks = parse_tasks(args.tasks, args.similarities.split(","))  # fail on a typo before loading anything
     if args.baseline == "tfidf" and (args.mode == "finetune" or not all(isinstance(t, ArgsimTask) for t in tasks)):
         raise ConfigError("--baseline tfidf scores argument-similarity tasks (afs, ukp-aspect, bws) unsupervised only")
+    if args.truncate_dim and (args.mode == "finetune" or args.baseline == "tfidf"):
+        raise ConfigError("--truncate-dim scores the model's own embeddings: not with --mode finetune or tfidf")
     data_dir = resolve_data_dir(args.data_dir)
     finetune = None
     if args.mode == "finetune":  # checked here, before any encoding or Ray work
@@ -45,6 +47,7 @@ def _eval(args: argparse.Namespace) -> int:
         progress=lambda task, seconds: print(f"{task.spec}: {seconds:.1f} s", flush=True),
         tracking_uri=resolve_tracking_uri(args.tracking_uri) if args.mlflow else None,
         experiment=args.experiment,
+        truncate_dims=args.truncate_dim or (),
     )
     print(format_results(results, {entry: metric for entry, (metric, _) in headlines(tasks, results).items()}))
     if args.output:
@@ -134,8 +137,7 @@ def _bench_train(args: argparse.Namespace) -> int:
     from sbert_ray.runs.cluster import connect_ray
     from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
 
-    workers = _int_list("--workers", args.workers)
-    threads = _int_list("--threads-per-worker", args.threads_per_worker)
+    workers, threads = args.workers, args.threads_per_worker
     if len(threads) not in (1, len(workers)):
         raise ConfigError("--threads-per-worker takes one number, or one per --workers entry")
     layouts = list(zip(workers, threads * len(workers) if len(threads) == 1 else threads, strict=True))
@@ -179,14 +181,21 @@ def _bench_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _int_list(option: str, text: str) -> list[int]:
+def _positive_ints(text: str) -> list[int]:
     try:
-        values = [int(item) for item in text.split(",")]
+        values = [int(part) for part in text.split(",")]
     except ValueError:
-        raise ConfigError(f"{option} takes comma-separated integers, got {text!r}") from None
-    if min(values) < 1:
-        raise ConfigError(f"{option} must be positive, got {text!r}")
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
     return values
+
+
+def _sizes(text: str) -> list[int]:
+    sizes = _positive_ints(text)
+    if len(set(sizes)) != len(sizes):
+        raise argparse.ArgumentTypeError(f"expected distinct positive sizes like 384,128,64, got {text!r}")
+    return sizes
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -233,6 +242,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="encode on this many Ray workers (one GPU each with --device cuda); same numbers as one process",
     )
+    ev.add_argument(
+        "--truncate-dim",
+        type=_sizes,
+        metavar="K[,K...]",
+        help="score the first K embedding values (Matryoshka), e.g. 384,128,64: entries like stsb@128",
+    )
     ev.set_defaults(func=_eval)
 
     rp = sub.add_parser("report", help="our results beside the paper's Tables 1-7: markdown + PNG plots, MLflow")
@@ -271,10 +286,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--model", default="sentence-transformers/all-MiniLM-L6-v2", help="folder, Hub id or random:<shape>"
     )
     bt.add_argument("--data-dir", help="local data folder (default: $SBERT_RAY_DATA_DIR, else the Hub)")
-    bt.add_argument("--workers", default="1,2", help="Ray Train worker counts to compare, e.g. 1,2,4 (default: 1,2)")
+    bt.add_argument(
+        "--workers",
+        type=_positive_ints,
+        default=[1, 2],
+        help="Ray Train worker counts to compare, e.g. 1,2,4 (default: 1,2)",
+    )
     bt.add_argument(
         "--threads-per-worker",
-        default="1",
+        type=_positive_ints,
+        default=[1],
         help="torch threads (= CPUs) per worker: one number for all, or one per --workers entry, e.g. 2,1",
     )
     bt.add_argument(
@@ -310,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, DataError, FileNotFoundError) as err:  # bad input: one clear line, no traceback
+    except (ConfigError, DataError) as err:  # bad input: one clear line, no traceback
         print(f"sbert-ray {args.command}: error: {err}", file=sys.stderr)
         return 2
 

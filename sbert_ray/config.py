@@ -52,6 +52,8 @@ class StageConfig:
     score_max: float = 5.0  # score targets are score / score_max (STSb's 0-5 -> 0-1, as in the paper)
     objective: str = "regression"  # a name in sbert_ray.losses.registry.OBJECTIVES
     loss: dict[str, Any] = field(default_factory=dict)  # the objective's settings, e.g. {concat: [u, v, "|u-v|"]}
+    matryoshka_dims: list[int] | None = None  # train the objective at each of these embedding sizes at once
+    matryoshka_weights: list[float] | None = None  # one per size; default 1 each
     epochs: int = 1
     max_steps: int | None = None  # stop the stage after this many optimizer steps; None = run every epoch
     batch_size: int = 16  # global batch (summed over workers and accumulation steps)
@@ -180,6 +182,7 @@ class TrainConfig:
         stage.loss = _loss_settings(f"{key}.loss", stage.objective, stage.loss)
         for name in ("epochs", "batch_size", "grad_accum_steps"):
             _at_least(f"{key}.{name}", getattr(stage, name), 1)
+        _matryoshka(key, stage.matryoshka_dims, stage.matryoshka_weights)
         for name in ("limit", "max_steps"):  # 0 is not "no limit": that is null
             _at_least(f"{key}.{name}", getattr(stage, name), 1, none_means="no limit")
         for name in ("learning_rate", "adam_eps", "max_grad_norm", "score_max"):
@@ -221,6 +224,18 @@ def _at_least(key: str, value: float | None, low: float, none_means: str | None 
 def _greater(key: str, value: float, low: float) -> None:
     if not value > low:
         raise ConfigError(f"{key} must be > {low}, got {value}")
+
+
+def _matryoshka(key: str, dims: list[int] | None, weights: list[float] | None) -> None:
+    """Sizes and weights as far as they can be checked without the model (the run checks the model's size)."""
+    if dims is None:
+        if weights is not None:
+            raise ConfigError(f"{key}.matryoshka_weights needs {key}.matryoshka_dims")
+        return
+    if not dims or min(dims) < 1 or len(set(dims)) != len(dims):
+        raise ConfigError(f"{key}.matryoshka_dims: expected distinct positive sizes, got {dims}")
+    if weights is not None and len(weights) != len(dims):
+        raise ConfigError(f"{key}.matryoshka_weights: one weight per size in {dims}, got {weights}")
 
 
 # ---------------------------------------------------------------------------------------------- loading

@@ -11,7 +11,8 @@ from cluster_fixtures import live_placement_groups
 from local_cluster import BUCKET
 
 from sbert_ray.config import load_config
-from sbert_ray.tuning import SweepConfig, run_sweep
+from sbert_ray.runs.sweep import run_sweep
+from sbert_ray.tuning import SweepConfig
 
 
 def dead_address() -> str:

@@ -204,10 +204,10 @@ def trial_statuses(sweep_dir: Path) -> list[str]:
 
 def test_killed_sweep_resumes_without_rerunning_finished_trials(write_sweep):
     """Killed after its first trial, the sweep continues with --resume: the finished trial is not run again, the
-    interrupted one runs (and fails: a failed trial is reported, the sweep still ends with its summary)."""
+    interrupted one runs to the end and the sweep ends with its summary."""
     path = write_sweep(
         "resume",
-        search_space={"model": {"grid": {"mean": {"pooling": "mean"}, "broken": {"name": "random:broken"}}}},
+        search_space={"model": {"grid": {"mean": {"pooling": "mean"}, "cls": {"pooling": "cls"}}}},
         scheduler="fifo",
         max_concurrent_trials=1,
     )
@@ -236,7 +236,7 @@ def test_killed_sweep_resumes_without_rerunning_finished_trials(write_sweep):
     assert again.returncode == 2 and "pass --resume" in again.stderr  # a second start never mixes two sweeps
     resumed = subprocess.run([*command, "--resume"], env=env, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "(resumed)" in resumed.stdout and "unknown BERT shape 'broken'" in resumed.stdout  # the results table
+    assert "(resumed)" in resumed.stdout
 
     runs = client.search_runs([experiment_id])
     (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]  # the same parent run, continued
@@ -244,7 +244,6 @@ def test_killed_sweep_resumes_without_rerunning_finished_trials(write_sweep):
     assert parent.info.status == "FINISHED" and len(children) == 2
     again_finished = children.pop(finished.info.run_name)
     assert (again_finished.info.run_id, again_finished.info.end_time) == (finished.info.run_id, finished.info.end_time)
-    assert [r.info.status for r in children.values()] == ["FAILED"]
-    # Tune requeues restored trials by their last result time, so the order depends on when the kill landed.
-    assert sorted(trial_statuses(sweep_dir)) == ["ERROR", "TERMINATED"]
+    assert [r.info.status for r in children.values()] == ["FINISHED"]
+    assert trial_statuses(sweep_dir) == ["TERMINATED", "TERMINATED"]
     assert (sweep_dir / "summary" / "best_config.yaml").exists()

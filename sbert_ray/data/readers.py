@@ -20,7 +20,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import TextIO, TypeVar
 
 from sbert_ray.data.hub import HUB_SOURCES, check_hub, load_hub
 from sbert_ray.data.records import (
@@ -133,10 +133,17 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
 # --- raw rows ---------------------------------------------------------------------------------------------
 
 
+def _open(path: Path, newline: str) -> TextIO:
+    try:
+        return open(path, encoding="utf-8-sig", errors="surrogateescape", newline=newline)
+    except (FileNotFoundError, IsADirectoryError):
+        raise DataError(f"{path}: no such file") from None
+
+
 def _lines(path: Path) -> Iterator[str]:
     """Every line without its LF or CRLF ending; only LF splits (a stray CR inside text stays text). Bytes that
     are not UTF-8 are kept as surrogate escapes, so the row holding them fails with its line number."""
-    with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="\n") as file:
+    with _open(path, newline="\n") as file:
         for line in file:
             yield line.removesuffix("\n").removesuffix("\r")
 
@@ -152,7 +159,7 @@ def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
     """(line number where the record starts, fields) of an RFC-4180 CSV file. A quoting error or an over-long
     field (csv.field_size_limit) stops the read even with errors="skip": the parser has lost its place in the
     file, so the rows after it cannot be trusted."""
-    with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as file:
+    with _open(path, newline="") as file:
         reader = csv.reader(file, strict=True)
         start = 1
         while True:

@@ -18,7 +18,7 @@ class EncoderLoss(nn.Module, ABC):
     """A loss that owns the encoder, so wrapping the loss in DDP also syncs heads such as SoftmaxLoss's.
 
     `forward(features, labels)` takes one tokenized dict per column (e.g. [sentence1, sentence2]), `embed`s
-    them, and `compute_loss_from_embeddings` applies the paper's formula to the resulting sentence embeddings.
+    each, and `compute_loss_from_embeddings` applies the paper's formula to the resulting sentence embeddings.
 
     Each objective also declares what it trains on (read by the registry in `losses/registry.py` and by the
     training data pipeline): the record types it accepts, how a user's own file is read for it, and which
@@ -47,7 +47,7 @@ class EncoderLoss(nn.Module, ABC):
         column padded to the widest, stacked, the result split back. One pass over [columns * batch, width] runs
         larger matrix products (and the encoder's fixed per-call work once) for a little padding, which the
         attention mask hides; smart batching groups examples by their longest sentence, so the columns of a batch
-        are of similar width."""
+        are of similar width. (A cached loss embeds in mini-batches instead.)"""
         if len(features) == 1:
             return [self.encoder(features[0])]
         width = max(column["input_ids"].shape[1] for column in features)
@@ -66,6 +66,10 @@ class EncoderLoss(nn.Module, ABC):
     @abstractmethod
     def compute_loss_from_embeddings(self, embeddings: Sequence[Tensor], labels: Tensor | None) -> Tensor:
         """The scalar loss for one embedding tensor [batch, dim] per column."""
+
+    def prepare_for_dims(self, dims: Sequence[int]) -> None:
+        """MatryoshkaLoss calls this with every embedding size the formula will see; a loss whose parameters
+        depend on that size (SoftmaxLoss's classifier) creates them here, before the optimizer is built."""
 
     def _columns(self, embeddings: Sequence[Tensor], expected: int) -> Sequence[Tensor]:
         if len(embeddings) != expected:

@@ -14,9 +14,9 @@ from sbert_ray.models.resolve import resolve_model_ref
 from sbert_ray.models.st_layout import ModelError, check_weights, read_st_layout
 
 
-def check_model(name: str, max_seq_length: int, allow_unsafe_weights: bool = False) -> None:
+def check_model(name: str, max_seq_length: int, allow_unsafe_weights: bool = False) -> int:
     """A ModelError naming ``model.name`` or ``model.max_seq_length`` (and the file at fault) for a model a
-    training config names that could not be trained.
+    training config names that could not be trained; else the model's embedding size.
 
     ``name`` as in ``model.name``: a local folder, a Hub id or ``random:<shape>``. A missing local folder or an
     unknown offline id stays a FileNotFoundError (as ``resolve_model_ref`` raises it).
@@ -26,6 +26,7 @@ def check_model(name: str, max_seq_length: int, allow_unsafe_weights: bool = Fal
         if shape not in BERT_SHAPES:
             raise ModelError(f"model.name: unknown random BERT shape {shape!r}; choose from {', '.join(BERT_SHAPES)}")
         limit = BertConfig().max_position_embeddings  # what random_bert builds
+        size = BERT_SHAPES[shape][1]
     else:
         resolved = resolve_model_ref(name)
         try:
@@ -37,8 +38,9 @@ def check_model(name: str, max_seq_length: int, allow_unsafe_weights: bool = Fal
             tokenizer = AutoTokenizer.from_pretrained(resolved, subfolder=subfolder, trust_remote_code=False)
         except (OSError, ValueError) as error:  # ours (ModelError), or transformers' for a folder it cannot read
             raise ModelError(f"model.name: {error}") from None
-        limit = position_limit(tokenizer, config)
+        limit, size = position_limit(tokenizer, config), config.hidden_size
     if limit is not None and max_seq_length > limit:
         raise ModelError(
             f"model.max_seq_length: {max_seq_length} is beyond the {limit} positions of {name!r}; use at most {limit}"
         )
+    return size

@@ -2,6 +2,7 @@
 
 modules.json                  [Transformer at "", Pooling at "1_Pooling", Normalize at "2_Normalize"]
 sentence_bert_config.json     {"max_seq_length": ..., "do_lower_case": false}
+config_sentence_transformers.json   {"model_type": "SentenceTransformer", "truncate_dim": k when set}
 1_Pooling/config.json         pooling flags (the classic format every sentence-transformers version reads)
 config.json, model.safetensors, tokenizer files   (written by transformers' save_pretrained)
 
@@ -48,6 +49,7 @@ class StLayout:
     pooling: PoolingMode
     normalize: bool
     max_seq_length: int | None  # None: not recorded (sentence-transformers >= 6 keeps it in the tokenizer)
+    truncate_dim: int | None  # embeddings are cut to their first truncate_dim values (Matryoshka models)
 
 
 def read_st_layout(ref: str) -> StLayout | None:
@@ -72,6 +74,10 @@ def read_st_layout(ref: str) -> StLayout | None:
         raise ModelError(f"{ref}: modules.json needs a Transformer and a Pooling module")
     subfolder = paths["Transformer"]
     st_config = _read_json(ref, _join(subfolder, "sentence_bert_config.json")) or {}
+    model_config = _read_json(ref, "config_sentence_transformers.json") or {}
+    truncate_dim = model_config.get("truncate_dim")
+    if truncate_dim is not None and (not isinstance(truncate_dim, int) or truncate_dim < 1):
+        raise ModelError(f"{ref}: config_sentence_transformers.json: truncate_dim must be a positive integer")
     pooling_config = _read_json(ref, _join(paths["Pooling"], "config.json"))
     if pooling_config is None:
         raise ModelError(f"{ref}: the Pooling module has no config.json")
@@ -80,10 +86,18 @@ def read_st_layout(ref: str) -> StLayout | None:
         pooling=_pooling_mode(ref, pooling_config),
         normalize="Normalize" in paths,
         max_seq_length=st_config.get("max_seq_length"),
+        truncate_dim=truncate_dim,
     )
 
 
-def write_st_layout(path: Path, pooling: PoolingMode, embedding_dim: int, max_seq_length: int, normalize: bool) -> None:
+def write_st_layout(
+    path: Path,
+    pooling: PoolingMode,
+    embedding_dim: int,
+    max_seq_length: int,
+    normalize: bool,
+    truncate_dim: int | None = None,
+) -> None:
     """Write the sentence-transformers files around a model already saved with save_pretrained at `path`."""
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
@@ -94,6 +108,9 @@ def write_st_layout(path: Path, pooling: PoolingMode, embedding_dim: int, max_se
         (path / "2_Normalize").mkdir(exist_ok=True)
     _write_json(path / "modules.json", modules)
     _write_json(path / "sentence_bert_config.json", {"max_seq_length": max_seq_length, "do_lower_case": False})
+    # Always written, so that saving over a folder never leaves an older truncate_dim behind.
+    model_config = {"model_type": "SentenceTransformer"} | ({"truncate_dim": truncate_dim} if truncate_dim else {})
+    _write_json(path / "config_sentence_transformers.json", model_config)
     pooling_config = {"word_embedding_dimension": embedding_dim, "pooling_mode_mean_sqrt_len_tokens": False}
     pooling_config |= {flag: mode == pooling for flag, mode in _POOLING_FLAGS.items()}
     (path / "1_Pooling").mkdir(exist_ok=True)

@@ -72,7 +72,12 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, list[int]]:
         checkpoint=dataclasses.replace(config.checkpoint, storage_path=storage),
         output_dir=str(Path(output_dir).expanduser().resolve()),
     )
-    check_model(config.model.name, config.model.max_seq_length, config.model.allow_unsafe_weights)
+    model_size = check_model(config.model.name, config.model.max_seq_length, config.model.allow_unsafe_weights)
+    for i, stage in enumerate(config.stages):
+        if stage.matryoshka_dims and max(stage.matryoshka_dims) > model_size:
+            raise ConfigError(
+                f"stages.{i}.matryoshka_dims: {max(stage.matryoshka_dims)} exceeds the model's {model_size}"
+            )
     # Cheap checks first (is every dataset there?), then the training data read in full.
     for key in ("before_tasks", "final_tasks"):
         check_tasks(parse_tasks(getattr(config.evaluation, key)), data_dir, f"evaluation.{key}")

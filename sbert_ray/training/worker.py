@@ -178,7 +178,9 @@ class _Worker:
 
         # A head restored from the checkpoint must not advance the random stream restored with it.
         with torch.random.fork_rng(self._rng_devices()) if resume_from is not None else nullcontext():
-            objective = build_loss(stage.objective, self.encoder, stage.loss)
+            objective = build_loss(
+                stage.objective, self.encoder, stage.loss, stage.matryoshka_dims, stage.matryoshka_weights
+            )
         optimizer, scheduler, scaler = prepare_optimization(
             objective, stage, total_steps, self.device, self.precision, resume_from
         )
