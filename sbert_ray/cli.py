@@ -137,7 +137,7 @@ def _bench_train(args: argparse.Namespace) -> int:
     from sbert_ray.runs.cluster import connect_ray
     from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
 
-    workers, threads = args.workers, args.threads_per_worker
+    workers, threads = args.workers or ([1] if args.local else [1, 2]), args.threads_per_worker
     if len(threads) not in (1, len(workers)):
         raise ConfigError("--threads-per-worker takes one number, or one per --workers entry")
     layouts = list(zip(workers, threads * len(workers) if len(threads) == 1 else threads, strict=True))
@@ -289,8 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument(
         "--workers",
         type=_positive_ints,
-        default=[1, 2],
-        help="Ray Train worker counts to compare, e.g. 1,2,4 (default: 1,2)",
+        help="Ray Train worker counts to compare, e.g. 1,2,4 (default: 1,2; 1 with --local)",
     )
     bt.add_argument(
         "--threads-per-worker",

@@ -17,6 +17,7 @@ import numpy as np
 import psutil
 import pytest
 import ray
+import torch
 from mlflow.tracking import MlflowClient
 from sentence_transformers import SentenceTransformer
 
@@ -144,18 +145,23 @@ def loss_curve(tracking_uri: str, run_id: str) -> dict[int, list[float]]:
     return curve
 
 
+RESUME_STEPS = 120  # global batch 8: a checkpoint every 20 steps, the kill comes after the first
+
+
 def test_a_killed_run_resumes_on_the_curve_of_an_uninterrupted_one(local_ray, tiny_train_config):
     """Checkpoints hold every rank's random state (dropout), optimizer, scheduler and sampler position, so a run
     whose worker is killed retrains from its checkpoint along the very curve of an uninterrupted run with the same
-    seed: the steps before the kill show that one seed gives one curve, those after it that resuming is exact."""
-    config = load_config(tiny_train_config(name="straight", limit=1600, eval_every=20), ["evaluation.final_tasks=[]"])
+    seed and ends with its weights: the steps before the kill show that one seed gives one curve, those after it
+    that resuming is exact."""
+    overrides = ["evaluation.final_tasks=[]", "evaluation.dev_limit=20"]
+    config = load_config(tiny_train_config(name="straight", limit=RESUME_STEPS * 8, eval_every=20), overrides)
+    uninterrupted = run_training(config)
     straight = {
-        step: values[-1]
-        for step, values in loss_curve(config.tracking.tracking_uri, run_training(config).run_id).items()
+        step: values[-1] for step, values in loss_curve(uninterrupted.tracking_uri, uninterrupted.run_id).items()
     }
-    assert len(straight) == 1600 // 8 // 10 and len(set(straight.values())) > 1
+    assert len(straight) == RESUME_STEPS // 10 and len(set(straight.values())) > 1
 
-    config = load_config(tiny_train_config(name="killed", limit=1600, eval_every=20), ["evaluation.final_tasks=[]"])
+    config = load_config(tiny_train_config(name="killed", limit=RESUME_STEPS * 8, eval_every=20), overrides)
     outcome: dict = {}
     thread = threading.Thread(target=lambda: outcome.update(result=run_training(config)))
     thread.start()
@@ -174,6 +180,9 @@ def test_a_killed_run_resumes_on_the_curve_of_an_uninterrupted_one(local_ray, ti
     assert resumed.keys() == straight.keys()
     for step, values in resumed.items():  # before the kill, and again after the resume
         assert values == pytest.approx([straight[step]] * len(values), rel=1e-5), step
+    weights = [SentenceEncoder.load(r.model_dir).state_dict() for r in (uninterrupted, outcome["result"])]
+    for name, value in weights[0].items():
+        torch.testing.assert_close(weights[1][name], value, atol=1e-6, rtol=1e-5, msg=name)
 
 
 def test_nan_loss_stops_the_run_naming_the_step_and_the_last_good_checkpoint(local_ray, tiny_train_config):
