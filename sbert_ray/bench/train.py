@@ -182,7 +182,7 @@ def reference_trainer_run(settings: TrainBenchSettings, threads: int) -> dict:
         SentenceTransformerTrainingArguments,
     )
     from sentence_transformers.sentence_transformer.losses import CosineSimilarityLoss
-    from transformers import TrainerCallback
+    from transformers import PrinterCallback, TrainerCallback
 
     started = time.time()
     torch.set_num_threads(threads)
@@ -229,6 +229,7 @@ def reference_trainer_run(settings: TrainBenchSettings, threads: int) -> dict:
             loss=CosineSimilarityLoss(st_model),
             callbacks=[StepClock()],
         )
+        trainer.remove_callback(PrinterCallback)  # it prints its logs to stdout, where the bench's JSON goes
         trainer.train()
     return {
         "precision": precision,
