@@ -34,7 +34,9 @@ from sbert_ray.evaluation.results import nest
 from sbert_ray.evaluation.tasks import EvalTask, Results, check_tasks, headlines, parse_tasks
 from sbert_ray.models import SentenceEncoder, check_model, load_encoder
 from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_card
+from sbert_ray.progress import quiet
 from sbert_ray.runs.cluster import connect_ray
+from sbert_ray.runs.progress import TrainingProgress
 from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags, plot_curves, resolve_tracking_uri
 from sbert_ray.tracking.model_registry import log_sentence_transformer, model_uri
 from sbert_ray.training.batches import is_user_file, load_training_records, stage_steps, texts_and_labels
@@ -143,10 +145,20 @@ def check_diverged(result: ray.train.Result) -> None:
     )
 
 
-def run_training(config: TrainConfig, parent_run_id: str | None = None, callbacks: list | None = None) -> TrainResult:
+def run_training(
+    config: TrainConfig, parent_run_id: str | None = None, callbacks: list | None = None, progress: bool = True
+) -> TrainResult:
     """Run one training job. Under a sweep, ``parent_run_id`` nests the MLflow run under the sweep's run and
-    ``callbacks`` (e.g. Tune's ``TuneReportCallback``) go to the ``TorchTrainer``."""
+    ``callbacks`` (e.g. Tune's ``TuneReportCallback``) go to the ``TorchTrainer``. ``progress`` prints a line per
+    report point (off under --quiet)."""
     config, examples = prepare(config)
+    callbacks = list(callbacks or [])
+    if progress and not quiet():
+        steps = [
+            stage_steps(n, stage, config.scaling.num_workers)[1]
+            for stage, n in zip(config.stages, examples, strict=True)
+        ]
+        callbacks.append(TrainingProgress(steps))
     evaluation = config.evaluation
     before_tasks, final_tasks = parse_tasks(evaluation.before_tasks), parse_tasks(evaluation.final_tasks)
     tracking_uri = resolve_tracking_uri(config.tracking.tracking_uri)

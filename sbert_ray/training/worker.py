@@ -158,6 +158,7 @@ class _Worker:
         # The loss of each step of the current window, summed over micro-batches, on the device until read.
         self.window_losses = torch.zeros(LOG_EVERY, device=device)
         self.window_steps, self.window_pairs, self.window_start = 0, 0, time.perf_counter()
+        self.last_window: dict[str, float] = {}  # rank 0's latest loss and rate, for the driver's progress
 
     def run_stage(self, stage: StageConfig, state: TrainState, data_dir, resume_from: Path | None) -> TrainState:
         world_size = self.world_size
@@ -269,12 +270,14 @@ class _Worker:
         if self.stepped:
             self.steady_pairs += self.window_pairs
             self.steady_seconds += elapsed
+        if self.rank == 0 and values:
+            self.last_window = {"train_loss": sum(values) / len(values), "pairs_per_s": self.window_pairs / elapsed}
         if self.logger and values:
             self.logger.log_metrics(
                 {
-                    "train/loss": sum(values) / len(values),
+                    "train/loss": self.last_window["train_loss"],
                     "train/learning_rate": scheduler.get_last_lr()[0],
-                    "train/pairs_per_s": self.window_pairs / elapsed,
+                    "train/pairs_per_s": self.last_window["pairs_per_s"],
                     "train/epoch": state.epoch + micro / micro_per_epoch,
                 },
                 step=state.global_step,
@@ -292,6 +295,7 @@ class _Worker:
             ray.train.report(metrics)
             return
         metrics["hardware"] = describe_hardware(self.device)  # for the model card
+        metrics |= self.last_window
         dev = evaluate_pairs(self.encoder, self.dev_pairs, batch_size=self.config.evaluation.batch_size)
         metrics["dev_spearman"] = state.dev_spearman = dev["spearman_cosine"]
         if self.logger:
