@@ -288,7 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="throughput benchmarks side by side: table, JSON, MLflow run with a chart")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     bt = bench_sub.add_parser(
-        "train", help="training pairs/s and time to the first step: our Ray Train loop vs sentence-transformers"
+        "train",
+        parents=[common],
+        help="training pairs/s and time to the first step: our Ray Train loop vs sentence-transformers",
     )
     bt.add_argument(
         "--model", default="sentence-transformers/all-MiniLM-L6-v2", help="folder, Hub id or random:<shape>"

@@ -33,5 +33,11 @@ def test_quiet_turns_bars_off(monkeypatch):
 
 def test_quiet_flag_reaches_every_subcommand():
     parser = build_parser()
-    for argv in (["eval", "--model", "m"], ["train", "c.yaml"], ["tune", "s.yaml"], ["report", "r.json"]):
+    for argv in (
+        ["eval", "--model", "m"],
+        ["train", "c.yaml"],
+        ["tune", "s.yaml"],
+        ["report", "r.json"],
+        ["bench", "train"],
+    ):
         assert parser.parse_args([*argv, "--quiet"]).quiet and not parser.parse_args(argv).quiet
