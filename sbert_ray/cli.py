@@ -22,12 +22,16 @@ def _eval(args: argparse.Namespace) -> int:
         args.mode == "finetune" or any(t.partition(":")[0] not in argsim.ARGSIM_DATASETS for t in tasks)
     ):
         raise ConfigError("--baseline tfidf scores argument-similarity tasks (afs, ukp-aspect, bws) unsupervised only")
+    if args.precision == "bf16" and args.baseline == "tfidf":
+        raise ConfigError("--precision bf16 applies to transformer encoders, not the tf-idf baseline")
     data_dir = resolve_data_dir(args.data_dir)
     options = {"mode": args.mode}
     if args.mode == "finetune":  # checked here, before any encoding or Ray work
         pooling = BASELINE_POOLING.get(args.baseline)
         options["train_config"] = argsim.finetune_config(args.model, data_dir, pooling, args.train_set)
     model = load_model(args.model, args.baseline)
+    if args.precision == "bf16":  # cast on the device it runs on; Ray workers re-cast on theirs
+        model.to(args.device if args.device and args.workers == 1 else "cpu").to_precision("bf16")
     if args.workers > 1:
         from sbert_ray.evaluation.distributed import RayEncoder
 
@@ -36,7 +40,7 @@ def _eval(args: argparse.Namespace) -> int:
         model.to(args.device)
     print(
         f"model: {args.model}{f' ({args.baseline} baseline)' if args.baseline else ''}   mode: {args.mode}   "
-        f"data: {data_dir or 'Hugging Face Hub'}"
+        f"precision: {args.precision}   data: {data_dir or 'Hugging Face Hub'}"
     )
     results: dict[str, dict] = {}
     try:
@@ -113,6 +117,58 @@ def _tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_encode(args: argparse.Namespace) -> int:
+    from sbert_ray.bench import report
+    from sbert_ray.bench.encode import run_encode_bench
+    from sbert_ray.data.readers import resolve_data_dir
+    from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
+
+    options = {  # every option is checked before a model is loaded
+        "model": args.model,
+        "batch_sizes": _int_list("--batch-sizes", args.batch_sizes),
+        "precisions": _choices("--precisions", args.precisions, ("fp32", "bf16")),
+        "smart_batching": [s == "on" for s in _choices("--smart-batching", args.smart_batching, ("on", "off"))],
+        "repeats": args.repeats,
+        "device": args.device,
+        "limit": args.limit,
+        "reference": not args.no_reference,
+    }
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    data_dir = resolve_data_dir(args.data_dir)
+    records = run_encode_bench(data_dir=data_dir, progress=lambda line: print(line, flush=True), **options)
+    print(report.format_table(records))
+    if args.output:
+        report.write_json(records, args.output)
+        print(f"wrote {args.output}")
+    if not args.no_mlflow:
+        tracking_uri = resolve_tracking_uri(args.tracking_uri)
+        params = {**options, "data_dir": data_dir, "threads": records[0]["threads_per_worker"]}
+        run_id = report.log_bench(records, "encode", params, tracking_uri, args.experiment)
+        print(f"MLflow run {run_id} at {tracking_uri}")
+    return 0
+
+
+def _int_list(option: str, text: str) -> list[int]:
+    try:
+        values = [int(item) for item in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"{option} takes comma-separated integers, got {text!r}") from None
+    if min(values) < 1:
+        raise ConfigError(f"{option} must be positive, got {text!r}")
+    return values
+
+
+def _choices(option: str, text: str, allowed: tuple[str, ...]) -> list[str]:
+    values = text.split(",")
+    unknown = [v for v in values if v not in allowed]
+    if unknown:
+        raise ConfigError(f"{option}: unknown {unknown}; choose from {', '.join(allowed)}")
+    return values
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sbert-ray", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -125,6 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--batch-size", type=int, default=64)
     ev.add_argument("--similarities", default="cosine", help="cosine,manhattan,euclidean,dot")
     ev.add_argument("--device", help="e.g. cuda")
+    ev.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="encode with fp32 or bf16 weights (float16 on GPUs without bf16); default fp32",
+    )
     ev.add_argument(
         "--mode",
         choices=("unsupervised", "finetune"),
@@ -177,6 +239,25 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("overrides", nargs="*", help="key=value overrides, e.g. num_samples=4 base.stages.0.limit=500")
     tu.add_argument("--resume", action="store_true", help="continue an interrupted sweep; finished trials stay")
     tu.set_defaults(func=_tune)
+
+    bench = sub.add_parser("bench", help="throughput benchmarks side by side in one process: table, JSON, MLflow")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    be = bench_sub.add_parser("encode", help="encode speed vs sentence-transformers, fp32/bf16, smart batching")
+    be.add_argument("--model", required=True, help="local folder, Hub id or random:<shape>")
+    be.add_argument("--data-dir", help="local data folder (default: $SBERT_RAY_DATA_DIR, else the Hub)")
+    be.add_argument("--batch-sizes", default="32", help="comma-separated, e.g. 16,32,64 (default: 32)")
+    be.add_argument("--precisions", default="fp32,bf16", help="fp32,bf16 (bf16 is float16 on GPUs without bf16)")
+    be.add_argument("--smart-batching", default="on,off", help="on,off: sorted by length and/or input order")
+    be.add_argument("--repeats", type=int, default=3, help="timed runs per variant, interleaved (default: 3)")
+    be.add_argument("--limit", type=int, help="first N of the 15,487 unique STSb sentences (default: all)")
+    be.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    be.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    be.add_argument("--no-reference", action="store_true", help="skip sentence-transformers")
+    be.add_argument("--output", help="write the records as JSON here")
+    be.add_argument("--tracking-uri", help="MLflow (default: $MLFLOW_TRACKING_URI, else ~/sbert-ray/mlflow)")
+    be.add_argument("--experiment", default="sbert-ray-bench")
+    be.add_argument("--no-mlflow", action="store_true", help="print and write JSON only")
+    be.set_defaults(func=_bench_encode)
     return parser
 
 
