@@ -46,6 +46,7 @@ class Variant:
     # module, which calls its Hugging Face model's forward directly, past any hook).
     model: nn.Module = field(repr=False)
     seconds: list[float] = field(default_factory=list)
+    cpu_seconds: list[float] = field(default_factory=list)
     batch_shapes: list[tuple[int, int]] = field(default_factory=list)
 
     @property
@@ -61,10 +62,11 @@ class Variant:
         hook = self.model.register_forward_pre_hook(self._record_shape, with_kwargs=True) if record_shapes else None
         try:
             synchronize(device)
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             self.encode(sentences, self.batch_size)
             synchronize(device)
             self.seconds.append(time.perf_counter() - start)
+            self.cpu_seconds.append(time.process_time() - cpu_start)
         finally:
             if hook is not None:
                 hook.remove()
@@ -228,6 +230,8 @@ def _record(
         "sentences_per_s_max": max(rates),
         "spread": (max(rates) - min(rates)) * median_s / n_sentences,
         "seconds": variant.seconds,
+        "sentences_per_cpu_s": n_sentences / statistics.median(variant.cpu_seconds),
+        "cpu_seconds": variant.cpu_seconds,
         "tokens": tokens,
         "padded_tokens": padded,
         "padding_share": 1 - tokens / padded,
@@ -241,12 +245,19 @@ def _record(
 
 
 def _add_ratios(records: list[dict]) -> None:
-    """``speedup_vs_reference_fp32`` (sentence-transformers fp32 at the same batch size) and, on sorted runs,
-    ``smart_batching_speedup`` (over the same variant unsorted: the paper's Table 7); None where not measured."""
+    """``speedup_vs_reference_fp32`` (over sentence-transformers fp32 at the same batch size) and, on sorted
+    runs, ``smart_batching_speedup`` (over the same variant unsorted: the paper's Table 7), by wall time and by
+    CPU time (``_cpu``); None where not measured.
+
+    CPU time is the work the process did (all its threads). With one thread it is what other processes on a
+    shared machine cannot distort, beyond cache and memory contention; with more it includes threads waiting on
+    each other, and on a GPU it counts only the host's share.
+    """
     by_key = {(r["impl"], r["precision"], r["cast"], r["smart_batching"], r["batch_size"]): r for r in records}
     for r in records:
         reference = by_key.get((REFERENCE, "fp32", "none", True, r["batch_size"]))
         unsorted = by_key.get((r["impl"], r["precision"], r["cast"], False, r["batch_size"]))
-        r["speedup_vs_reference_fp32"] = r["sentences_per_s"] / reference["sentences_per_s"] if reference else None
-        sorted_gain = r["smart_batching"] and unsorted is not None
-        r["smart_batching_speedup"] = r["sentences_per_s"] / unsorted["sentences_per_s"] if sorted_gain else None
+        unsorted = unsorted if r["smart_batching"] else None
+        for suffix, rate in (("", "sentences_per_s"), ("_cpu", "sentences_per_cpu_s")):
+            r[f"speedup_vs_reference_fp32{suffix}"] = r[rate] / reference[rate] if reference else None
+            r[f"smart_batching_speedup{suffix}"] = r[rate] / unsorted[rate] if unsorted else None

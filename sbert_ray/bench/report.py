@@ -16,11 +16,16 @@ COLUMNS = (  # (header, record key, format)
     ("spread", "spread", "{:.0%}"),
     ("x ST fp32", "speedup_vs_reference_fp32", "{:.2f}"),
     ("x unsorted", "smart_batching_speedup", "{:.2f}"),
+    ("sent/cpu-s", "sentences_per_cpu_s", "{:.0f}"),
+    ("x ST (cpu)", "speedup_vs_reference_fp32_cpu", "{:.2f}"),
+    ("x unsorted (cpu)", "smart_batching_speedup_cpu", "{:.2f}"),
     ("pad", "padding_share", "{:.1%}"),
     ("GFLOP/s", "achieved_gflops", "{:.1f}"),
     ("util", "utilisation", "{:.1%}"),
     ("STSb", "spearman", "{:.2f}"),
 )
+
+LOGGED_METRICS = ("sentences_per_s", "sentences_per_cpu_s", "speedup_vs_reference_fp32", "utilisation", "spearman")
 
 
 def label(record: dict) -> str:
@@ -78,11 +83,12 @@ def log_bench(records: Sequence[dict], kind: str, params: dict, tracking_uri: st
     try:
         tracker.set_tags(environment_tags())
         tracker.log_params(params)
-        metrics = {}
-        for record in records:
-            for key in ("sentences_per_s", "speedup_vs_reference_fp32", "utilisation", "spearman"):
-                if record.get(key) is not None:
-                    metrics[f"{label(record)}/{key}"] = record[key]
+        metrics = {
+            f"{label(record)}/{key}": record[key]
+            for record in records
+            for key in LOGGED_METRICS
+            if record.get(key) is not None
+        }
         tracker.log_metrics(metrics)
         tracker.log_text(json.dumps(list(records), indent=2), f"bench_{kind}.json")
         figure = bar_chart(records, f"sbert-ray bench {kind}: {params.get('model', '')}")
