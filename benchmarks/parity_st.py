@@ -23,11 +23,10 @@ from pathlib import Path
 from sbert_ray.config import load_config
 from sbert_ray.data import load_records
 from sbert_ray.evaluation.sts import evaluate_pairs
-from sbert_ray.evaluation.suite import write_json
 from sbert_ray.models.encoder import SentenceEncoder
 from sbert_ray.models.resolve import resolve_model_ref
+from sbert_ray.runs.training import run_training
 from sbert_ray.tracking.mlflow_run import RunTracker, resolve_tracking_uri
-from sbert_ray.training.driver import train
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 SETTINGS = {"batch_size": 16, "learning_rate": 2e-5, "warmup_ratio": 0.1, "epochs": 1, "seed": 42}
@@ -50,7 +49,7 @@ def ours(num_workers: int, data_dir: str, workdir: Path, tracking_uri: str, limi
         "tracking.experiment=parity",
     ]
     config = load_config(Path(__file__).parents[1] / "jobs" / "configs" / "quickstart.yaml", overrides)
-    return train(config).final["stsb"]
+    return run_training(config).final["stsb/spearman_cosine"]
 
 
 def reference(data_dir: str, workdir: Path, limit: int | None) -> float:
@@ -129,13 +128,13 @@ def main() -> None:
         "min_gain_over_untrained": min(scores.values()) - untrained,
     }  # fmt: skip
     print(json.dumps(result, indent=2))
-    write_json(result, args.output)
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
 
-    tracker = RunTracker(tracking_uri, "parity", run_name="parity-st")
-    tracker.log_metrics({f"stsb_test/{k}": v for k, v in result["stsb_test_spearman"].items()})
-    tracker.log_metrics({f"wall_seconds/{k}": v for k, v in result["wall_seconds"].items()})
-    tracker.log_dict(result, "parity.json")
-    tracker.end(ok=True)
+    with RunTracker(tracking_uri, "parity", run_name="parity-st") as tracker:
+        tracker.log_metrics({f"stsb_test/{k}": v for k, v in result["stsb_test_spearman"].items()})
+        tracker.log_metrics({f"wall_seconds/{k}": v for k, v in result["wall_seconds"].items()})
+        tracker.log_dict(result, "parity.json")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""``sbert-ray`` command line: eval | train | tune | report."""
+"""``sbert-ray`` command line: eval | train | tune | report | bench."""
 
 from __future__ import annotations
 
@@ -11,51 +11,48 @@ from sbert_ray.data.records import DataError
 
 
 def _eval(args: argparse.Namespace) -> int:
-    import time
-
     from sbert_ray.data.readers import resolve_data_dir
-    from sbert_ray.evaluation import argsim, suite
-    from sbert_ray.evaluation.baselines import BASELINE_POOLING, load_model
+    from sbert_ray.evaluation.baselines import BASELINE_POOLING
+    from sbert_ray.evaluation.results import format_results, write_json
+    from sbert_ray.evaluation.tasks import ArgsimTask, headlines, parse_tasks
+    from sbert_ray.runs.argsim import finetune_config
+    from sbert_ray.runs.evaluation import evaluate_model
+    from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
 
-    tasks = suite.parse_tasks(args.tasks)  # fail on a typo before loading anything
-    if args.baseline == "tfidf" and (
-        args.mode == "finetune" or any(t.partition(":")[0] not in argsim.ARGSIM_DATASETS for t in tasks)
-    ):
+    tasks = parse_tasks(args.tasks, args.similarities.split(","))  # fail on a typo before loading anything
+    if args.baseline == "tfidf" and (args.mode == "finetune" or not all(isinstance(t, ArgsimTask) for t in tasks)):
         raise ConfigError("--baseline tfidf scores argument-similarity tasks (afs, ukp-aspect, bws) unsupervised only")
-    if args.precision == "bf16" and args.baseline == "tfidf":
-        raise ConfigError("--precision bf16 applies to transformer encoders, not the tf-idf baseline")
+    if args.truncate_dim and (args.mode == "finetune" or args.baseline == "tfidf"):
+        raise ConfigError("--truncate-dim scores the model's own embeddings: not with --mode finetune or tfidf")
     data_dir = resolve_data_dir(args.data_dir)
-    options = {"mode": args.mode}
+    finetune = None
     if args.mode == "finetune":  # checked here, before any encoding or Ray work
         pooling = BASELINE_POOLING.get(args.baseline)
-        options["train_config"] = argsim.finetune_config(args.model, data_dir, pooling, args.train_set)
-    model = load_model(args.model, args.baseline)
-    if args.precision == "bf16":  # cast on the device it runs on; Ray workers re-cast on theirs
-        model.to(args.device if args.device and args.workers == 1 else "cpu").to_precision("bf16")
-    if args.workers > 1:
-        from sbert_ray.evaluation.distributed import RayEncoder
-
-        model = RayEncoder(model, args.workers, use_gpu=(args.device or "").startswith("cuda"))
-    elif args.device:
-        model.to(args.device)
+        overrides = args.train_set + ["model.allow_unsafe_weights=true"] * args.allow_unsafe_weights
+        finetune = finetune_config(args.model, data_dir, pooling, overrides)
     print(
         f"model: {args.model}{f' ({args.baseline} baseline)' if args.baseline else ''}   mode: {args.mode}   "
         f"precision: {args.precision}   data: {data_dir or 'Hugging Face Hub'}"
     )
-    results: dict[str, dict] = {}
-    try:
-        for task in tasks:
-            start = time.perf_counter()
-            results |= suite.run_tasks(
-                model, [task], data_dir, args.batch_size, args.similarities.split(","), **options
-            )
-            print(f"{task}: {time.perf_counter() - start:.1f} s", flush=True)
-    finally:
-        if args.workers > 1:
-            model.close()
-    print(suite.format_results(results))
+    results = evaluate_model(
+        args.model,
+        tasks,
+        data_dir,
+        args.batch_size,
+        baseline=args.baseline,
+        finetune=finetune,
+        workers=args.workers,
+        device=args.device,
+        allow_unsafe_weights=args.allow_unsafe_weights,
+        progress=lambda task, seconds: print(f"{task.spec}: {seconds:.1f} s", flush=True),
+        tracking_uri=resolve_tracking_uri(args.tracking_uri) if args.mlflow else None,
+        experiment=args.experiment,
+        truncate_dims=args.truncate_dim or (),
+        precision=args.precision,
+    )
+    print(format_results(results, {entry: metric for entry, (metric, _) in headlines(tasks, results).items()}))
     if args.output:
-        suite.write_json(results, args.output)
+        write_json(results, args.output)
         print(f"wrote {args.output}")
     return 0
 
@@ -64,7 +61,8 @@ def _report(args: argparse.Namespace) -> int:
     from sbert_ray.evaluation import report
     from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
 
-    tracking_uri = resolve_tracking_uri(args.tracking_uri)
+    # Only when MLflow is used: resolving the default creates its folder.
+    tracking_uri = resolve_tracking_uri(args.tracking_uri) if args.run or not args.no_mlflow else None
     result_sets = [report.read_results_file(spec) for spec in args.results]
     result_sets += [report.read_mlflow_run(run_id, tracking_uri) for run_id in args.run]
     if not result_sets:
@@ -85,18 +83,17 @@ def _report(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from sbert_ray.config import load_config
-    from sbert_ray.evaluation.suite import primary_metric
-    from sbert_ray.training.driver import train
+    from sbert_ray.evaluation.tasks import headlines, parse_tasks
+    from sbert_ray.runs.training import run_training
 
     config = load_config(args.config, args.overrides)  # every config error surfaces here, before Ray starts
-    result = train(config)
-    for name, before in result.before.items():
-        metric = primary_metric(before)
-        after = result.final.get(name)
-        after_text = f"{after:.2f}" if after is not None else "not scored"
-        print(f"{name} test {metric}: before {before[metric]:.2f} -> after {after_text}")
-    if result.final:
-        print("final model: " + ", ".join(f"{k} {v:.2f}" for k, v in result.final.items()))
+    result = run_training(config)
+    final = result.headlines
+    for entry, (metric, before) in headlines(parse_tasks(config.evaluation.before_tasks), result.before).items():
+        after = f"{final[entry][1]:.2f}" if entry in final else "not scored"
+        print(f"{entry} test {metric}: before {before:.2f} -> after {after}")
+    if final:
+        print("final model: " + ", ".join(f"{entry} {value:.2f}" for entry, (_, value) in final.items()))
     print(f"model: {result.model_dir}")
     print(f"MLflow run {result.run_id} at {result.tracking_uri} (artifacts: {result.artifact_uri})")
     return 0
@@ -104,69 +101,94 @@ def _train(args: argparse.Namespace) -> int:
 
 def _tune(args: argparse.Namespace) -> int:
     from sbert_ray.config import load_config
-    from sbert_ray.tuning import SweepConfig, run_sweep
+    from sbert_ray.runs.sweep import run_sweep
+    from sbert_ray.tuning import SweepConfig
 
     sweep = load_config(args.config, args.overrides, cls=SweepConfig)  # every key of the search space is checked here
     result = run_sweep(sweep, resume=args.resume)
     if result.best is not None:
         print(f"best trial {result.best.trial_id}: dev Spearman x100 {result.best.dev_spearman:.2f}")
     if result.retrained is not None:
-        print("retrained best, Spearman x100: " + ", ".join(f"{k} {v:.2f}" for k, v in result.retrained.final.items()))
-    print(f"sweep: {result.path} (summary/: results table, plot, best config)")
+        scores = result.retrained.headlines.items()
+        print("retrained best, Spearman x100: " + ", ".join(f"{entry} {value:.2f}" for entry, (_, value) in scores))
+    print(f"sweep: {result.path} (results table, plot, best config: {result.summary})")
     print(f"MLflow sweep run {result.run_id} at {result.tracking_uri}")
     return 0
 
 
 def _bench_encode(args: argparse.Namespace) -> int:
-    from sbert_ray.bench import report
     from sbert_ray.bench.encode import run_encode_bench
     from sbert_ray.data.readers import resolve_data_dir
-    from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
 
-    options = {  # every option is checked before a model is loaded
+    _set_threads(args.threads)
+    options = {
         "model": args.model,
-        "batch_sizes": _int_list("--batch-sizes", args.batch_sizes),
-        "precisions": _choices("--precisions", args.precisions, ("fp32", "bf16")),
-        "smart_batching": [s == "on" for s in _choices("--smart-batching", args.smart_batching, ("on", "off"))],
+        "batch_sizes": args.batch_sizes,
+        "precisions": args.precisions,
+        "smart_batching": [choice == "on" for choice in args.smart_batching],
         "repeats": args.repeats,
         "device": args.device,
         "limit": args.limit,
         "reference": not args.no_reference,
     }
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
     data_dir = resolve_data_dir(args.data_dir)
     records = run_encode_bench(data_dir=data_dir, progress=lambda line: print(line, flush=True), **options)
+    return _bench_output(args, "encode", records, {**options, "data_dir": data_dir})
+
+
+def _set_threads(threads: int | None) -> None:
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def _bench_output(args: argparse.Namespace, kind: str, records: list[dict], params: dict) -> int:
+    """What every ``sbert-ray bench`` command ends with: the table, ``--output`` JSON, an MLflow run."""
+    from sbert_ray.bench import report
+    from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
+
     print(report.format_table(records))
     if args.output:
         report.write_json(records, args.output)
         print(f"wrote {args.output}")
     if not args.no_mlflow:
         tracking_uri = resolve_tracking_uri(args.tracking_uri)
-        params = {**options, "data_dir": data_dir, "threads": records[0]["threads_per_worker"]}
-        run_id = report.log_bench(records, "encode", params, tracking_uri, args.experiment)
+        run_id = report.log_bench(
+            records, kind, {**params, "threads": args.threads or "default"}, tracking_uri, args.experiment
+        )
         print(f"MLflow run {run_id} at {tracking_uri}")
     return 0
 
 
-def _int_list(option: str, text: str) -> list[int]:
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _sizes(text: str) -> list[int]:
     try:
-        values = [int(item) for item in text.split(",")]
+        sizes = [int(part) for part in text.split(",")]
     except ValueError:
-        raise ConfigError(f"{option} takes comma-separated integers, got {text!r}") from None
-    if min(values) < 1:
-        raise ConfigError(f"{option} must be positive, got {text!r}")
-    return values
+        sizes = []
+    if not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes):
+        raise argparse.ArgumentTypeError(f"expected distinct positive sizes like 384,128,64, got {text!r}")
+    return sizes
 
 
-def _choices(option: str, text: str, allowed: tuple[str, ...]) -> list[str]:
-    values = text.split(",")
-    unknown = [v for v in values if v not in allowed]
-    if unknown:
-        raise ConfigError(f"{option}: unknown {unknown}; choose from {', '.join(allowed)}")
-    return values
+def _choices(*allowed: str):
+    """An argparse type for a comma-separated subset of ``allowed``, e.g. fp32,bf16."""
+
+    def parse(text: str) -> list[str]:
+        values = text.split(",")
+        unknown = [value for value in values if value not in allowed]
+        if unknown or len(set(values)) != len(values):
+            raise argparse.ArgumentTypeError(f"expected distinct values from {','.join(allowed)}, got {text!r}")
+        return values
+
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -178,15 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--tasks", default="sts", help="comma-separated tasks (default: sts)")
     ev.add_argument("--data-dir", help="local data folder (default: $SBERT_RAY_DATA_DIR, else the Hub)")
     ev.add_argument("--output", help="write results as JSON here")
-    ev.add_argument("--batch-size", type=int, default=64)
+    ev.add_argument("--batch-size", type=_positive_int, default=64)
     ev.add_argument("--similarities", default="cosine", help="cosine,manhattan,euclidean,dot")
     ev.add_argument("--device", help="e.g. cuda")
-    ev.add_argument(
-        "--precision",
-        choices=("fp32", "bf16"),
-        default="fp32",
-        help="encode with fp32 or bf16 weights (float16 on GPUs without bf16); default fp32",
-    )
+    ev.add_argument("--mlflow", action="store_true", help="log the evaluation as an MLflow run (params, metrics, JSON)")
+    ev.add_argument("--tracking-uri", help="with --mlflow (default: $MLFLOW_TRACKING_URI, else ~/sbert-ray/mlflow)")
+    ev.add_argument("--experiment", default="sbert-ray-eval", help="with --mlflow: the MLflow experiment")
     ev.add_argument(
         "--mode",
         choices=("unsupervised", "finetune"),
@@ -206,10 +225,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="the paper's baselines from --model's backbone: token average, CLS vector, or tf-idf",
     )
     ev.add_argument(
+        "--allow-unsafe-weights",
+        action="store_true",
+        help="also load pickled PyTorch weights (pytorch_model.bin), which can run code: trusted models only",
+    )
+    ev.add_argument(
         "--workers",
-        type=int,
+        type=_positive_int,
         default=1,
         help="encode on this many Ray workers (one GPU each with --device cuda); same numbers as one process",
+    )
+    ev.add_argument(
+        "--truncate-dim",
+        type=_sizes,
+        metavar="K[,K...]",
+        help="score the first K embedding values (Matryoshka), e.g. 384,128,64: entries like stsb@128",
+    )
+    ev.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="encode with fp32 or bf16 weights (float16 on GPUs without bf16); default fp32",
     )
     ev.set_defaults(func=_eval)
 
@@ -240,23 +276,38 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--resume", action="store_true", help="continue an interrupted sweep; finished trials stay")
     tu.set_defaults(func=_tune)
 
-    bench = sub.add_parser("bench", help="throughput benchmarks side by side in one process: table, JSON, MLflow")
+    bench = sub.add_parser("bench", help="throughput side by side with sentence-transformers: table, JSON, MLflow")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
-    be = bench_sub.add_parser("encode", help="encode speed vs sentence-transformers, fp32/bf16, smart batching")
-    be.add_argument("--model", required=True, help="local folder, Hub id or random:<shape>")
-    be.add_argument("--data-dir", help="local data folder (default: $SBERT_RAY_DATA_DIR, else the Hub)")
-    be.add_argument("--batch-sizes", default="32", help="comma-separated, e.g. 16,32,64 (default: 32)")
-    be.add_argument("--precisions", default="fp32,bf16", help="fp32,bf16 (bf16 is float16 on GPUs without bf16)")
-    be.add_argument("--smart-batching", default="on,off", help="on,off: sorted by length and/or input order")
-    be.add_argument("--repeats", type=int, default=3, help="timed runs per variant, interleaved (default: 3)")
-    be.add_argument("--limit", type=int, help="first N of the 15,487 unique STSb sentences (default: all)")
-    be.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    be.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    # Options every bench command takes (sbert-ray bench encode | train ...).
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--model", required=True, help="local folder, Hub id or random:<shape>")
+    common.add_argument("--data-dir", help="local data folder (default: $SBERT_RAY_DATA_DIR, else the Hub)")
+    common.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    common.add_argument("--threads", type=_positive_int, help="torch intra-op threads (default: torch's choice)")
+    common.add_argument("--repeats", type=_positive_int, default=3, help="timed runs per variant, interleaved")
+    common.add_argument("--output", help="write the records as JSON here")
+    common.add_argument("--tracking-uri", help="MLflow (default: $MLFLOW_TRACKING_URI, else ~/sbert-ray/mlflow)")
+    common.add_argument("--experiment", default="sbert-ray-bench")
+    common.add_argument("--no-mlflow", action="store_true", help="print and write JSON only")
+
+    be = bench_sub.add_parser(
+        "encode", parents=[common], help="encode speed vs sentence-transformers: fp32/bf16, smart batching"
+    )
+    be.add_argument("--batch-sizes", type=_sizes, default=[32], help="comma-separated, e.g. 16,32,64 (default: 32)")
+    be.add_argument(
+        "--precisions",
+        type=_choices("fp32", "bf16"),
+        default=["fp32", "bf16"],
+        help="fp32,bf16 (bf16 is float16 on GPUs without bf16)",
+    )
+    be.add_argument(
+        "--smart-batching",
+        type=_choices("on", "off"),
+        default=["on", "off"],
+        help="on,off: sorted by length and/or input order",
+    )
+    be.add_argument("--limit", type=_positive_int, help="first N of the 15,487 unique STSb sentences (default: all)")
     be.add_argument("--no-reference", action="store_true", help="skip sentence-transformers")
-    be.add_argument("--output", help="write the records as JSON here")
-    be.add_argument("--tracking-uri", help="MLflow (default: $MLFLOW_TRACKING_URI, else ~/sbert-ray/mlflow)")
-    be.add_argument("--experiment", default="sbert-ray-bench")
-    be.add_argument("--no-mlflow", action="store_true", help="print and write JSON only")
     be.set_defaults(func=_bench_encode)
     return parser
 
@@ -266,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, DataError, FileNotFoundError) as err:  # bad input: one clear line, no traceback
+    except (ConfigError, DataError) as err:  # bad input: one clear line, no traceback
         print(f"sbert-ray {args.command}: error: {err}", file=sys.stderr)
         return 2
 

@@ -8,6 +8,8 @@ import pytest
 
 from sbert_ray.models import build_random_bert
 
+pytest_plugins = ["cluster_fixtures"]  # the object store, MLflow server and token-authenticated Ray cluster
+
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:

@@ -97,11 +97,17 @@ def test_bench_encode_writes_records_and_an_mlflow_run(tmp_path: Path, data_dir:
 
 @pytest.mark.parametrize(
     ("argument", "value", "message"),
-    [("--batch-sizes", "8,x", "comma-separated integers"), ("--precisions", "fp16", "unknown")],
+    [
+        ("--batch-sizes", "8,x", "argument --batch-sizes: expected distinct positive sizes"),
+        ("--precisions", "fp16", "argument --precisions: expected distinct values from fp32,bf16, got 'fp16'"),
+        ("--smart-batching", "on,on", "argument --smart-batching: expected distinct values from on,off"),
+        ("--limit", "0", "argument --limit: must be >= 1, got 0"),
+    ],
 )
 def test_bench_encode_rejects_bad_options(argument: str, value: str, message: str, capsys) -> None:
-    assert cli.main(["bench", "encode", "--model", "random:tiny", argument, value, "--no-mlflow"]) == 2
-    assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # argparse refuses it: nothing is loaded or timed
+        cli.main(["bench", "encode", "--model", "random:tiny", argument, value, "--no-mlflow"])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_bf16_embeddings_are_close_to_fp32(encoder: SentenceEncoder) -> None:

@@ -58,7 +58,7 @@ def test_kfold_partitions_the_pairs(data_dir):
 def test_unsupervised_scores_match_a_direct_computation(tiny, data_dir):
     records = [r for r in argsim.load_argsim("bws", data_dir) if r.topic in ("Cloning", "Abortion")][::5]
     folds = argsim.cross_topic_folds("bws", records)
-    result = argsim.evaluate_folds(tiny, "bws", folds)
+    result = argsim.evaluate_folds(tiny, folds)
     expected = []
     for fold in folds:
         a = tiny.encode([r.sentence1 for r in fold.test])

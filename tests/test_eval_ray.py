@@ -11,6 +11,7 @@ from sbert_ray.data.readers import load_records
 from sbert_ray.evaluation import argsim, triplets
 from sbert_ray.evaluation.distributed import RayEncoder
 from sbert_ray.models.encoder import SentenceEncoder
+from sbert_ray.runs.argsim import finetune_config, finetune_folds
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def test_finetune_one_fold_through_ray_train(local_ray, tmp_path, tiny_model_dir
     fold = argsim.Fold(
         "Cloning", [r for r in pairs if r.topic == "Abortion"][:64], [r for r in pairs if r.topic == "Cloning"][:50]
     )
-    config = argsim.finetune_config(
+    config = finetune_config(
         str(tiny_model_dir),
         data_dir,
         overrides=[
@@ -51,8 +52,7 @@ def test_finetune_one_fold_through_ray_train(local_ray, tmp_path, tiny_model_dir
             f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
         ],
     )
-    result = argsim.evaluate_folds(None, "bws", [fold], mode="finetune", train_config=config)
-    scored = result["folds"]["Cloning"]
+    scored = finetune_folds("bws", [fold], config)["Cloning"]
     assert scored["train_pairs"] == 64 and scored["n"] == 50
     untrained = argsim.score_pairs(SentenceEncoder.load(str(tiny_model_dir)), fold.test)
     assert scored["spearman_cosine"] != pytest.approx(untrained["spearman_cosine"], abs=1e-6)  # it was trained

@@ -4,12 +4,18 @@ stated; the generic CLI printing of every number; task specs with arguments."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
 from sbert_ray.cli import main
-from sbert_ray.evaluation import report, suite
+from sbert_ray.config import flatten
+from sbert_ray.evaluation import report
 from sbert_ray.evaluation.paper_numbers import PAPER_TABLES
+from sbert_ray.evaluation.results import format_results, nest
+from sbert_ray.evaluation.tasks import SentEvalTask, StsTask, parse_tasks
 
 
 def test_paper_table_rows_have_one_value_per_column():
@@ -50,6 +56,25 @@ def test_report_renders_from_a_results_file(tmp_path):
     assert not (tmp_path / "out" / "table6.png").exists()
 
 
+def test_report_without_mlflow_creates_no_mlflow_store(tmp_path):
+    """As a new user would run it: the real CLI in a fresh HOME, no MLFLOW_TRACKING_URI."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir(), work.mkdir()
+    (work / "r.json").write_text(json.dumps(RESULTS))
+    import matplotlib
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")} | {"HOME": str(home)}
+    env["MPLCONFIGDIR"] = matplotlib.get_cachedir()  # reuse the font cache: building it takes most of a minute
+    command = [sys.executable, "-m", "sbert_ray.cli", "report", "r.json", "--out", "out", "--no-mlflow"]
+    done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (work / "out" / "report.md").is_file()
+    created = [
+        p for p in [*home.rglob("*"), *work.rglob("*")] if "mlflow" in p.name or p.name in ("sbert-ray", "mlruns")
+    ]
+    assert created == []  # resolving the default tracking URI used to create ~/sbert-ray/mlflow
+
+
 def test_report_is_logged_to_mlflow(tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -64,13 +89,21 @@ def test_report_is_logged_to_mlflow(tmp_path):
 
 
 def test_generic_printing_shows_every_number():
-    text = suite.format_results(RESULTS)
+    flat = flatten(RESULTS, sep="/")
+    assert nest(flat) == RESULTS  # the JSON file format round-trips through the flat results
+    text = format_results(flat, {"stsb": "spearman_cosine"})
     for value in ("82.03", "38.25", "0.8123", "0.8222", "75.50", "10662", "90"):
         assert value in text
-    assert text.splitlines()[0].startswith("stsb             spearman_cosine 82.03")
+    assert text.splitlines()[0].split() == ["stsb", "spearman_cosine", "82.03", "pearson_cosine", "83.00", "n", "1379"]
 
 
 def test_task_spec_arguments():
-    assert suite.parse_tasks("ukp-aspect,senteval:MR,CR,bws") == ["ukp-aspect", "senteval:MR,CR", "bws"]
+    tasks = parse_tasks("ukp-aspect,senteval:MR,CR,bws")
+    assert [t.spec for t in tasks] == ["ukp-aspect", "senteval:MR,CR", "bws"]
+    assert isinstance(tasks[1], SentEvalTask) and tasks[1].tasks == ("MR", "CR")
+    sts = parse_tasks(["sts"], similarities=["cosine", "dot"])[0]
+    assert isinstance(sts, StsTask) and sts.similarities == ("cosine", "dot") and len(sts.datasets) == 7
     with pytest.raises(ValueError, match="unknown task"):
-        suite.parse_tasks("stsb,nonsense")
+        parse_tasks("stsb,nonsense")
+    with pytest.raises(ValueError, match="unknown similarity"):
+        parse_tasks("stsb", similarities=["foo"])

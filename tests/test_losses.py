@@ -14,7 +14,10 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers import losses as st_losses
 from torch import Tensor
 
+from sbert_ray.config import StageConfig
+from sbert_ray.data.records import NLI_LABELS, LabelledPair, ScoredPair
 from sbert_ray.losses import (
+    OBJECTIVES,
     CosineSimilarityLoss,
     EncoderLoss,
     MultipleNegativesRankingLoss,
@@ -22,6 +25,7 @@ from sbert_ray.losses import (
     TripletLoss,
 )
 from sbert_ray.models import SentenceEncoder
+from sbert_ray.training.batches import texts_and_labels
 
 ANCHORS = ["A man plays a guitar.", "Two dogs run in a field.", "A woman is cooking.", "Kids play football."]
 POSITIVES = ["Someone plays music.", "Animals are running.", "A person prepares food.", "Children play a sport."]
@@ -120,10 +124,26 @@ def test_cosine_similarity_loss_matches_sentence_transformers(
     _assert_matches_reference_and_trains_encoder(CosineSimilarityLoss(encoder), theirs, features, scores)
 
 
-def test_cosine_similarity_loss_rejects_unscaled_scores(encoder: SentenceEncoder) -> None:
-    u = torch.ones(2, 3)
-    with pytest.raises(ValueError, match=r"\[0, 1\]"):
-        CosineSimilarityLoss(encoder).compute_loss_from_embeddings([u, u], torch.tensor([4.2, 1.0]))
+def test_regression_targets_are_scaled_and_range_checked_once() -> None:
+    stage = StageConfig(dataset="pairs.csv", objective="regression", score_max=5.0)
+    columns, targets = texts_and_labels([ScoredPair("a", "b", 4.0), ScoredPair("c", "d", 0.0)], stage)
+    assert columns == [["a", "c"], ["b", "d"]] and targets.tolist() == pytest.approx([0.8, 0.0])
+    with pytest.raises(ValueError, match=r"outside \[0, score_max=5.0\] \(0 to 42\)"):
+        texts_and_labels([ScoredPair("a", "b", 42.0), ScoredPair("c", "d", 0.0)], stage)
+
+
+def test_mnrl_keeps_entailed_pairs_and_objectives_refuse_other_records() -> None:
+    pairs = [LabelledPair("p", "h1", NLI_LABELS.index("entailment")), LabelledPair("p", "h2", 0)]
+    columns, labels = texts_and_labels(pairs, StageConfig(dataset="nli", objective="mnrl"))
+    assert columns == [["p"], ["h1"]] and labels is None
+    with pytest.raises(ValueError, match="objective 'triplet' needs Triplet"):
+        texts_and_labels(pairs, StageConfig(dataset="nli", objective="triplet"))
+
+
+def test_every_registered_objective_declares_what_it_trains_on() -> None:
+    for name, loss in OBJECTIVES.items():
+        assert loss.record_types and loss.user_file_kind in ("scored", "labelled", "triplet"), name
+        assert loss.label_field in (None, "label", "score"), name
 
 
 # --- TripletLoss ---------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import mlflow
 import numpy as np
 import psutil
 import pytest
@@ -19,7 +20,7 @@ from sentence_transformers import SentenceTransformer
 
 from sbert_ray.config import ConfigError, load_config
 from sbert_ray.models.encoder import SentenceEncoder
-from sbert_ray.training.driver import prepare, train
+from sbert_ray.runs.training import prepare, run_training
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +48,9 @@ def wait_for_registered_checkpoint(run_dir: Path, timeout: float = 120) -> None:
 
 
 def test_training_run_is_complete_in_mlflow(local_ray, tiny_train_config, tmp_path):
-    config = load_config(tiny_train_config(eval_every=4))
-    result = train(config)
+    registered = ["tracking.registered_model_name=tiny-stsb", "tracking.alias=champion"]
+    config = load_config(tiny_train_config(eval_every=4), registered)
+    result = run_training(config)
 
     client, run = only_run(config.tracking.tracking_uri)
     assert run.info.status == "FINISHED" and run.info.run_id == result.run_id
@@ -56,7 +58,8 @@ def test_training_run_is_complete_in_mlflow(local_ray, tiny_train_config, tmp_pa
     for key in ("train/loss", "train/learning_rate", "train/pairs_per_s", "dev/spearman_cosine"):
         assert key in metrics
     assert len(client.get_metric_history(run.info.run_id, "dev/spearman_cosine")) == 3  # steps 4, 8, 12
-    assert metrics["final/stsb/spearman_cosine"] == pytest.approx(result.final["stsb"])
+    assert metrics["final/stsb/spearman_cosine"] == pytest.approx(result.final["stsb/spearman_cosine"])
+    assert result.headlines["stsb"] == ("spearman_cosine", result.final["stsb/spearman_cosine"])
     assert run.data.params["stages.0.objective"] == "regression"
     assert {"git_commit", "ray_version", "torch_version", "transformers_version"} <= set(run.data.tags)
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
@@ -69,6 +72,14 @@ def test_training_run_is_complete_in_mlflow(local_ray, tiny_train_config, tmp_pa
     ours = SentenceEncoder.load(result.model_dir).encode(sentences)
     np.testing.assert_allclose(reference, ours, atol=1e-5)
 
+    # Its model card names the data, the final score and the run; the registered version serves the same vectors.
+    card = (Path(model_dir) / "README.md").read_text()
+    assert (Path(result.model_dir) / "README.md").read_text() == card
+    assert "stsb" in card and f"{result.final['stsb/spearman_cosine']:.2f}" in card and result.run_id in card
+    mlflow.set_tracking_uri(config.tracking.tracking_uri)
+    served = mlflow.pyfunc.load_model("models:/tiny-stsb@champion").predict(sentences)
+    np.testing.assert_allclose(np.asarray(served), ours, atol=1e-5)
+
     # Best-k checkpoints by dev Spearman (k=2), plus the latest one, which Ray always keeps for resuming.
     assert 2 <= len(list((Path(config.checkpoint.storage_path) / "tiny").glob("checkpoint_*"))) <= 3
 
@@ -76,7 +87,7 @@ def test_training_run_is_complete_in_mlflow(local_ray, tiny_train_config, tmp_pa
 def test_killed_worker_resumes_from_checkpoint(local_ray, tiny_train_config):
     config = load_config(tiny_train_config(name="killed", limit=1600, eval_every=20))
     outcome: dict = {}
-    thread = threading.Thread(target=lambda: outcome.update(result=train(config)))
+    thread = threading.Thread(target=lambda: outcome.update(result=run_training(config)))
     thread.start()
     wait_for_registered_checkpoint(Path(config.checkpoint.storage_path) / config.name)
     workers = [p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
@@ -121,9 +132,23 @@ def test_resubmitted_run_resumes(tiny_train_config):
         (["stages.0.dataset=stsbb"], "stsbb"),
         (["model.name=/nonexistent/model"], "/nonexistent/model"),
         (["stages.0.objective=softmax"], "needs LabelledPair"),
+        (["stages.0.matryoshka_dims=[32, 64]"], r"stages\.0\.matryoshka_dims: 64 exceeds the model's 32"),
     ],
 )
 def test_bad_data_or_model_fails_before_ray(tiny_train_config, overrides, message):
     config = load_config(tiny_train_config(), overrides)
-    with pytest.raises((ConfigError, ValueError, FileNotFoundError), match=message):
+    with pytest.raises((ConfigError, ValueError), match=message):
+        prepare(config)
+
+
+def test_hub_evaluation_data_is_checked_in_prepare_when_offline(tiny_train_config, monkeypatch):
+    """No data folder (a Hub user) while the Hub is unreachable: the final STS suite could never load, so the run
+    stops in prepare(), before any training, naming the key, the task and the dataset."""
+    monkeypatch.delenv("SBERT_RAY_DATA_DIR", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    config = load_config(tiny_train_config(), ["data_dir=", "evaluation.final_tasks=[sts]"])
+    expected = (
+        r"evaluation.final_tasks: task 'sts': 'sts12' \(mteb/sts12-sts\) needs the Hugging Face Hub, which is unr"
+    )
+    with pytest.raises(ConfigError, match=expected):
         prepare(config)

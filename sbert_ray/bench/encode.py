@@ -120,7 +120,7 @@ def build_variants(
     if reference:
         from sentence_transformers import SentenceTransformer
 
-        theirs = SentenceTransformer(folder, device=str(device))
+        theirs = SentenceTransformer(folder, device=str(device), trust_remote_code=False)
         if "fp32" in precisions:
             ways.append((REFERENCE, "fp32", "none", True, _theirs(theirs), theirs[0]))
         if "bf16" in precisions:

@@ -78,9 +78,7 @@ def log_bench(records: Sequence[dict], kind: str, params: dict, tracking_uri: st
 
     from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags
 
-    tracker = RunTracker(tracking_uri, experiment, run_name=f"bench-{kind}")
-    ok = False
-    try:
+    with RunTracker(tracking_uri, experiment, run_name=f"bench-{kind}") as tracker:
         tracker.set_tags(environment_tags())
         tracker.log_params(params)
         metrics = {
@@ -94,7 +92,4 @@ def log_bench(records: Sequence[dict], kind: str, params: dict, tracking_uri: st
         figure = bar_chart(records, f"sbert-ray bench {kind}: {params.get('model', '')}")
         tracker.log_figure(figure, f"bench_{kind}.png")
         plt.close(figure)
-        ok = True
-    finally:
-        tracker.end(ok)
     return tracker.run_id

@@ -1,11 +1,12 @@
 """Data layer: record types, readers for local files / the Hub / user files, and the batch sampler."""
 
-from sbert_ray.data.hub import HUB_SOURCES, HubSource, load_hub
+from sbert_ray.data.hub import HUB_MIRROR_ENV, HUB_SOURCES, HubSource, check_hub, load_hub
 from sbert_ray.data.readers import (
     DATA_DIR_ENV,
     STS_SUBSETS,
     UKP_ASPECT_FOLDS,
     UKP_ASPECT_SCORES,
+    check_available,
     load_records,
     load_sts_subsets,
     nli_triplets,
@@ -27,6 +28,7 @@ from sbert_ray.data.sampler import SmartBatchSampler
 
 __all__ = [
     "DATA_DIR_ENV",
+    "HUB_MIRROR_ENV",
     "HUB_SOURCES",
     "NLI_LABELS",
     "STS_SUBSETS",
@@ -41,6 +43,8 @@ __all__ = [
     "SmartBatchSampler",
     "TopicPair",
     "Triplet",
+    "check_available",
+    "check_hub",
     "load_hub",
     "load_records",
     "load_sts_subsets",

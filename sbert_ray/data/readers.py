@@ -6,7 +6,9 @@ rows). A bad row is a `DataError` naming file and line, or with errors="skip" a 
 
 File quirks handled here (see each folder's SOURCE.md): TAB files are split on TAB with no quote handling
 (STSb, SICK, STS, XNLI, CAD-SNLI, UKP ASPECT contain stray `"`); CRLF line ends are stripped; CSV files
-(SNLI/MultiNLI, BWS) use RFC-4180 quoting; blank lines are not rows.
+(SNLI/MultiNLI, BWS) use strict RFC-4180 quoting (a broken quote stops the read at its line rather than swallowing
+the rows after it); blank lines are not rows. Bytes that are not UTF-8 make their row a bad row (file and line),
+and every score must lie on its source's declared scale.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import TextIO, TypeVar
 
-from sbert_ray.data.hub import HUB_SOURCES, load_hub
+from sbert_ray.data.hub import HUB_SOURCES, check_hub, load_hub
 from sbert_ray.data.records import (
     NLI_LABEL_IDS,
     NLI_LABELS,
@@ -38,6 +40,12 @@ from sbert_ray.data.records import (
 
 DATA_DIR_ENV = "SBERT_RAY_DATA_DIR"
 T = TypeVar("T")
+
+# Declared score scales (each folder's SOURCE.md), both ends included. UKP ASPECT's scores come from
+# UKP_ASPECT_SCORES (0-3) and cannot leave it.
+STS_SCALE = (0.0, 5.0)  # STSb and STS12-16
+SICK_SCALE = (1.0, 5.0)
+BWS_SCALE = (0.0, 1.0)
 
 STS_SUBSETS: dict[str, tuple[str, ...]] = {
     "sts12": ("MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"),
@@ -125,9 +133,17 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
 # --- raw rows ---------------------------------------------------------------------------------------------
 
 
+def _open(path: Path, newline: str) -> TextIO:
+    try:
+        return open(path, encoding="utf-8-sig", errors="surrogateescape", newline=newline)
+    except (FileNotFoundError, IsADirectoryError):
+        raise DataError(f"{path}: no such file") from None
+
+
 def _lines(path: Path) -> Iterator[str]:
-    """Every line without its LF or CRLF ending; only LF splits (a stray CR inside text stays text)."""
-    with open(path, encoding="utf-8-sig", newline="\n") as file:
+    """Every line without its LF or CRLF ending; only LF splits (a stray CR inside text stays text). Bytes that
+    are not UTF-8 are kept as surrogate escapes, so the row holding them fails with its line number."""
+    with _open(path, newline="\n") as file:
         for line in file:
             yield line.removesuffix("\n").removesuffix("\r")
 
@@ -140,11 +156,19 @@ def _tab_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
 
 
 def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
-    """(line number where the record starts, fields) of an RFC-4180 CSV file."""
-    with open(path, encoding="utf-8-sig", newline="") as file:
-        reader = csv.reader(file)
+    """(line number where the record starts, fields) of an RFC-4180 CSV file. A quoting error or an over-long
+    field (csv.field_size_limit) stops the read even with errors="skip": the parser has lost its place in the
+    file, so the rows after it cannot be trusted."""
+    with _open(path, newline="") as file:
+        reader = csv.reader(file, strict=True)
         start = 1
-        for fields in reader:
+        while True:
+            try:
+                fields = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as error:
+                raise DataError(f"{path}, line {start}: broken CSV ({error})") from None
             if fields:
                 yield start, fields
             start = reader.line_num + 1
@@ -162,8 +186,9 @@ def _named_record(
     names: list[str],
     columns: Mapping[str, str],
     values: Mapping[object, float | int] | None,
+    score_range: tuple[float, float] | None,
 ) -> Record:
-    return make_record(kind, _named(fields, names), columns, values)
+    return make_record(kind, _named(fields, names), columns, values, score_range)
 
 
 def _read_table(
@@ -174,6 +199,7 @@ def _read_table(
     values: Mapping[object, float | int] | None = None,
     errors: Errors = "raise",
     drop: tuple[str, str] | None = None,
+    score_range: tuple[float, float] | None = None,
 ) -> Records:
     """Records from a table whose first row names the columns; `drop` = (column, value) rows to drop."""
     rows = iter(rows)
@@ -191,7 +217,7 @@ def _read_table(
         if drop and len(fields) == len(names) and fields[drop_index] == drop[1]:
             collector.drop(f"{drop[0]} {drop[1]!r}")
             continue
-        collector.add(line, _named_record, kind, fields, names, columns, values)
+        collector.add(line, _named_record, kind, fields, names, columns, values, score_range)
     return collector.finish()
 
 
@@ -202,7 +228,9 @@ def _stsb_record(fields: list[str]) -> Record:
     # genre, filename, year, id, score, sentence1, sentence2 [, source1, source2]
     if len(fields) not in (7, 9):
         raise RowError(f"expected 7 or 9 TAB-separated fields, got {len(fields)}")
-    return make_record("scored", {"score": fields[4], "sentence1": fields[5], "sentence2": fields[6]})
+    return make_record(
+        "scored", {"score": fields[4], "sentence1": fields[5], "sentence2": fields[6]}, score_range=STS_SCALE
+    )
 
 
 def read_stsb(path: Path, errors: Errors = "raise") -> Records:
@@ -216,7 +244,7 @@ def read_stsb(path: Path, errors: Errors = "raise") -> Records:
 def read_sick(path: Path, errors: Errors = "raise") -> Records:
     """SICK_{train,trial,test_annotated}.txt: relatedness score 1-5 as ScoredPair."""
     columns = {"sentence1": "sentence_A", "sentence2": "sentence_B", "score": "relatedness_score"}
-    return _read_table(Path(path), _tab_rows(Path(path)), "scored", columns, errors=errors)
+    return _read_table(Path(path), _tab_rows(Path(path)), "scored", columns, errors=errors, score_range=SICK_SCALE)
 
 
 def _sts_record(pair: str, gold: str, gold_name: str) -> Record:
@@ -224,7 +252,8 @@ def _sts_record(pair: str, gold: str, gold_name: str) -> Record:
     if len(fields) != 2:
         raise RowError(f"expected 2 TAB-separated sentences, got {len(fields)} fields")
     key = f"gold score ({gold_name})"  # so a bad score names the file it is in
-    return make_record("scored", {"sentence1": fields[0], "sentence2": fields[1], key: gold}, {"score": key})
+    row = {"sentence1": fields[0], "sentence2": fields[1], key: gold}
+    return make_record("scored", row, {"score": key}, score_range=STS_SCALE)
 
 
 def read_sts_subset(folder: Path, subset: str, errors: Errors = "raise") -> Records:
@@ -286,7 +315,7 @@ def read_ukp_aspect(path: Path, errors: Errors = "raise") -> Records:
 def read_bws(path: Path, errors: Errors = "raise") -> Records:
     """BWS_corpus.csv as TopicPair with score = regression_label (0-1)."""
     columns = {"sentence1": "sentence_1", "sentence2": "sentence_2", "score": "regression_label"}
-    return _read_table(Path(path), _csv_rows(Path(path)), "topic", columns, errors=errors)
+    return _read_table(Path(path), _csv_rows(Path(path)), "topic", columns, errors=errors, score_range=BWS_SCALE)
 
 
 def read_wikisec_csv(path: Path, errors: Errors = "raise") -> Records:
@@ -296,15 +325,21 @@ def read_wikisec_csv(path: Path, errors: Errors = "raise") -> Records:
 
 
 def _json_record(
-    text: str, kind: Kind, columns: Mapping[str, str], values: Mapping[object, float | int] | None
+    text: str,
+    kind: Kind,
+    columns: Mapping[str, str],
+    values: Mapping[object, float | int] | None,
+    score_range: tuple[float, float] | None,
 ) -> Record:
     try:
         row = json.loads(text)
     except json.JSONDecodeError as error:
         raise RowError(f"invalid JSON ({error.msg})") from None
+    except RecursionError:
+        raise RowError("invalid JSON (nested too deeply)") from None
     if not isinstance(row, dict):
         raise RowError(f"expected a JSON object, got {type(row).__name__}")
-    return make_record(kind, row, columns, values)
+    return make_record(kind, row, columns, values, score_range)
 
 
 def read_user_file(
@@ -313,12 +348,14 @@ def read_user_file(
     columns: Mapping[str, str] | None = None,
     errors: Errors = "raise",
     labels: Mapping[object, int] | None = None,
+    score_range: tuple[float, float] | None = None,
 ) -> Records:
     """The user's own .csv (RFC-4180), .tsv (TAB, no quoting) or .jsonl file with named columns.
 
     kind: "scored" | "labelled" | "triplet" | "topic". columns: record field -> column name, e.g.
     {"sentence1": "premise", "sentence2": "hypothesis", "label": "gold"}; unlisted fields use their own name.
     labels: raw label -> class index (default: the NLI_LABELS words); scores must be numbers.
+    score_range: the file's score scale (low, high), both included; training passes [0, the stage's score_max].
     """
     path = Path(path)
     if kind not in RECORD_TYPES:
@@ -326,14 +363,14 @@ def read_user_file(
     columns = dict(columns or {})
     suffix = path.suffix.lower()
     if suffix == ".csv":
-        return _read_table(path, _csv_rows(path), kind, columns, labels, errors)
+        return _read_table(path, _csv_rows(path), kind, columns, labels, errors, score_range=score_range)
     if suffix == ".tsv":
-        return _read_table(path, _tab_rows(path), kind, columns, labels, errors)
+        return _read_table(path, _tab_rows(path), kind, columns, labels, errors, score_range=score_range)
     if suffix == ".jsonl":
         collector = RecordCollector(str(path), errors)
         for number, line in enumerate(_lines(path), start=1):
             if line.strip():
-                collector.add(number, _json_record, line, kind, columns, labels)
+                collector.add(number, _json_record, line, kind, columns, labels, score_range)
         return collector.finish()
     raise DataError(f"{path}: unsupported file type {suffix!r} (use .csv, .tsv or .jsonl)")
 
@@ -397,74 +434,120 @@ _CAD_FILES = {
 _WIKISEC_FILES = {"train": "train.csv", "dev": "validation.csv", "test": "test.csv"}
 
 
-def _stsb(root: Path, split: str, errors: Errors) -> Records:
-    return read_stsb(root / "stsb" / _choose("stsb", split, _STSB_FILES), errors)
+@dataclasses.dataclass(frozen=True)
+class LocalDataset:
+    """A dataset name in the data directory: the files a split needs (paths relative to the directory; a
+    DataError for an unknown split), and how to read the split's records from the directory."""
+
+    files: Callable[[str], list[str]]
+    read: Callable[[Path, str, Errors], Records]
+
+    def load(self, root: Path, split: str, errors: Errors) -> Records:
+        self.files(split)  # an unknown split is a DataError here, before any file is opened
+        return self.read(root, split, errors)
 
 
-def _sick(root: Path, split: str, errors: Errors) -> Records:
-    files = _choose("sickr", split, _SICK_FILES)
-    return Records.concat(read_sick(root / "sickr" / file, errors) for file in files)
+def _one_reader_per_file(
+    folder: str, name: str, choices: Mapping[str, str | tuple[str, ...]], reader: Callable[[Path, Errors], Records]
+) -> LocalDataset:
+    """A dataset whose split is one or more files of `folder`, each read by `reader` and concatenated."""
+
+    def files(split: str) -> list[str]:
+        chosen = _choose(name, split, choices)
+        return [f"{folder}/{file}" for file in ((chosen,) if isinstance(chosen, str) else chosen)]
+
+    def read(root: Path, split: str, errors: Errors) -> Records:
+        return Records.concat(reader(root / file, errors) for file in files(split))
+
+    return LocalDataset(files, read)
+
+
+def _sts_folder(name: str) -> str:
+    return f"sts12-16/STS{name.removeprefix('sts')}-en-test"
 
 
 def sts_subsets(root: Path, name: str, errors: Errors = "raise") -> dict[str, Records]:
     """STS12-16 by sub-set, in the order of STS_SUBSETS (their concatenation is the year's test set)."""
-    folder = root / "sts12-16" / f"STS{name.removeprefix('sts')}-en-test"
-    return {subset: read_sts_subset(folder, subset, errors) for subset in STS_SUBSETS[name]}
+    return {subset: read_sts_subset(root / _sts_folder(name), subset, errors) for subset in STS_SUBSETS[name]}
 
 
-def _sts_year(name: str) -> Callable[[Path, str, Errors], Records]:
-    def read(root: Path, split: str, errors: Errors) -> Records:
+def _sts_year(name: str) -> LocalDataset:
+    def files(split: str) -> list[str]:
         _choose(name, split, {"test": None})
+        return [f"{_sts_folder(name)}/STS.{kind}.{s}.txt" for s in STS_SUBSETS[name] for kind in ("input", "gs")]
+
+    def read(root: Path, split: str, errors: Errors) -> Records:
         return Records.concat(sts_subsets(root, name, errors).values())
 
-    return read
+    return LocalDataset(files, read)
 
 
-def _snli(root: Path, split: str, errors: Errors) -> Records:
-    return read_nli_csv(root / "nli" / "snli" / _choose("snli", split, _SNLI_FILES), errors)
+_STSB = _one_reader_per_file("stsb", "stsb", _STSB_FILES, read_stsb)
+_SICK = _one_reader_per_file("sickr", "sickr", _SICK_FILES, read_sick)
+_SNLI = _one_reader_per_file("nli/snli", "snli", _SNLI_FILES, read_nli_csv)
+_MNLI = _one_reader_per_file("nli/mnli", "mnli", _MNLI_FILES, read_nli_csv)
+_XNLI = _one_reader_per_file("nli-extra/xnli-en", "xnli", _XNLI_FILES, read_xnli)
+_CAD_SNLI = _one_reader_per_file("nli-extra/cad-snli", "cad-snli", _CAD_FILES, read_cad_snli)
+_BWS = _one_reader_per_file("bws-argsim", "bws", {"all": "BWS_corpus.csv"}, read_bws)
+# Not in shared/data; a user with the Dor et al. release puts its CSVs in <data dir>/wikisec/.
+_WIKISEC = _one_reader_per_file("wikisec", "wikisec", _WIKISEC_FILES, read_wikisec_csv)
 
 
-def _mnli(root: Path, split: str, errors: Errors) -> Records:
-    return read_nli_csv(root / "nli" / "mnli" / _choose("mnli", split, _MNLI_FILES), errors)
+def _snli_senteval_files(split: str) -> list[str]:
+    _choose("snli-senteval", split, {"dev": None, "test": None})
+    return [f"nli/snli-senteval/{stem}.{split}" for stem in ("s1", "s2", "labels")]
 
 
 def _snli_senteval(root: Path, split: str, errors: Errors) -> Records:
-    _choose("snli-senteval", split, {"dev": None, "test": None})
     return read_senteval_nli(root / "nli" / "snli-senteval", split, errors)
 
 
-def _xnli(root: Path, split: str, errors: Errors) -> Records:
-    return read_xnli(root / "nli-extra" / "xnli-en" / _choose("xnli", split, _XNLI_FILES), errors)
+# The largest NLI training set available offline: the only real SNLI-train pairs (CAD original/train), their
+# counterfactual revisions, and XNLI-en (MultiNLI-style, disjoint from MultiNLI dev). SNLI and MultiNLI dev/test
+# are left out on purpose: they stay NLI evaluation data.
+_NLI_OFFLINE_PARTS = (
+    (_CAD_SNLI, "original/train"),
+    (_CAD_SNLI, "revised_combined/train"),
+    (_XNLI, "dev"),
+    (_XNLI, "test"),
+)
 
 
-def _cad_snli(root: Path, split: str, errors: Errors) -> Records:
-    files = _choose("cad-snli", split, _CAD_FILES)
-    return Records.concat(read_cad_snli(root / "nli-extra" / "cad-snli" / file, errors) for file in files)
+def _nli_offline_files(split: str) -> list[str]:
+    _choose("nli-offline", split, {"train": None})
+    return [file for dataset, part in _NLI_OFFLINE_PARTS for file in dataset.files(part)]
 
 
 def _nli_offline(root: Path, split: str, errors: Errors) -> Records:
-    # The largest NLI training set available offline: the only real SNLI-train pairs (CAD original/train),
-    # their counterfactual revisions, and XNLI-en (MultiNLI-style, disjoint from MultiNLI dev). SNLI and
-    # MultiNLI dev/test are left out on purpose: they stay NLI evaluation data.
-    _choose("nli-offline", split, {"train": None})
-    parts = [_cad_snli(root, "original/train", errors), _cad_snli(root, "revised_combined/train", errors)]
-    return Records.concat(parts + [_xnli(root, "dev", errors), _xnli(root, "test", errors)])
+    return Records.concat(dataset.read(root, part, errors) for dataset, part in _NLI_OFFLINE_PARTS)
 
 
 def _nli_triplets(root: Path, split: str, errors: Errors) -> Records:
     # Built from an SNLI evaluation split (the split names which; "test" is the usual choice).
-    return nli_triplets(_snli(root, split, errors))
+    return nli_triplets(_SNLI.read(root, split, errors))
 
 
-def _ukp_aspect(root: Path, split: str, errors: Errors) -> Records:
-    # "all", or "fold<k>/<train|dev|test>" of UKP_ASPECT_FOLDS.
-    records = read_ukp_aspect(root / "ukp-aspect" / "UKP_ASPECT.tsv", errors)
+def _ukp_fold(split: str) -> tuple[dict[str, tuple[str, ...]], str] | None:
+    """None for "all"; for "fold<k>/<train|dev|test>" that fold of UKP_ASPECT_FOLDS and the part."""
     if split == "all":
-        return records
+        return None
     match = re.fullmatch(r"fold([0-3])/(train|dev|test)", split)
     if not match:
         raise DataError(f"local dataset 'ukp-aspect' has no split {split!r}; use 'all' or 'fold<0-3>/<train|dev|test>'")
-    fold, part = UKP_ASPECT_FOLDS[int(match[1])], match[2]
+    return UKP_ASPECT_FOLDS[int(match[1])], match[2]
+
+
+def _ukp_aspect_files(split: str) -> list[str]:
+    _ukp_fold(split)
+    return ["ukp-aspect/UKP_ASPECT.tsv"]
+
+
+def _ukp_aspect(root: Path, split: str, errors: Errors) -> Records:
+    fold_part = _ukp_fold(split)
+    records = read_ukp_aspect(root / "ukp-aspect" / "UKP_ASPECT.tsv", errors)
+    if fold_part is None:
+        return records
+    fold, part = fold_part
     if part == "train":
         held_out = set(fold["dev"]) | set(fold["test"])
         kept = [record for record in records if record.topic not in held_out]
@@ -473,32 +556,28 @@ def _ukp_aspect(root: Path, split: str, errors: Errors) -> Records:
     return Records(kept, skipped=records.skipped, dropped=records.dropped)
 
 
-def _bws(root: Path, split: str, errors: Errors) -> Records:
-    # One split: the corpus has no official topic split (cross-topic folds are the caller's choice).
-    _choose("bws", split, {"all": None})
-    return read_bws(root / "bws-argsim" / "BWS_corpus.csv", errors)
-
-
-def _wikisec(root: Path, split: str, errors: Errors) -> Records:
-    # Not in shared/data; a user with the Dor et al. release puts its CSVs in <data dir>/wikisec/.
-    return read_wikisec_csv(root / "wikisec" / _choose("wikisec", split, _WIKISEC_FILES), errors)
-
-
-_LOCAL: dict[str, Callable[[Path, str, Errors], Records]] = {
-    "stsb": _stsb,
-    "sickr": _sick,
+_LOCAL: dict[str, LocalDataset] = {
+    "stsb": _STSB,
+    "sickr": _SICK,
     **{name: _sts_year(name) for name in STS_SUBSETS},
-    "snli": _snli,
-    "mnli": _mnli,
-    "snli-senteval": _snli_senteval,
-    "xnli": _xnli,
-    "cad-snli": _cad_snli,
-    "nli-offline": _nli_offline,
-    "nli-triplets": _nli_triplets,
-    "ukp-aspect": _ukp_aspect,
-    "bws": _bws,
-    "wikisec": _wikisec,
+    "snli": _SNLI,
+    "mnli": _MNLI,
+    "snli-senteval": LocalDataset(_snli_senteval_files, _snli_senteval),
+    "xnli": _XNLI,
+    "cad-snli": _CAD_SNLI,
+    "nli-offline": LocalDataset(_nli_offline_files, _nli_offline),
+    "nli-triplets": LocalDataset(_SNLI.files, _nli_triplets),
+    "ukp-aspect": LocalDataset(_ukp_aspect_files, _ukp_aspect),
+    "bws": _BWS,
+    "wikisec": _WIKISEC,
 }
+
+
+def _local(name: str) -> LocalDataset:
+    if name not in _LOCAL:
+        where = " (it is only on the Hugging Face Hub: unset the data directory)" if name in HUB_SOURCES else ""
+        raise DataError(f"dataset {name!r} is not a local dataset{where}; local names: {', '.join(_LOCAL)}")
+    return _LOCAL[name]
 
 
 def load_records(
@@ -511,19 +590,29 @@ def load_records(
     root = resolve_data_dir(data_dir)
     if root is None:
         return load_hub(name, split, errors)
-    if name not in _LOCAL:
-        where = " (it is only on the Hugging Face Hub: unset the data directory)" if name in HUB_SOURCES else ""
-        raise DataError(f"dataset {name!r} is not a local dataset{where}; local names: {', '.join(_LOCAL)}")
-    return _LOCAL[name](root, split, errors)
+    return _local(name).load(root, split, errors)
+
+
+def check_available(name: str, split: str, data_dir: str | os.PathLike | None = None) -> str:
+    """Where `load_records(name, split, data_dir)` would read from, checked before any work, without reading
+    rows: the data directory when every file the split needs is there (else a DataError naming the first missing
+    file), or without one the Hub source (its mirror folder, the Hub, or the datasets cache: `check_hub`)."""
+    root = resolve_data_dir(data_dir)
+    if root is None:
+        return check_hub(name, split)
+    missing = [root / file for file in _local(name).files(split) if not (root / file).is_file()]
+    if missing:
+        more = f" (and {len(missing) - 1} more missing files)" if len(missing) > 1 else ""
+        raise DataError(f"{name!r} split {split!r} needs {missing[0]}, which does not exist{more}")
+    return str(root)
 
 
 def load_sts_subsets(
     name: str, data_dir: str | os.PathLike | None = None, errors: Errors = "raise"
 ) -> dict[str, Records]:
-    """STS12-16 test pairs per sub-set (file order); needs local files (the Hub copies lack sub-set names)."""
+    """STS12-16 test pairs per sub-set (file order) from local files; without a data directory there are none
+    ({}): the Hub copies (mteb/sts12-sts ... sts16-sts) carry no sub-set name in their rows (see hub.py)."""
     if name not in STS_SUBSETS:
         raise DataError(f"{name!r} is not one of {', '.join(STS_SUBSETS)}")
     root = resolve_data_dir(data_dir)
-    if root is None:
-        raise DataError(f"per-subset {name} needs local files: pass --data-dir or set {DATA_DIR_ENV}")
-    return sts_subsets(root, name, errors)
+    return {} if root is None else sts_subsets(root, name, errors)

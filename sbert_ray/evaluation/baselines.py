@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 from sklearn.feature_extraction.text import TfidfVectorizer
 
+from sbert_ray.evaluation.embeddings import embed_columns
 from sbert_ray.models.encoder import SentenceEncoder
 
 BASELINES = ("avg", "cls", "tfidf")
@@ -24,21 +25,24 @@ class TfidfBaseline:
     used), so each held-out fold is weighted by its own corpus."""
 
     def pair_similarities(self, pairs: Sequence) -> np.ndarray:
-        sentences = list(dict.fromkeys(s for p in pairs for s in (p.sentence1, p.sentence2)))
-        position = {s: i for i, s in enumerate(sentences)}
-        vectors = TfidfVectorizer().fit_transform(sentences)  # rows are L2-normalised: cosine = dot product
-        left = vectors[[position[p.sentence1] for p in pairs]]
-        right = vectors[[position[p.sentence2] for p in pairs]]
+        # Rows are L2-normalised: cosine = dot product.
+        left, right = embed_columns(
+            TfidfVectorizer().fit_transform, [[p.sentence1 for p in pairs], [p.sentence2 for p in pairs]]
+        )
         return np.asarray(left.multiply(right).sum(axis=1)).ravel()
 
 
-def load_model(ref: str, baseline: str | None = None) -> SentenceEncoder | TfidfBaseline:
+def load_model(
+    ref: str, baseline: str | None = None, allow_unsafe_weights: bool = False
+) -> SentenceEncoder | TfidfBaseline:
     """The model at ``ref`` as saved, or one of BASELINES built from it (tf-idf needs no model)."""
     if baseline is None:
-        return SentenceEncoder.load(ref)
+        return SentenceEncoder.load(ref, allow_unsafe_weights=allow_unsafe_weights)
     if baseline == "tfidf":
         return TfidfBaseline()
     if baseline not in BASELINE_POOLING:
         raise ValueError(f"unknown baseline {baseline!r}; choose from {', '.join(BASELINES)}")
     # Raw pooled vectors: no normalisation layer, whatever the saved model had.
-    return SentenceEncoder.load(ref, pooling=BASELINE_POOLING[baseline], normalize=False)
+    return SentenceEncoder.load(
+        ref, pooling=BASELINE_POOLING[baseline], normalize=False, allow_unsafe_weights=allow_unsafe_weights
+    )

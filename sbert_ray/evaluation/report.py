@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sbert_ray.config import flatten
 from sbert_ray.evaluation.paper_numbers import PAPER_TABLES, PaperTable
 
 # Tables whose columns are our datasets: table -> ({our entry: paper column}, metric).
@@ -176,16 +177,6 @@ def plot_table(table: PaperTable, ours: dict[str, tuple], path: Path) -> None:
     plt.close(fig)
 
 
-def _flat_numbers(metrics: dict, prefix: str = "") -> dict[str, float]:
-    flat = {}
-    for key, value in metrics.items():
-        if isinstance(value, dict):
-            flat |= _flat_numbers(value, f"{prefix}{key}/")
-        elif isinstance(value, int | float):
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def build_report(result_sets: Sequence[ResultSet], out_dir: str | Path) -> Path:
     """Write ``report.md`` and ``table<N>.png`` into ``out_dir``; return the markdown's path."""
     out_dir = Path(out_dir)
@@ -218,7 +209,7 @@ def build_report(result_sets: Sequence[ResultSet], out_dir: str | Path) -> Path:
     for rs in result_sets:
         lines += [f"### {rs.label}", "", "| entry | metric | value |", "|---|---|---|"]
         for entry, metrics in rs.results.items():
-            lines += [f"| {entry} | {key} | {_cell(value)} |" for key, value in _flat_numbers(metrics).items()]
+            lines += [f"| {entry} | {key} | {_cell(value)} |" for key, value in flatten(metrics, sep="/").items()]
         lines.append("")
     path = out_dir / "report.md"
     path.write_text("\n".join(lines) + "\n")
@@ -226,22 +217,12 @@ def build_report(result_sets: Sequence[ResultSet], out_dir: str | Path) -> Path:
 
 
 def log_report(report_path: Path, result_sets: Sequence[ResultSet], tracking_uri: str, experiment: str) -> str:
-    """Log the report folder and every headline number to a new MLflow run; returns the run id."""
+    """Log the report folder and every number of the results to a new MLflow run; returns the run id."""
     from sbert_ray.tracking.mlflow_run import RunTracker
 
-    tracker = RunTracker(tracking_uri, experiment, run_name="reproduction-report")
-    ok = False
-    try:
+    with RunTracker(tracking_uri, experiment, run_name="reproduction-report") as tracker:
         tracker.log_artifacts(report_path.parent, "report")
-        metrics = {
-            f"{rs.label}/{entry}/{key}": value
-            for rs in result_sets
-            for entry, m in rs.results.items()
-            for key, value in m.items()
-            if isinstance(value, int | float)
-        }
-        tracker.log_metrics({k.replace(" ", "_"): v for k, v in metrics.items()})
-        ok = True
-    finally:
-        tracker.end(ok)
+        tracker.log_metrics(
+            {f"{rs.label}/{key}": value for rs in result_sets for key, value in flatten(rs.results, sep="/").items()}
+        )
     return tracker.run_id

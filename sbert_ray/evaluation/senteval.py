@@ -19,6 +19,7 @@ from sklearn.model_selection import GridSearchCV, PredefinedSplit, StratifiedKFo
 
 from sbert_ray.data.readers import resolve_data_dir
 from sbert_ray.data.records import DataError
+from sbert_ray.evaluation.embeddings import embed_columns, encoder_embeddings
 
 SENTEVAL_TASKS = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")
 C_GRID = [2.0**t for t in range(-2, 4)]  # SentEval's regularisation grid for its scikit-learn classifier
@@ -83,10 +84,7 @@ def load_task(name: str, root: Path) -> TaskData:
 
 def features(encoder, texts: Sequence[tuple[str, ...]], batch_size: int = 64) -> np.ndarray:
     """Embeddings of single sentences, or (|u - v|, u * v) of pairs; each distinct sentence is encoded once."""
-    sentences = list(dict.fromkeys(s for t in texts for s in t))
-    position = {s: i for i, s in enumerate(sentences)}
-    embeddings = encoder.encode(sentences, batch_size=batch_size, convert_to="numpy").astype(np.float64)
-    columns = [embeddings[[position[t[i]] for t in texts]] for i in range(len(texts[0]))]
+    columns = embed_columns(encoder_embeddings(encoder, batch_size), list(zip(*texts, strict=True)))
     if len(columns) == 1:
         return columns[0]
     u, v = columns

@@ -11,8 +11,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from scipy.stats import pearsonr, spearmanr
 
-from sbert_ray.data.readers import load_records, load_sts_subsets
-from sbert_ray.data.records import ScoredPair
+from sbert_ray.data.readers import load_records, load_sts_subsets, resolve_data_dir
+from sbert_ray.data.records import Records, ScoredPair
+from sbert_ray.evaluation.embeddings import embed_columns, encoder_embeddings
 
 STS_YEARS = ("sts12", "sts13", "sts14", "sts15", "sts16")
 STS_DATASETS = (*STS_YEARS, "stsb", "sickr")
@@ -35,13 +36,10 @@ def _unit(x: np.ndarray) -> np.ndarray:
 
 def embed_pairs(encoder, pairs: Sequence[ScoredPair], batch_size: int = 64) -> tuple[np.ndarray, np.ndarray]:
     """Embed both sides of every pair, encoding each distinct sentence once."""
-    sentences = list(dict.fromkeys(s for p in pairs for s in (p.sentence1, p.sentence2)))
-    position = {s: i for i, s in enumerate(sentences)}
-    embeddings = encoder.encode(sentences, batch_size=batch_size, convert_to="numpy").astype(np.float64)
-    return (
-        embeddings[[position[p.sentence1] for p in pairs]],
-        embeddings[[position[p.sentence2] for p in pairs]],
+    emb1, emb2 = embed_columns(
+        encoder_embeddings(encoder, batch_size), [[p.sentence1 for p in pairs], [p.sentence2 for p in pairs]]
     )
+    return emb1, emb2
 
 
 def correlations(
@@ -69,19 +67,28 @@ def evaluate_pairs(
 def evaluate_sts_year(
     encoder, name: str, data_dir=None, batch_size: int = 64, similarities: Sequence[str] = ("cosine",)
 ) -> dict:
-    """One STS year scored as a single concatenated set, with each sub-set's numbers under ``subsets``."""
+    """One STS year scored as a single concatenated set, with each sub-set's numbers under ``subsets`` when the
+    data names them (local files do; the Hub copies do not, so from the Hub there is no ``subsets``)."""
     subsets = load_sts_subsets(name, data_dir)
-    pairs = [p for subset in subsets.values() for p in subset]
+    pairs = Records.concat(subsets.values()) if subsets else load_records(name, "test", data_dir)
     emb1, emb2 = embed_pairs(encoder, pairs, batch_size)
     gold = np.array([p.score for p in pairs])
     result = correlations(emb1, emb2, gold, similarities)
-    result["subsets"] = {}
+    if subsets:
+        result["subsets"] = {}
     start = 0
     for subset, subset_pairs in subsets.items():
         part = slice(start, start + len(subset_pairs))
         result["subsets"][subset] = correlations(emb1[part], emb2[part], gold[part], similarities)
         start += len(subset_pairs)
     return result
+
+
+def sts_split(name: str, data_dir=None) -> str:
+    """The split each STS dataset is scored on (SICK-R: its test split locally, all pairs from the Hub)."""
+    if name == "sickr":
+        return SICKR_LOCAL_SPLIT if resolve_data_dir(data_dir) else SICKR_HUB_SPLIT
+    return "test"
 
 
 def run_sts_suite(
@@ -100,19 +107,8 @@ def run_sts_suite(
         if name in STS_YEARS:
             results[name] = evaluate_sts_year(encoder, name, data_dir, batch_size, similarities)
         elif name in ("stsb", "sickr"):
-            split = "test" if name == "stsb" else SICKR_LOCAL_SPLIT if data_dir else SICKR_HUB_SPLIT
-            pairs = load_records(name, split, data_dir)
+            pairs = load_records(name, sts_split(name, data_dir), data_dir)
             results[name] = evaluate_pairs(encoder, pairs, batch_size, similarities)
         else:
             raise ValueError(f"unknown STS dataset {name!r}; choose from {', '.join(STS_DATASETS)}")
     return results
-
-
-def format_table(results: dict[str, dict], similarity: str = "cosine") -> str:
-    """Spearman / Pearson x100 per dataset, with the average over datasets (as Table 1)."""
-    rows = [f"{'dataset':<10} {'spearman':>9} {'pearson':>9} {'n':>6}"]
-    for name, m in results.items():
-        rows.append(f"{name:<10} {m[f'spearman_{similarity}']:>9.2f} {m[f'pearson_{similarity}']:>9.2f} {m['n']:>6}")
-    avg = np.mean([m[f"spearman_{similarity}"] for m in results.values()])
-    rows.append(f"{'avg':<10} {avg:>9.2f}")
-    return "\n".join(rows)

@@ -14,6 +14,7 @@ import numpy as np
 
 from sbert_ray.data.readers import load_records, read_wikisec_csv
 from sbert_ray.data.records import Triplet
+from sbert_ray.evaluation.embeddings import embed_columns, encoder_embeddings
 from sbert_ray.evaluation.sts import SIMILARITIES
 
 TRIPLET_DATASETS = ("wikisec", "nli-triplets")
@@ -22,10 +23,8 @@ DISTANCES = ("euclidean", "cosine")
 
 def embed_triplets(encoder, triplets: Sequence[Triplet], batch_size: int = 64) -> list[np.ndarray]:
     """Anchor, positive and negative embeddings, encoding each distinct sentence once."""
-    sentences = list(dict.fromkeys(s for t in triplets for s in (t.anchor, t.positive, t.negative)))
-    position = {s: i for i, s in enumerate(sentences)}
-    embeddings = encoder.encode(sentences, batch_size=batch_size, convert_to="numpy").astype(np.float64)
-    return [embeddings[[position[getattr(t, side)] for t in triplets]] for side in ("anchor", "positive", "negative")]
+    sides = ("anchor", "positive", "negative")
+    return embed_columns(encoder_embeddings(encoder, batch_size), [[getattr(t, s) for t in triplets] for s in sides])
 
 
 def evaluate_triplets(encoder, triplets: Sequence[Triplet], batch_size: int = 64) -> dict[str, float]:

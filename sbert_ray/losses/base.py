@@ -4,29 +4,53 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import ClassVar
 
 from torch import Tensor, nn
 
+from sbert_ray.data.records import Kind, Record
 from sbert_ray.models.encoder import SentenceEncoder
 
 
 class EncoderLoss(nn.Module, ABC):
     """A loss that owns the encoder, so wrapping the loss in DDP also syncs heads such as SoftmaxLoss's.
 
-    `forward(features, labels)` takes one tokenized dict per column (e.g. [sentence1, sentence2]) and
-    `compute_loss_from_embeddings` applies the paper's formula to the resulting sentence embeddings.
+    `forward(features, labels)` takes one tokenized dict per column (e.g. [sentence1, sentence2]), `embed`s
+    each, and `compute_loss_from_embeddings` applies the paper's formula to the resulting sentence embeddings.
+
+    Each objective also declares what it trains on (read by the registry in `losses/registry.py` and by the
+    training data pipeline): the record types it accepts, how a user's own file is read for it, and which
+    record field, if any, becomes the label tensor. Keyword arguments after `encoder` are the objective's
+    settings (a stage's `loss:` mapping), checked against their annotations when a config is loaded.
     """
+
+    record_types: ClassVar[tuple[type[Record], ...]]
+    user_file_kind: ClassVar[Kind]
+    label_field: ClassVar[str | None] = None  # "label" (class index) or "score" (scaled to [0, 1] by score_max)
 
     def __init__(self, encoder: SentenceEncoder) -> None:
         super().__init__()
         self.encoder = encoder
 
+    @classmethod
+    def keeps(cls, record: Record) -> bool:
+        """Whether a record is a training example for this objective (MNRL keeps only entailed NLI pairs)."""
+        return True
+
     def forward(self, features: Sequence[dict[str, Tensor]], labels: Tensor | None = None) -> Tensor:
-        return self.compute_loss_from_embeddings([self.encoder(column) for column in features], labels)
+        return self.compute_loss_from_embeddings(self.embed(features), labels)
+
+    def embed(self, features: Sequence[dict[str, Tensor]]) -> list[Tensor]:
+        """One embedding tensor [batch, dim] per column (a cached loss embeds in mini-batches)."""
+        return [self.encoder(column) for column in features]
 
     @abstractmethod
     def compute_loss_from_embeddings(self, embeddings: Sequence[Tensor], labels: Tensor | None) -> Tensor:
         """The scalar loss for one embedding tensor [batch, dim] per column."""
+
+    def prepare_for_dims(self, dims: Sequence[int]) -> None:
+        """MatryoshkaLoss calls this with every embedding size the formula will see; a loss whose parameters
+        depend on that size (SoftmaxLoss's classifier) creates them here, before the optimizer is built."""
 
     def _columns(self, embeddings: Sequence[Tensor], expected: int) -> Sequence[Tensor]:
         if len(embeddings) != expected:

@@ -7,16 +7,18 @@ from collections.abc import Sequence
 from torch import Tensor
 from torch.nn import functional as F
 
+from sbert_ray.data.records import ScoredPair, TopicPair
 from sbert_ray.losses.base import EncoderLoss
 
 
 class CosineSimilarityLoss(EncoderLoss):
-    """MSE(cos(u, v), score), with scores already scaled to [0, 1] by the caller (STSb: gold / 5)."""
+    """MSE(cos(u, v), score), with scores already scaled to [0, 1] (STSb: gold / 5; the training data pipeline
+    scales by the stage's score_max and checks the range once, so the step itself never syncs with the host)."""
+
+    record_types = (ScoredPair, TopicPair)
+    user_file_kind = "scored"
+    label_field = "score"
 
     def compute_loss_from_embeddings(self, embeddings: Sequence[Tensor], labels: Tensor | None) -> Tensor:
         u, v = self._columns(embeddings, 2)
-        scores = self._labels(labels).to(u.dtype)
-        # Unscaled STS scores (0-5) would silently train towards impossible cosines, so fail loudly instead.
-        if scores.numel() and (scores.min() < 0 or scores.max() > 1):
-            raise ValueError("CosineSimilarityLoss expects scores scaled to [0, 1] (e.g. STSb gold / 5)")
-        return F.mse_loss(F.cosine_similarity(u, v), scores)
+        return F.mse_loss(F.cosine_similarity(u, v), self._labels(labels).to(u.dtype))

@@ -9,9 +9,12 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from sbert_ray.data.records import NLI_LABELS, LabelledPair, Record, Triplet
 from sbert_ray.losses.base import EncoderLoss
 from sbert_ray.losses.distributed import gather_across_workers
 from sbert_ray.models.encoder import SentenceEncoder
+
+ENTAILMENT = NLI_LABELS.index("entailment")
 
 
 class MultipleNegativesRankingLoss(EncoderLoss):
@@ -23,10 +26,18 @@ class MultipleNegativesRankingLoss(EncoderLoss):
     then yields exactly the gradient of the mean loss over the global batch.
     """
 
+    record_types = (Triplet, LabelledPair)  # (anchor, positive, negative) triplets, or NLI pairs
+    user_file_kind = "triplet"
+
     def __init__(self, encoder: SentenceEncoder, scale: float = 20.0, gather_across_workers: bool = True) -> None:
         super().__init__(encoder)
         self.scale = scale
         self.gather_across_workers = gather_across_workers
+
+    @classmethod
+    def keeps(cls, record: Record) -> bool:
+        """Of NLI pairs only the entailed ones are (anchor, positive) pairs."""
+        return not isinstance(record, LabelledPair) or record.label == ENTAILMENT
 
     def compute_loss_from_embeddings(self, embeddings: Sequence[Tensor], labels: Tensor | None = None) -> Tensor:
         if len(embeddings) < 2:

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from sbert_ray.data.records import NLI_LABELS, LabelledPair
 from sbert_ray.losses.base import EncoderLoss
 from sbert_ray.models.encoder import SentenceEncoder
 
+ConcatPart = Literal["u", "v", "|u-v|", "u*v"]
 # The vectors Table 6 ablates, by the names used there.
-CONCAT_FEATURES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+CONCAT_FEATURES: dict[ConcatPart, Callable[[Tensor, Tensor], Tensor]] = {
     "u": lambda u, v: u,
     "v": lambda u, v: v,
     "|u-v|": lambda u, v: torch.abs(u - v),
@@ -27,11 +30,15 @@ class SoftmaxLoss(EncoderLoss):
     Features are concatenated in the order given; the default (u, v, |u−v|) is the paper's best (Table 6).
     """
 
+    record_types = (LabelledPair,)
+    user_file_kind = "labelled"
+    label_field = "label"
+
     def __init__(
         self,
         encoder: SentenceEncoder,
-        num_labels: int = 3,
-        concat: Sequence[str] = ("u", "v", "|u-v|"),
+        concat: Sequence[ConcatPart] = ("u", "v", "|u-v|"),
+        num_labels: int = len(NLI_LABELS),
     ) -> None:
         super().__init__(encoder)
         unknown = [name for name in concat if name not in CONCAT_FEATURES]
@@ -39,8 +46,20 @@ class SoftmaxLoss(EncoderLoss):
             raise ValueError(f"concat must be distinct names from {list(CONCAT_FEATURES)}, got {list(concat)}")
         self.concat = tuple(concat)
         self.classifier = nn.Linear(len(self.concat) * encoder.embedding_dim, num_labels, device=encoder.device)
+        self.prefix_classifiers = nn.ModuleDict()  # by embedding size, under MatryoshkaLoss
+
+    def prepare_for_dims(self, dims: Sequence[int]) -> None:
+        # One classifier per embedding size, as Matryoshka representation learning trains its classification
+        # heads; the full size keeps `classifier`.
+        for dim in dims:
+            if dim != self.encoder.embedding_dim:
+                self.prefix_classifiers[str(dim)] = nn.Linear(
+                    len(self.concat) * dim, self.classifier.out_features, device=self.encoder.device
+                )
 
     def compute_loss_from_embeddings(self, embeddings: Sequence[Tensor], labels: Tensor | None) -> Tensor:
         u, v = self._columns(embeddings, 2)
         features = torch.cat([CONCAT_FEATURES[name](u, v) for name in self.concat], dim=1)
-        return F.cross_entropy(self.classifier(features), self._labels(labels))
+        size = str(u.shape[1])
+        classifier = self.prefix_classifiers[size] if size in self.prefix_classifiers else self.classifier
+        return F.cross_entropy(classifier(features), self._labels(labels))

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from sbert_ray.data.records import Triplet
 from sbert_ray.losses.base import EncoderLoss
 from sbert_ray.models.encoder import SentenceEncoder
 
-DISTANCES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+Distance = Literal["euclidean", "manhattan", "cosine"]
+DISTANCES: dict[Distance, Callable[[Tensor, Tensor], Tensor]] = {
     "euclidean": lambda x, y: torch.linalg.vector_norm(x - y, ord=2, dim=-1),
     "manhattan": lambda x, y: torch.linalg.vector_norm(x - y, ord=1, dim=-1),
     "cosine": lambda x, y: 1 - F.cosine_similarity(x, y),
@@ -25,7 +28,10 @@ class TripletLoss(EncoderLoss):
     (sentence-transformers defaults to 5).
     """
 
-    def __init__(self, encoder: SentenceEncoder, distance: str = "euclidean", margin: float = 1.0) -> None:
+    record_types = (Triplet,)
+    user_file_kind = "triplet"
+
+    def __init__(self, encoder: SentenceEncoder, distance: Distance = "euclidean", margin: float = 1.0) -> None:
         super().__init__(encoder)
         if distance not in DISTANCES:
             raise ValueError(f"unknown triplet distance {distance!r}; expected one of {list(DISTANCES)}")

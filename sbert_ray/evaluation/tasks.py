@@ -1,0 +1,204 @@
+"""Evaluation tasks: what ``sbert-ray eval --tasks`` and ``evaluation.final_tasks`` name.
+
+A task is a small object with a contract: ``check(data_dir)`` says before any work whether its data can be had
+(a ``DataError`` naming the missing file or the unreachable Hub), ``run(model, data_dir, batch_size)`` scores a
+model and returns a flat ``{"<entry>/<metric>": number}`` mapping (nested parts such as STS sub-sets or
+argument-similarity folds continue the path: ``sts12/subsets/MSRpar/spearman_cosine``), and ``primary_metric``
+names each entry's headline metric. Tasks only score; nothing here trains.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import ClassVar
+
+from sbert_ray.config import ConfigError, flatten
+from sbert_ray.data.readers import check_available, read_user_file, resolve_data_dir
+from sbert_ray.data.records import DataError
+from sbert_ray.evaluation import argsim, senteval, sts, triplets
+
+Results = dict[str, float]  # "<entry>/<metric>" -> value
+
+
+class EvalTask(ABC):
+    primary_metric: ClassVar[str]  # the headline metric of each entry, e.g. spearman_cosine
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec  # as the user wrote it, e.g. "senteval:MR,CR"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.spec!r})"
+
+    @abstractmethod
+    def check(self, data_dir=None) -> None:
+        """Raise DataError when the task's data cannot be had (missing file, unreachable Hub)."""
+
+    @abstractmethod
+    def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
+        """Score ``model`` (anything with a SentenceEncoder-like ``encode``)."""
+
+    def primary_scores(self, results: Results) -> dict[str, float]:
+        """{entry: its primary metric} for the entries of ``results`` that have one."""
+        return {
+            entry: results[f"{entry}/{self.primary_metric}"]
+            for entry in dict.fromkeys(key.split("/")[0] for key in results)
+            if f"{entry}/{self.primary_metric}" in results
+        }
+
+
+def _flat(nested: dict[str, dict]) -> Results:
+    return flatten(nested, sep="/")
+
+
+class StsTask(EvalTask):
+    """STS12-16 (each one concatenated set), STSb test and SICK-R: Spearman / Pearson x100 (paper, Table 1)."""
+
+    primary_metric = "spearman_cosine"
+
+    def __init__(self, spec: str, datasets: Sequence[str], similarities: Sequence[str] = ("cosine",)) -> None:
+        super().__init__(spec)
+        unknown = sorted(set(similarities) - set(sts.SIMILARITIES))
+        if unknown or not similarities:
+            raise ConfigError(
+                f"unknown similarity {unknown or similarities}; choose from {', '.join(sts.SIMILARITIES)}"
+            )
+        self.datasets, self.similarities = tuple(datasets), tuple(similarities)
+
+    def check(self, data_dir=None) -> None:
+        for name in self.datasets:
+            check_available(name, sts.sts_split(name, data_dir), data_dir)
+
+    def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
+        return _flat(sts.run_sts_suite(model, data_dir, self.datasets, batch_size, self.similarities))
+
+
+class ScoredPairsTask(EvalTask):
+    """``pairs:<file>``: STS-style correlations on the user's own scored pairs (csv/tsv/jsonl with sentence1,
+    sentence2, score); the entry is the file's stem. Argument-similarity fine-tuning scores each fold with it."""
+
+    primary_metric = "spearman_cosine"
+
+    def __init__(self, spec: str, path: str) -> None:
+        super().__init__(spec)
+        if not path:
+            raise ConfigError("task 'pairs' needs a file: pairs:/path/to/pairs.jsonl")
+        self.path = Path(path)
+
+    def check(self, data_dir=None) -> None:
+        read_user_file(self.path, "scored")
+
+    def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
+        pairs = read_user_file(self.path, "scored")
+        return _flat({self.path.stem: sts.evaluate_pairs(model, pairs, batch_size)})
+
+
+class ArgsimTask(EvalTask):
+    """Cross-topic argument similarity (paper, Table 3): ``afs`` (``afs:<folder>``), ``ukp-aspect``, ``bws``."""
+
+    primary_metric = "spearman_cosine"
+
+    def __init__(self, spec: str, name: str, path: str | None = None) -> None:
+        super().__init__(spec)
+        self.name, self.path = name, path or None
+
+    def check(self, data_dir=None) -> None:
+        if self.name == "afs":
+            argsim.load_argsim(self.name, data_dir, self.path)
+        else:
+            check_available(self.name, "all", data_dir)
+
+    def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
+        return _flat(argsim.evaluate_argsim(model, self.name, data_dir, batch_size, self.path))
+
+
+class TripletTask(EvalTask):
+    """Triplet accuracy (paper, Table 4): ``wikisec`` (``wikisec:<file.csv>``) and ``nli-triplets``."""
+
+    primary_metric = "accuracy_euclidean"
+
+    def __init__(self, spec: str, name: str, path: str | None = None) -> None:
+        super().__init__(spec)
+        self.name, self.path = name, path or None
+
+    def check(self, data_dir=None) -> None:
+        if self.path:
+            triplets.load_triplets(self.name, data_dir, self.path)
+        else:
+            check_available(self.name, "test", data_dir)
+
+    def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
+        data = triplets.load_triplets(self.name, data_dir, self.path)
+        return _flat({self.name: triplets.evaluate_triplets(model, data, batch_size)})
+
+
+class SentEvalTask(EvalTask):
+    """SentEval transfer tasks (paper, Table 5): ``senteval`` or ``senteval:MR,CR``; local files only."""
+
+    primary_metric = "accuracy"
+
+    def __init__(self, spec: str, tasks: Sequence[str] = senteval.SENTEVAL_TASKS) -> None:
+        super().__init__(spec)
+        unknown = [t for t in tasks if t not in senteval.SENTEVAL_TASKS]
+        if unknown or not tasks:
+            raise ConfigError(f"unknown SentEval task {unknown}; choose from {', '.join(senteval.SENTEVAL_TASKS)}")
+        self.tasks = tuple(tasks)
+
+    def check(self, data_dir=None) -> None:
+        root = resolve_data_dir(data_dir)
+        if root is None:
+            raise DataError("SentEval tasks are read from local files: pass --data-dir or set SBERT_RAY_DATA_DIR")
+        for name in self.tasks:
+            try:
+                senteval.load_task(name, root / "senteval-transfer")
+            except FileNotFoundError as err:
+                raise DataError(f"SentEval {name}: {err.filename} does not exist") from None
+
+    def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
+        return _flat(senteval.run_senteval(model, data_dir, self.tasks, batch_size))
+
+
+# name -> task factory(spec, argument after "name:", similarities)
+TaskFactory = Callable[[str, str, Sequence[str]], EvalTask]
+TASKS: dict[str, TaskFactory] = {
+    "sts": lambda spec, arg, sims: StsTask(spec, sts.STS_DATASETS, sims),
+    **{name: (lambda spec, arg, sims, name=name: StsTask(spec, (name,), sims)) for name in sts.STS_DATASETS},
+    "pairs": lambda spec, arg, sims: ScoredPairsTask(spec, arg),
+    **{name: (lambda spec, arg, sims, name=name: ArgsimTask(spec, name, arg)) for name in argsim.ARGSIM_DATASETS},
+    **{name: (lambda spec, arg, sims, name=name: TripletTask(spec, name, arg)) for name in triplets.TRIPLET_DATASETS},
+    "senteval": lambda spec, arg, sims: SentEvalTask(spec, arg.split(",") if arg else senteval.SENTEVAL_TASKS),
+}
+
+
+def parse_tasks(spec: str | Sequence[str], similarities: Sequence[str] = ("cosine",)) -> list[EvalTask]:
+    """Comma-separated task names (or a config's list of them, which may be empty); ``name:argument`` passes an
+    argument (a path, or SentEval task names, whose own commas continue it: ``senteval:MR,CR,bws`` = SentEval MR
+    and CR, then bws)."""
+    names: list[str] = []
+    tokens = spec.split(",") if isinstance(spec, str) else [t for item in spec for t in item.split(",")]
+    for token in (t.strip() for t in tokens if t.strip()):
+        if names and ":" in names[-1] and token.partition(":")[0] not in TASKS:
+            names[-1] += f",{token}"
+        else:
+            names.append(token)
+    unknown = [n for n in names if n.partition(":")[0] not in TASKS]
+    if unknown or (isinstance(spec, str) and not names):
+        raise ConfigError(f"unknown task {unknown or spec!r}; choose from {', '.join(TASKS)}")
+    return [TASKS[n.partition(":")[0]](n, n.partition(":")[2], similarities) for n in names]
+
+
+def headlines(tasks: Sequence[EvalTask], results: Results) -> dict[str, tuple[str, float]]:
+    """{entry: (primary metric, value)} over the results of these tasks: what tables and summaries show."""
+    return {
+        entry: (task.primary_metric, value) for task in tasks for entry, value in task.primary_scores(results).items()
+    }
+
+
+def check_tasks(tasks: Sequence[EvalTask], data_dir, key: str) -> None:
+    """Every task's data can be had, or a ConfigError naming the config key and the task."""
+    for task in tasks:
+        try:
+            task.check(data_dir)
+        except DataError as err:
+            raise ConfigError(f"{key}: task {task.spec!r}: {err}") from None

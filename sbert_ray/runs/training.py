@@ -1,0 +1,290 @@
+"""One training run: check the config, open the MLflow run, score the model "before", fit the ``TorchTrainer``,
+keep the final model, score it, log everything. ``sbert-ray train``, every sweep trial and every
+argument-similarity fold run through ``run_training``.
+
+    config (validated) -> prepare: data, model, evaluation tasks checked; paths made absolute   (no Ray yet)
+      -> MLflow run (params, tags, config.yaml)
+      -> "before" tasks: a Ray task on a worker's resources, on the configured model
+      -> TorchTrainer(train_loop_per_worker, the config itself) .fit() -> Result (last checkpoint = final model)
+      -> final model copied to output_dir and logged; final tasks: a Ray task, on the checkpoint's model
+      -> TrainResult (scores from Ray, never read back from MLflow)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+import ray.train
+import torch
+from ray.train.torch import TorchTrainer
+
+from sbert_ray.config import ConfigError, ScalingConfig, TrainConfig, dump_yaml, flatten, to_dict
+from sbert_ray.data.readers import check_available, resolve_data_dir
+from sbert_ray.data.records import DataError
+from sbert_ray.evaluation.results import nest
+from sbert_ray.evaluation.tasks import EvalTask, Results, check_tasks, headlines, parse_tasks
+from sbert_ray.models import SentenceEncoder, check_model, load_encoder
+from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_card
+from sbert_ray.runs.cluster import connect_ray
+from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags, plot_curves, resolve_tracking_uri
+from sbert_ray.tracking.model_registry import log_sentence_transformer, model_uri
+from sbert_ray.training.batches import is_user_file, load_training_records, stage_steps, texts_and_labels
+from sbert_ray.training.state import MODEL_DIR
+from sbert_ray.training.storage import is_remote, resolve_storage
+from sbert_ray.training.worker import train_loop_per_worker
+
+
+@dataclass
+class TrainResult:
+    run_id: str
+    tracking_uri: str
+    artifact_uri: str
+    model_dir: str
+    before: Results  # flat "<entry>/<metric>" scores of evaluation.before_tasks
+    final: Results  # ... of evaluation.final_tasks, on the final model
+    headlines: dict[str, tuple[str, float]]  # final entry -> (primary metric, value)
+    metrics: dict  # the last checkpoint's report: global_step, dev_spearman, ...
+
+
+def prepare(config: TrainConfig) -> tuple[TrainConfig, list[int]]:
+    """Fill in what depends on where the run lives, and check data, model and evaluation tasks before Ray starts.
+    Returns the config and the number of training examples of each stage."""
+    if config.data_dir and not Path(config.data_dir).is_dir():
+        raise ConfigError(f"data_dir: {config.data_dir} is not a directory")
+    data_dir = resolve_data_dir(config.data_dir)
+    storage = resolve_storage(config.checkpoint.storage_path)
+    # The final model is copied here from the last checkpoint (a download when storage is remote).
+    output_dir = config.output_dir or (
+        f"~/sbert-ray/models/{config.name}" if is_remote(storage) else f"{storage}/{config.name}/final-model"
+    )
+    config = dataclasses.replace(
+        config,
+        data_dir=str(data_dir) if data_dir else None,  # workers may run with another environment and directory
+        checkpoint=dataclasses.replace(config.checkpoint, storage_path=storage),
+        output_dir=str(Path(output_dir).expanduser().resolve()),
+    )
+    model_size = check_model(config.model.name, config.model.max_seq_length, config.model.allow_unsafe_weights)
+    for i, stage in enumerate(config.stages):
+        if stage.matryoshka_dims and max(stage.matryoshka_dims) > model_size:
+            raise ConfigError(
+                f"stages.{i}.matryoshka_dims: {max(stage.matryoshka_dims)} exceeds the model's {model_size}"
+            )
+    # Cheap checks first (is every dataset there?), then the training data read in full.
+    for key in ("before_tasks", "final_tasks"):
+        check_tasks(parse_tasks(getattr(config.evaluation, key)), data_dir, f"evaluation.{key}")
+    datasets = [("evaluation.dev_dataset", config.evaluation.dev_dataset, config.evaluation.dev_split)]
+    datasets += [(f"stages.{i}", s.dataset, s.split) for i, s in enumerate(config.stages) if not is_user_file(s)]
+    for key, name, split in datasets:
+        try:
+            check_available(name, split, data_dir)
+        except DataError as err:
+            raise ConfigError(f"{key}: {err}") from None
+    examples = []
+    for i, stage in enumerate(config.stages):  # reading validates every row and the objective/record match
+        try:
+            columns, _ = texts_and_labels(load_training_records(stage, data_dir), stage)
+        except ValueError as err:
+            raise ConfigError(f"stages.{i}: {err}") from None
+        examples.append(len(columns[0]))
+        if stage_steps(examples[-1], stage, config.scaling.num_workers)[1] == 0:
+            raise ConfigError(
+                f"stages.{i}: {examples[-1]} examples give no optimizer step of global batch {stage.batch_size} "
+                f"over {config.scaling.num_workers} workers"
+            )
+    return config, examples
+
+
+def build_trainer(config: TrainConfig, tracking_uri: str, run_id: str, callbacks: list | None = None) -> TorchTrainer:
+    scaling = config.scaling
+    resources = {"CPU": scaling.cpus_per_worker, **({"GPU": scaling.gpus_per_worker} if scaling.use_gpu else {})}
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"config": config, "tracking_uri": tracking_uri, "run_id": run_id},
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=scaling.num_workers,
+            use_gpu=scaling.use_gpu,
+            resources_per_worker=resources,
+            placement_strategy=scaling.placement_strategy,
+        ),
+        run_config=ray.train.RunConfig(
+            # Same name + storage = same run: a resubmitted job resumes from its latest checkpoint.
+            name=config.name,
+            storage_path=config.checkpoint.storage_path,
+            failure_config=ray.train.FailureConfig(max_failures=config.checkpoint.max_failures),
+            callbacks=callbacks,
+            checkpoint_config=ray.train.CheckpointConfig(
+                num_to_keep=config.checkpoint.keep_best,
+                checkpoint_score_attribute="dev_spearman",
+                checkpoint_score_order="max",
+            ),
+        ),
+    )
+
+
+def run_training(config: TrainConfig, parent_run_id: str | None = None, callbacks: list | None = None) -> TrainResult:
+    """Run one training job. Under a sweep, ``parent_run_id`` nests the MLflow run under the sweep's run and
+    ``callbacks`` (e.g. Tune's ``TuneReportCallback``) go to the ``TorchTrainer``."""
+    config, examples = prepare(config)
+    evaluation = config.evaluation
+    before_tasks, final_tasks = parse_tasks(evaluation.before_tasks), parse_tasks(evaluation.final_tasks)
+    tracking_uri = resolve_tracking_uri(config.tracking.tracking_uri)
+    with RunTracker(
+        tracking_uri,
+        config.tracking.experiment,
+        run_name=config.tracking.run_name or config.name,
+        resume_key=f"{config.checkpoint.storage_path}/{config.name}",
+        parent_run_id=parent_run_id,
+    ) as tracker:
+        print(f"MLflow: {tracking_uri}  run {tracker.run_id}{' (resumed)' if tracker.resumed else ''}", flush=True)
+        print(f"MLflow artifacts: {tracker.artifact_uri}", flush=True)
+        tracker.log_params(flatten(to_dict(config)))
+        tracker.set_tags(environment_tags())
+        tracker.log_text(dump_yaml(config), "config.yaml")
+        connect_ray()
+
+        def evaluate(load, tasks) -> Results:
+            return evaluate_on_worker_resources(load, tasks, config.data_dir, evaluation.batch_size, config.scaling)
+
+        before = {}
+        if before_tasks:
+            before = evaluate(functools.partial(load_encoder, **to_dict(config.model), seed=config.seed), before_tasks)
+            tracker.log_metrics({f"before/{key}": value for key, value in before.items()})
+
+        start = time.perf_counter()
+        result = build_trainer(config, tracking_uri, tracker.run_id, callbacks).fit()
+        train_seconds = time.perf_counter() - start
+        save_final_model(result.checkpoint, Path(config.output_dir))
+        final = {}
+        if final_tasks:
+            final = evaluate(functools.partial(checkpoint_model, result.checkpoint), final_tasks)
+            tracker.log_metrics(
+                {f"final/{key}": value for key, value in final.items()}, step=result.metrics["global_step"]
+            )
+            tracker.log_dict(nest(final), "evaluation.json")
+        card = model_card_info(config, examples, result.metrics, train_seconds, final_tasks, final, tracker)
+        write_model_card(config.output_dir, card)
+        tracker.log_artifacts(config.output_dir, "model")
+        tracking = config.tracking
+        log_sentence_transformer(
+            tracking_uri, tracker.run_id, config.output_dir, tracking.registered_model_name, tracking.alias
+        )
+        plot_curves(tracker, {"train/loss": "plots/loss.png", "dev/spearman_cosine": "plots/dev_spearman.png"})
+        return TrainResult(
+            run_id=tracker.run_id,
+            tracking_uri=tracking_uri,
+            artifact_uri=tracker.artifact_uri,
+            model_dir=config.output_dir,
+            before=before,
+            final=final,
+            headlines=headlines(final_tasks, final),
+            metrics=dict(result.metrics),
+        )
+
+
+def model_card_info(
+    config: TrainConfig,
+    examples: list[int],
+    metrics: dict,
+    train_seconds: float,
+    final_tasks: Sequence[EvalTask],
+    final: Results,
+    tracker: RunTracker,
+) -> ModelCardInfo:
+    """What the final model's card says beyond its folder: data and settings per stage, hardware, time, scores."""
+    num_workers = config.scaling.num_workers
+    stages = [
+        StageInfo(
+            objective=stage.objective,
+            dataset=stage.dataset,
+            split=stage.split,
+            n_examples=n,
+            loss=stage.loss,
+            batch_size=stage.batch_size,
+            learning_rate=stage.learning_rate,
+            epochs=stage.epochs,
+            steps=stage_steps(n, stage, num_workers)[1],
+            hyperparameters={
+                "warmup_ratio": stage.warmup_ratio,
+                "weight_decay": stage.weight_decay,
+                "adam_eps": stage.adam_eps,
+                "max_grad_norm": stage.max_grad_norm,
+                "grad_accum_steps": stage.grad_accum_steps,
+            },
+        )
+        for stage, n in zip(config.stages, examples, strict=True)
+    ]
+    tracking = config.tracking
+    return ModelCardInfo(
+        base_model=config.model.name,
+        stages=stages,
+        hardware=metrics.get("hardware", "unknown"),
+        num_workers=num_workers,
+        train_seconds=train_seconds,
+        results=final,
+        primary_metrics={entry: metric for entry, (metric, _) in headlines(final_tasks, final).items()},
+        name=config.name,
+        mlflow_run_id=tracker.run_id,
+        tracking_uri=tracker.tracking_uri,
+        mlflow_model_uri=model_uri(tracker.run_id, tracking.registered_model_name, tracking.alias),
+        registered_model_name=tracking.registered_model_name,
+    )
+
+
+def checkpoint_model(checkpoint: ray.train.Checkpoint) -> SentenceEncoder:
+    """The model a training checkpoint holds (local or object storage alike)."""
+    with checkpoint.as_directory() as directory:
+        return SentenceEncoder.load(Path(directory) / MODEL_DIR)
+
+
+ModelSource = Callable[[], SentenceEncoder]  # called where the evaluation runs, which loads the model there
+
+
+def _evaluate(
+    load: ModelSource, tasks: Sequence[EvalTask], data_dir: str | None, batch_size: int, device: str, threads: int
+) -> Results:
+    torch.set_num_threads(threads)
+    encoder = load().to(device)
+    results: Results = {}
+    for task in tasks:
+        results |= task.run(encoder, data_dir, batch_size)
+    return results
+
+
+def evaluate_on_worker_resources(
+    load: ModelSource, tasks: Sequence[EvalTask], data_dir: str | None, batch_size: int, scaling: ScalingConfig
+) -> Results:
+    """Run ``tasks`` on the model ``load`` returns, in a Ray task sized like one training worker (its CPUs and
+    threads, its GPU when training used one): "before" and final evaluation run here on the same footing, and
+    their scores come back as the task's return value."""
+    task = ray.remote(_evaluate).options(
+        num_cpus=scaling.cpus_per_worker,
+        num_gpus=scaling.gpus_per_worker if scaling.use_gpu else 0,
+        # Never inside the caller's placement group: a Tune trial's holds only the trial's token CPU.
+        scheduling_strategy="DEFAULT",
+    )
+    device = "cuda" if scaling.use_gpu else "cpu"
+    return ray.get(task.remote(load, list(tasks), data_dir, batch_size, device, scaling.threads_per_worker()))
+
+
+def save_final_model(checkpoint: ray.train.Checkpoint, output_dir: Path) -> None:
+    """Copy the model of the last checkpoint to ``output_dir`` through a temporary folder and a rename, so a crash
+    never leaves a folder that looks like a complete model."""
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}-", dir=output_dir.parent))
+    try:
+        with checkpoint.as_directory() as directory:
+            shutil.copytree(Path(directory) / MODEL_DIR, staging / MODEL_DIR)
+        if output_dir.exists():  # a rerun replaces the previous final model
+            shutil.rmtree(output_dir)
+        os.replace(staging / MODEL_DIR, output_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,96 @@
+"""The layering in README's architecture section, checked on the import statements of the package (module level
+and inside functions alike): dependencies point down, no import circles, Ray and MLflow only where they belong."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "sbert_ray"
+
+# Lower numbers sit lower; a module may import its own layer or below. models/losses/data form one layer.
+LAYERS = {
+    "tracking": 0,
+    "data": 1,
+    "models": 1,
+    "losses": 1,
+    "config": 2,
+    "evaluation": 3,
+    "training": 4,
+    "tuning": 4,
+    "bench": 4,
+    "runs": 5,
+    "cli": 6,
+}
+RAY_ALLOWED = ("runs", "training", "tuning", "bench", "evaluation.distributed")
+MLFLOW_ALLOWED = ("tracking",)
+
+
+def modules() -> dict[str, Path]:
+    return {
+        ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): path
+        for path in PACKAGE.rglob("*.py")
+    }
+
+
+def imports(path: Path) -> set[str]:
+    """Every absolute module name imported anywhere in the file."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return names
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: {imp for imp in imports(path) if imp in known and imp != name} for name, path in known.items()}
+
+
+def part(module: str) -> str:
+    """sbert_ray.evaluation.sts -> evaluation; sbert_ray.config -> config."""
+    return module.split(".")[1] if module.count(".") else "sbert_ray"
+
+
+@pytest.mark.parametrize("module", sorted(modules()))
+def test_imports_point_down(module):
+    if part(module) == "sbert_ray":
+        return
+    upward = sorted(imp for imp in graph()[module] if LAYERS[part(imp)] > LAYERS[part(module)])
+    assert not upward, f"{module} imports from a higher layer: {upward}"
+
+
+def test_no_import_circles():
+    edges = graph()
+    # Package __init__ files re-export their own modules; an edge into one's own package is not a dependency.
+    edges = {m: {i for i in deps if not m.startswith(i + ".")} for m, deps in edges.items()}
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                raise AssertionError(f"import circle: {' -> '.join(path[path.index(nxt) :] + [nxt])}")
+            if nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module, [module])
+
+
+@pytest.mark.parametrize("library, allowed", [("ray", RAY_ALLOWED), ("mlflow", MLFLOW_ALLOWED)])
+def test_ray_and_mlflow_only_where_they_belong(library, allowed):
+    offenders = [
+        name
+        for name, path in modules().items()
+        if any(imp == library or imp.startswith(library + ".") for imp in imports(path))
+        and not name.removeprefix("sbert_ray.").startswith(allowed)
+    ]
+    assert not offenders, f"{library} imported in {offenders}"
