@@ -1,4 +1,4 @@
-"""``sbert-ray`` command line: eval | train | tune | report."""
+"""``sbert-ray`` command line: eval | train | tune | report | bench."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def _eval(args: argparse.Namespace) -> int:
         finetune = finetune_config(args.model, data_dir, pooling, overrides)
     print(
         f"model: {args.model}{f' ({args.baseline} baseline)' if args.baseline else ''}   mode: {args.mode}   "
-        f"data: {data_dir or 'Hugging Face Hub'}"
+        f"precision: {args.precision}   data: {data_dir or 'Hugging Face Hub'}"
     )
     results = evaluate_model(
         args.model,
@@ -50,6 +50,7 @@ def _eval(args: argparse.Namespace) -> int:
         tracking_uri=resolve_tracking_uri(args.tracking_uri) if args.mlflow else None,
         experiment=args.experiment,
         truncate_dims=args.truncate_dim or (),
+        precision=args.precision,
     )
     print(format_results(results, {entry: metric for entry, (metric, _) in headlines(tasks, results).items()}))
     if args.output:
@@ -117,6 +118,51 @@ def _tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_encode(args: argparse.Namespace) -> int:
+    from sbert_ray.bench.encode import run_encode_bench
+    from sbert_ray.data.readers import resolve_data_dir
+
+    _set_threads(args.threads)
+    options = {
+        "model": args.model,
+        "batch_sizes": args.batch_sizes,
+        "precisions": args.precisions,
+        "smart_batching": [choice == "on" for choice in args.smart_batching],
+        "repeats": args.repeats,
+        "device": args.device,
+        "limit": args.limit,
+        "reference": not args.no_reference,
+    }
+    data_dir = resolve_data_dir(args.data_dir)
+    records = run_encode_bench(data_dir=data_dir, progress=lambda line: print(line, flush=True), **options)
+    return _bench_output(args, "encode", records, {**options, "data_dir": data_dir})
+
+
+def _set_threads(threads: int | None) -> None:
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def _bench_output(args: argparse.Namespace, kind: str, records: list[dict], params: dict) -> int:
+    """What every ``sbert-ray bench`` command ends with: the table, ``--output`` JSON, an MLflow run."""
+    from sbert_ray.bench import report
+    from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
+
+    print(report.format_table(records))
+    if args.output:
+        report.write_json(records, args.output)
+        print(f"wrote {args.output}")
+    if not args.no_mlflow:
+        tracking_uri = resolve_tracking_uri(args.tracking_uri)
+        run_id = report.log_bench(
+            records, kind, {**params, "threads": args.threads or "default"}, tracking_uri, args.experiment
+        )
+        print(f"MLflow run {run_id} at {tracking_uri}")
+    return 0
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -132,6 +178,19 @@ def _sizes(text: str) -> list[int]:
     if not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes):
         raise argparse.ArgumentTypeError(f"expected distinct positive sizes like 384,128,64, got {text!r}")
     return sizes
+
+
+def _choices(*allowed: str):
+    """An argparse type for a comma-separated subset of ``allowed``, e.g. fp32,bf16."""
+
+    def parse(text: str) -> list[str]:
+        values = text.split(",")
+        unknown = [value for value in values if value not in allowed]
+        if unknown or len(set(values)) != len(values):
+            raise argparse.ArgumentTypeError(f"expected distinct values from {','.join(allowed)}, got {text!r}")
+        return values
+
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -186,6 +245,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K[,K...]",
         help="score the first K embedding values (Matryoshka), e.g. 384,128,64: entries like stsb@128",
     )
+    ev.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="encode with fp32 or bf16 weights (float16 on GPUs without bf16); default fp32",
+    )
     ev.set_defaults(func=_eval)
 
     rp = sub.add_parser(
@@ -218,6 +283,40 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("overrides", nargs="*", help="key=value overrides, e.g. num_samples=4 base.stages.0.limit=500")
     tu.add_argument("--resume", action="store_true", help="continue an interrupted sweep; finished trials stay")
     tu.set_defaults(func=_tune)
+
+    bench = sub.add_parser("bench", help="throughput side by side with sentence-transformers: table, JSON, MLflow")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    # Options every bench command takes (sbert-ray bench encode | train ...).
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--model", required=True, help="local folder, Hub id or random:<shape>")
+    common.add_argument("--data-dir", help="local data folder (default: $SBERT_RAY_DATA_DIR, else the Hub)")
+    common.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    common.add_argument("--threads", type=_positive_int, help="torch intra-op threads (default: torch's choice)")
+    common.add_argument("--repeats", type=_positive_int, default=3, help="timed runs per variant, interleaved")
+    common.add_argument("--output", help="write the records as JSON here")
+    common.add_argument("--tracking-uri", help="MLflow (default: $MLFLOW_TRACKING_URI, else ~/sbert-ray/mlflow)")
+    common.add_argument("--experiment", default="sbert-ray-bench")
+    common.add_argument("--no-mlflow", action="store_true", help="print and write JSON only")
+
+    be = bench_sub.add_parser(
+        "encode", parents=[common], help="encode speed vs sentence-transformers: fp32/bf16, smart batching"
+    )
+    be.add_argument("--batch-sizes", type=_sizes, default=[32], help="comma-separated, e.g. 16,32,64 (default: 32)")
+    be.add_argument(
+        "--precisions",
+        type=_choices("fp32", "bf16"),
+        default=["fp32", "bf16"],
+        help="fp32,bf16 (bf16 is float16 on GPUs without bf16)",
+    )
+    be.add_argument(
+        "--smart-batching",
+        type=_choices("on", "off"),
+        default=["on", "off"],
+        help="on,off: sorted by length and/or input order",
+    )
+    be.add_argument("--limit", type=_positive_int, help="first N of the 15,487 unique STSb sentences (default: all)")
+    be.add_argument("--no-reference", action="store_true", help="skip sentence-transformers")
+    be.set_defaults(func=_bench_encode)
     return parser
 
 
