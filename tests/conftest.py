@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from process_helpers import BIN, free_port, start, stop, wait_for_url
+from process_helpers import free_port, start_mlflow_server, stop
 
 from sbert_ray.models import build_random_bert
 
@@ -32,19 +32,9 @@ def minilm_ref() -> str:
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
     """A real `mlflow server` on 127.0.0.1 (sqlite store, artifacts proxied), shared by the tests that need one;
     each test uses its own experiment or registered model names. Yields its URI."""
-    root = tmp_path_factory.mktemp("mlflow-server")
     port = free_port()
-    server = start(
-        [
-            str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-            "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-            "--artifacts-destination", str(root / "artifacts"),
-        ],
-        root / "server.log",
-        MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
-    )  # fmt: skip
+    server = start_mlflow_server(tmp_path_factory.mktemp("mlflow-server"), port)
     try:
-        wait_for_url(f"http://127.0.0.1:{port}/health", process=server)
         yield f"http://127.0.0.1:{port}"
     finally:
         stop(server)
