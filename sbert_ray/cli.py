@@ -18,15 +18,19 @@ def _eval(args: argparse.Namespace) -> int:
     from sbert_ray.evaluation.tasks import ArgsimTask, headlines, parse_tasks
     from sbert_ray.runs.argsim import finetune_config
     from sbert_ray.runs.evaluation import evaluate_model
+    from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
 
     tasks = parse_tasks(args.tasks, args.similarities.split(","))  # fail on a typo before loading anything
     if args.baseline == "tfidf" and (args.mode == "finetune" or not all(isinstance(t, ArgsimTask) for t in tasks)):
         raise ConfigError("--baseline tfidf scores argument-similarity tasks (afs, ukp-aspect, bws) unsupervised only")
+    if args.truncate_dim and (args.mode == "finetune" or args.baseline == "tfidf"):
+        raise ConfigError("--truncate-dim scores the model's own embeddings: not with --mode finetune or tfidf")
     data_dir = resolve_data_dir(args.data_dir)
     finetune = None
     if args.mode == "finetune":  # checked here, before any encoding or Ray work
         pooling = BASELINE_POOLING.get(args.baseline)
-        finetune = finetune_config(args.model, data_dir, pooling, args.train_set)
+        overrides = args.train_set + ["model.allow_unsafe_weights=true"] * args.allow_unsafe_weights
+        finetune = finetune_config(args.model, data_dir, pooling, overrides)
     print(
         f"model: {args.model}{f' ({args.baseline} baseline)' if args.baseline else ''}   mode: {args.mode}   "
         f"data: {data_dir or 'Hugging Face Hub'}"
@@ -40,7 +44,11 @@ def _eval(args: argparse.Namespace) -> int:
         finetune=finetune,
         workers=args.workers,
         device=args.device,
+        allow_unsafe_weights=args.allow_unsafe_weights,
         progress=lambda task, seconds: print(f"{task.spec}: {seconds:.1f} s", flush=True),
+        tracking_uri=resolve_tracking_uri(args.tracking_uri) if args.mlflow else None,
+        experiment=args.experiment,
+        truncate_dims=args.truncate_dim or (),
     )
     print(format_results(results, {entry: metric for entry, (metric, _) in headlines(tasks, results).items()}))
     if args.output:
@@ -54,7 +62,8 @@ def _report(args: argparse.Namespace) -> int:
     from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
     from sbert_ray.tracking.store import redact_uri
 
-    tracking_uri = resolve_tracking_uri(args.tracking_uri)
+    # Only when MLflow is used: resolving the default creates its folder.
+    tracking_uri = resolve_tracking_uri(args.tracking_uri) if args.run or not args.no_mlflow else None
     result_sets = [report.read_results_file(spec) for spec in args.results]
     result_sets += [report.read_mlflow_run(run_id, tracking_uri) for run_id in args.run]
     if not result_sets:
@@ -108,9 +117,26 @@ def _tune(args: argparse.Namespace) -> int:
     if result.retrained is not None:
         scores = result.retrained.headlines.items()
         print("retrained best, Spearman x100: " + ", ".join(f"{entry} {value:.2f}" for entry, (_, value) in scores))
-    print(f"sweep: {result.path} (summary/: results table, plot, best config)")
+    print(f"sweep: {result.path} (results table, plot, best config: {result.summary})")
     print(f"MLflow sweep run {result.run_id} at {redact_uri(result.tracking_uri)}")
     return 0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes):
+        raise argparse.ArgumentTypeError(f"expected distinct positive sizes like 384,128,64, got {text!r}")
+    return sizes
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -122,9 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--tasks", default="sts", help="comma-separated tasks (default: sts)")
     ev.add_argument("--data-dir", help="local data folder (default: $SBERT_RAY_DATA_DIR, else the Hub)")
     ev.add_argument("--output", help="write results as JSON here")
-    ev.add_argument("--batch-size", type=int, default=64)
+    ev.add_argument("--batch-size", type=_positive_int, default=64)
     ev.add_argument("--similarities", default="cosine", help="cosine,manhattan,euclidean,dot")
     ev.add_argument("--device", help="e.g. cuda")
+    ev.add_argument("--mlflow", action="store_true", help="log the evaluation as an MLflow run (params, metrics, JSON)")
+    ev.add_argument("--tracking-uri", help="with --mlflow (default: $MLFLOW_TRACKING_URI, else ~/sbert-ray/mlflow)")
+    ev.add_argument("--experiment", default="sbert-ray-eval", help="with --mlflow: the MLflow experiment")
     ev.add_argument(
         "--mode",
         choices=("unsupervised", "finetune"),
@@ -144,10 +173,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="the paper's baselines from --model's backbone: token average, CLS vector, or tf-idf",
     )
     ev.add_argument(
+        "--allow-unsafe-weights",
+        action="store_true",
+        help="also load pickled PyTorch weights (pytorch_model.bin), which can run code: trusted models only",
+    )
+    ev.add_argument(
         "--workers",
-        type=int,
+        type=_positive_int,
         default=1,
         help="encode on this many Ray workers (one GPU each with --device cuda); same numbers as one process",
+    )
+    ev.add_argument(
+        "--truncate-dim",
+        type=_sizes,
+        metavar="K[,K...]",
+        help="score the first K embedding values (Matryoshka), e.g. 384,128,64: entries like stsb@128",
     )
     ev.set_defaults(func=_eval)
 
@@ -191,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, DataError, FileNotFoundError) as err:  # bad input: one clear line, no traceback
+    except (ConfigError, DataError) as err:  # bad input: one clear line, no traceback
         print(f"sbert-ray {args.command}: error: {err}", file=sys.stderr)
         return 2
     except TrackingError as err:  # the tracking store failed or went away (credentials masked)

@@ -8,41 +8,69 @@ used (a wrong one is refused), and everything a run writes is searched for it af
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import socket
 import threading
 import time
 from pathlib import Path
 
+import local_cluster
 import pytest
 import ray
 import yaml
 from mlflow.tracking import MlflowClient
-from process_helpers import free_port, start_mlflow_server, stop
 
 from sbert_ray.cli import main
+from sbert_ray.config import ConfigError, load_config
 from sbert_ray.data.readers import load_records
 from sbert_ray.models.encoder import SentenceEncoder
-from sbert_ray.runs.record import RECORD_FILE
-from sbert_ray.runs.training import METRICS_SPOOL
+from sbert_ray.runs import record
+from sbert_ray.runs.training import METRICS_SPOOL, absolute_paths
 from sbert_ray.tracking.store import redact, redact_uri
 
 USER, PASSWORD = "sbert", "Pa55-w0rd-never-shown"  # distinctive: any occurrence of it is a leak
 
 
+def with_password(uri: str) -> str:
+    """``http://127.0.0.1:PORT`` as ``http://USER:PASSWORD@127.0.0.1:PORT``."""
+    return uri.replace("://", f"://{USER}:{PASSWORD}@", 1)
+
+
 class AuthServer:
-    """An `mlflow server` with basic auth that a test can stop and start again (same port, same stores)."""
+    """An `mlflow server` running MLflow's basic-auth app (requests without the admin's password are refused) that
+    a test can stop and start again: same port, same stores."""
 
     def __init__(self, root: Path):
-        self.root, self.port = root, free_port()
-        self.uri = f"http://{USER}:{PASSWORD}@127.0.0.1:{self.port}"
+        self.root, self.port = root, local_cluster.free_port()
+        self.uri = with_password(f"http://127.0.0.1:{self.port}")
         self.process = None
 
     def start(self) -> None:
-        self.process = start_mlflow_server(self.root, self.port, admin=(USER, PASSWORD))
+        settings = {
+            "default_permission": "READ",
+            "database_uri": f"sqlite:///{self.root / 'auth.db'}",
+            "admin_username": USER,
+            "authorization_function": "mlflow.server.auth:authenticate_request_basic_auth",
+        }
+        (self.root / "basic_auth.ini").write_text("[mlflow]\n" + "".join(f"{k} = {v}\n" for k, v in settings.items()))
+        command = [
+            str(local_cluster.BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port),
+            "--workers", "1", "--app-name", "basic-auth",
+            "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
+            "--artifacts-destination", str(self.root / "artifacts"),
+        ]  # fmt: skip
+        env = {
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+            "MLFLOW_AUTH_CONFIG_PATH": str(self.root / "basic_auth.ini"),
+            "MLFLOW_AUTH_ADMIN_PASSWORD": PASSWORD,  # from the environment: no file of the test holds it
+            "MLFLOW_FLASK_SERVER_SECRET_KEY": "sbert-ray-tests",
+        }
+        self.process = local_cluster.start(command, self.root / "server.log", env)
+        local_cluster.wait_for_url(f"http://127.0.0.1:{self.port}/health", process=self.process)
 
     def stop(self) -> None:
-        stop(self.process)
+        local_cluster.stop(self.process)
 
     def client(self) -> MlflowClient:
         return MlflowClient(self.uri)
@@ -50,6 +78,7 @@ class AuthServer:
 
 @pytest.fixture(scope="module")
 def auth_server(tmp_path_factory: pytest.TempPathFactory):
+    """Its own server, not the session's: the outage test stops and restarts it."""
     server = AuthServer(tmp_path_factory.mktemp("mlflow-auth"))
     server.start()
     yield server
@@ -71,14 +100,18 @@ def leaks(texts: dict[str, str], roots: list[Path]) -> list[str]:
     return found
 
 
-def run_texts(client: MlflowClient, experiment: str) -> dict[str, str]:
-    """Params and tags of every run of ``experiment``, as text."""
+def run_texts(client: MlflowClient, experiment: str, downloads: Path) -> dict[str, str]:
+    """Params and tags of every run of ``experiment``, as text; each run's artifacts downloaded under
+    ``downloads``."""
     experiment_id = client.get_experiment_by_name(experiment).experiment_id
-    return {
-        f"run {run.info.run_id} {kind}": json.dumps(values)
-        for run in client.search_runs([experiment_id])
-        for kind, values in (("params", run.data.params), ("tags", run.data.tags))
-    }
+    texts = {}
+    for run in client.search_runs([experiment_id]):
+        client.download_artifacts(run.info.run_id, "", str(downloads / run.info.run_id))
+        texts |= {
+            f"run {run.info.run_id} {kind}": json.dumps(v)
+            for kind, v in (("params", run.data.params), ("tags", run.data.tags))
+        }
+    return texts
 
 
 def ray_logs() -> Path:
@@ -118,7 +151,10 @@ def silent_server() -> tuple[socket.socket, int]:
 def test_unusable_tracking_store_is_refused_in_seconds_with_masked_uri(case, auth_server, tiny_train_config, capsys):
     listener = None
     if case == "refused":
-        uri, expected = f"postgresql://{USER}:{PASSWORD}@127.0.0.1:{free_port()}/mlflow", "cannot be reached"
+        uri, expected = (
+            f"postgresql://{USER}:{PASSWORD}@127.0.0.1:{local_cluster.free_port()}/mlflow",
+            "cannot be reached",
+        )
     elif case == "hung":
         listener, port = silent_server()
         uri, expected = f"http://{USER}:{PASSWORD}@127.0.0.1:{port}", "does not answer"
@@ -190,12 +226,11 @@ def test_training_survives_an_mlflow_outage_and_never_shows_the_password(
 
     shown = redact_uri(auth_server.uri)
     assert run.data.params["tracking.tracking_uri"] == shown and f"MLflow: {shown}" in out
-    downloads = Path(client.download_artifacts(run_id, "", str(run_dir.parent / "downloaded")))
-    assert shown in (downloads / "config.yaml").read_text() and shown in (downloads / "model" / "README.md").read_text()
-    found = leaks(
-        {"stdout": out, "stderr": err} | run_texts(client, "outage"),
-        [run_dir.parent, downloads, auth_server.root / "artifacts", ray_logs()],
-    )
+    downloads = run_dir.parent / "downloaded"
+    texts = run_texts(client, "outage", downloads)
+    assert shown in (downloads / run_id / "config.yaml").read_text()
+    assert shown in (downloads / run_id / "model" / "README.md").read_text()
+    found = leaks({"stdout": out, "stderr": err} | texts, [run_dir.parent, auth_server.root, ray_logs()])
     assert found == []
 
 
@@ -203,7 +238,7 @@ def test_training_survives_an_mlflow_outage_and_never_shows_the_password(
 
 
 def test_sweep_from_its_own_directory_with_relative_paths_and_a_password_uri(
-    local_ray, auth_server, tmp_path, data_dir, monkeypatch, capfd
+    local_ray, mlflow_server, tmp_path, data_dir, monkeypatch, capfd
 ):
     """A sweep config with relative paths (its training file, an evaluation file, output_dir), run from its
     folder: Tune runs each trial in the trial's own folder, yet every trial reads the files and writes its model
@@ -230,7 +265,7 @@ def test_sweep_from_its_own_directory_with_relative_paths_and_a_password_uri(
             "evaluation": {"dev_limit": 50, "final_tasks": ["pairs:data/held-out.jsonl"]},
             "scaling": {"num_workers": 1, "cpus_per_worker": 0.5},
             "checkpoint": {"storage_path": "runs", "max_failures": 0},
-            "tracking": {"tracking_uri": auth_server.uri, "experiment": "relative-sweep"},
+            "tracking": {"tracking_uri": with_password(mlflow_server), "experiment": "relative-sweep"},
         },
     }
     Path("sweep.yaml").write_text(yaml.safe_dump(sweep))
@@ -249,15 +284,16 @@ def test_sweep_from_its_own_directory_with_relative_paths_and_a_password_uri(
     best = yaml.safe_load((sweep_dir / "summary" / "best_config.yaml").read_text())
     assert best["stages"][0]["dataset"] == str(tmp_path / "data" / "pairs.csv")
     assert best["evaluation"]["final_tasks"] == [f"pairs:{tmp_path / 'data' / 'held-out.jsonl'}"]
-    assert best["tracking"]["tracking_uri"] == redact_uri(auth_server.uri)
-    client = auth_server.client()
+    assert best["tracking"]["tracking_uri"] == redact_uri(with_password(mlflow_server))
+    client = MlflowClient(mlflow_server)
     runs = client.search_runs([client.get_experiment_by_name("relative-sweep").experiment_id])
     trials = [run for run in runs if "mlflow.parentRunId" in run.data.tags]
     assert len(trials) == 2 and all("final/held-out/spearman_cosine" in run.data.metrics for run in trials)
 
-    found = leaks(
-        {"stdout": out, "stderr": err} | run_texts(client, "relative-sweep"),
-        [tmp_path / "runs", tmp_path / "models", auth_server.root / "artifacts", ray_logs()],  # not our sweep.yaml
+    texts = run_texts(client, "relative-sweep", tmp_path / "downloaded")
+    found = leaks(  # every file the sweep wrote or logged (not our own sweep.yaml)
+        {"stdout": out, "stderr": err} | texts,
+        [tmp_path / "runs", tmp_path / "models", tmp_path / "downloaded", ray_logs()],
     )
     assert found == []
 
@@ -272,8 +308,8 @@ def test_finished_run_is_not_retrained_another_config_is_refused_and_restart_tra
     assert main(["train", str(path)]) == 0
     first = capsys.readouterr().out
     run_dir = path.parent / "runs" / "rerun"
-    record = json.loads((run_dir / RECORD_FILE).read_text())
-    assert record["status"] == "finished" and record["mlflow_run_id"] in first
+    saved = json.loads((run_dir / record.RECORD_FILE).read_text())
+    assert saved["status"] == "finished" and saved["mlflow_run_id"] in first
     checkpoints = sorted(p.name for p in run_dir.glob("checkpoint_*"))
     client = MlflowClient(f"sqlite:///{path.parent / 'mlflow.db'}")
     experiment_id = client.get_experiment_by_name("sbert-ray").experiment_id
@@ -282,7 +318,7 @@ def test_finished_run_is_not_retrained_another_config_is_refused_and_restart_tra
     assert main(["train", str(path)]) == 0
     again = capsys.readouterr().out
     assert "already finished with this config: nothing to train" in again
-    assert f"MLflow run {record['mlflow_run_id']}" in again and f"model: {run_dir / 'final-model'}" in again
+    assert f"MLflow run {saved['mlflow_run_id']}" in again and f"model: {run_dir / 'final-model'}" in again
     assert sorted(p.name for p in run_dir.glob("checkpoint_*")) == checkpoints
     assert len(client.search_runs([experiment_id])) == 1
 
@@ -294,13 +330,37 @@ def test_finished_run_is_not_retrained_another_config_is_refused_and_restart_tra
     assert len(client.search_runs([experiment_id])) == 1
 
     # --restart: the old folder is kept aside, the new config trains in a new MLflow run.
-    assert main(["train", str(path), "stages.0.learning_rate=3e-4", "--restart"]) == 0
+    assert main(["train", str(path), "stages.0.learning_rate=3e-4", "evaluation.final_tasks=[]", "--restart"]) == 0
     out = capsys.readouterr().out
     (kept,) = run_dir.parent.glob("rerun.replaced-*")
     assert f"the previous run folder is kept at {kept}" in out
-    assert json.loads((kept / RECORD_FILE).read_text())["mlflow_run_id"] == record["mlflow_run_id"]
+    assert json.loads((kept / record.RECORD_FILE).read_text())["mlflow_run_id"] == saved["mlflow_run_id"]
     runs = {r.info.run_id: r for r in client.search_runs([experiment_id])}
-    new_id = json.loads((run_dir / RECORD_FILE).read_text())["mlflow_run_id"]
-    assert set(runs) == {record["mlflow_run_id"], new_id}
+    new_id = json.loads((run_dir / record.RECORD_FILE).read_text())["mlflow_run_id"]
+    assert set(runs) == {saved["mlflow_run_id"], new_id}
     assert runs[new_id].info.status == "FINISHED" and runs[new_id].data.params["stages.0.learning_rate"] == "0.0003"
     assert runs[new_id].data.metrics["train/loss"] > 0 and "(resumed)" not in out
+
+
+def test_run_record_lives_beside_checkpoints_on_object_storage(s3_server, tiny_train_config, monkeypatch):
+    """With s3:// checkpoint storage the record is an object beside the checkpoints: found again, compared, and kept
+    aside by --restart (object storage has no folder rename)."""
+    for key, value in s3_server.env.items():
+        monkeypatch.setenv(key, value)
+    storage = f"s3://{local_cluster.BUCKET}/records"
+    config = absolute_paths(load_config(tiny_train_config(name="remote"), [f"checkpoint.storage_path={storage}"]))
+    run_dir, uri = f"{storage}/remote", config.tracking.tracking_uri
+    assert record.previous_run(run_dir, config, uri) is None
+    record.new_record(config, "run-1", uri).save(run_dir)
+    objects = s3_server.client().list_objects_v2(Bucket=local_cluster.BUCKET, Prefix="records/")["Contents"]
+    files = [o["Key"] for o in objects if not o["Key"].endswith("/")]  # pyarrow marks folders with empty objects
+    assert files == [f"records/remote/{record.RECORD_FILE}"]  # no temporary file left
+    assert record.previous_run(run_dir, config, uri).mlflow_run_id == "run-1"
+
+    stage = dataclasses.replace(config.stages[0], learning_rate=3e-4)
+    with pytest.raises(ConfigError, match=r"another config \(stages\.0\.learning_rate: 0\.0001 -> 0\.0003\)"):
+        record.previous_run(run_dir, dataclasses.replace(config, stages=[stage]), uri)
+
+    kept = record.archive(run_dir)
+    assert kept.startswith(f"{run_dir}.replaced-")
+    assert record.RunRecord.load(run_dir) is None and record.RunRecord.load(kept).mlflow_run_id == "run-1"

@@ -132,11 +132,12 @@ def test_resubmitted_run_resumes(tiny_train_config):
         (["stages.0.dataset=stsbb"], "stsbb"),
         (["model.name=/nonexistent/model"], "/nonexistent/model"),
         (["stages.0.objective=softmax"], "needs LabelledPair"),
+        (["stages.0.matryoshka_dims=[32, 64]"], r"stages\.0\.matryoshka_dims: 64 exceeds the model's 32"),
     ],
 )
 def test_bad_data_or_model_fails_before_ray(tiny_train_config, overrides, message):
     config = load_config(tiny_train_config(), overrides)
-    with pytest.raises((ConfigError, ValueError, FileNotFoundError), match=message):
+    with pytest.raises((ConfigError, ValueError), match=message):
         prepare(config)
 
 

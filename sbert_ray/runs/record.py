@@ -1,4 +1,5 @@
-"""What a training run remembers about itself: ``<storage_path>/<name>/sbert_ray_run.json``.
+"""What a training run remembers about itself: ``<storage_path>/<name>/sbert_ray_run.json``, beside its
+checkpoints (a local folder or object storage alike, through pyarrow's filesystems as Ray Train writes them).
 
 A run is found again by its name and checkpoint storage (Ray Train resumes from the latest checkpoint there). The
 record says whether that is the same training: the fingerprint of every config key that shapes the trained model,
@@ -24,11 +25,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+
+from pyarrow import fs
 
 from sbert_ray.config import ConfigError, TrainConfig, flatten, to_dict
 
@@ -70,21 +71,26 @@ class RunRecord:
     result: dict[str, Any] | None = None  # the finished run's TrainResult fields (tracking URI masked)
 
     @classmethod
-    def load(cls, run_dir: Path) -> RunRecord | None:
-        path = run_dir / RECORD_FILE
-        if not path.exists():
+    def load(cls, run_dir: str) -> RunRecord | None:
+        filesystem, path = fs.FileSystem.from_uri(run_dir)
+        if filesystem.get_file_info(f"{path}/{RECORD_FILE}").type == fs.FileType.NotFound:
             return None
+        with filesystem.open_input_stream(f"{path}/{RECORD_FILE}") as f:
+            text = f.read().decode()
         try:
-            return cls(**json.loads(path.read_text()))
+            return cls(**json.loads(text))
         except (json.JSONDecodeError, TypeError) as err:
-            raise ConfigError(f"{path}: not a run record ({err}); pass --restart to start this run anew") from None
+            raise ConfigError(
+                f"{run_dir}/{RECORD_FILE}: not a run record ({err}); pass --restart to start this run anew"
+            ) from None
 
-    def save(self, run_dir: Path) -> None:
-        """Written to a temporary file and renamed: a crash leaves the old record or the new one, never half."""
-        run_dir.mkdir(parents=True, exist_ok=True)
-        staging = run_dir / f".{RECORD_FILE}.tmp"
-        staging.write_text(json.dumps(dataclasses.asdict(self), indent=2, default=str))
-        os.replace(staging, run_dir / RECORD_FILE)
+    def save(self, run_dir: str) -> None:
+        """Written to a temporary file and moved: a crash leaves the old record or the new one, never half."""
+        filesystem, path = fs.FileSystem.from_uri(run_dir)
+        filesystem.create_dir(path)
+        with filesystem.open_output_stream(f"{path}/.{RECORD_FILE}.tmp") as f:
+            f.write(json.dumps(dataclasses.asdict(self), indent=2, default=str).encode())
+        filesystem.move(f"{path}/.{RECORD_FILE}.tmp", f"{path}/{RECORD_FILE}")
 
 
 def new_record(config: TrainConfig, mlflow_run_id: str, shown_uri: str) -> RunRecord:
@@ -92,19 +98,19 @@ def new_record(config: TrainConfig, mlflow_run_id: str, shown_uri: str) -> RunRe
     return RunRecord(fingerprint(settings), settings, mlflow_run_id, shown_uri, started=_now())
 
 
-def finish(record: RunRecord, result: dict[str, Any], run_dir: Path) -> None:
+def finish(record: RunRecord, result: dict[str, Any], run_dir: str) -> None:
     record.status, record.finished, record.result = "finished", _now(), result
     record.save(run_dir)
 
 
-def previous_run(run_dir: Path, config: TrainConfig, shown_uri: str, restart: bool = False) -> RunRecord | None:
+def previous_run(run_dir: str, config: TrainConfig, shown_uri: str, restart: bool = False) -> RunRecord | None:
     """The record of the run at ``run_dir`` when ``config`` continues it (or finished it); None for a new run.
     Raises ``ConfigError`` when another config ran under this name, or (unfinished) logged to another store."""
     record = RunRecord.load(run_dir)
     if restart:
         return record
     if record is None:
-        if any(run_dir.glob("checkpoint_*")):
+        if _has_checkpoints(run_dir):
             raise ConfigError(
                 f"{run_dir} holds checkpoints of a run without a record of its config (an earlier sbert-ray): "
                 "pass --restart to train anew (the folder is kept), or choose another name"
@@ -137,14 +143,26 @@ def changed_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     ]
 
 
-def archive(run_dir: Path) -> Path | None:
+def _has_checkpoints(run_dir: str) -> bool:
+    filesystem, path = fs.FileSystem.from_uri(run_dir)
+    entries = filesystem.get_file_info(fs.FileSelector(path, allow_not_found=True))
+    return any(entry.base_name.startswith("checkpoint_") for entry in entries)
+
+
+def archive(run_dir: str) -> str | None:
     """Move the run folder aside (``<name>.replaced-<UTC time>``) so a restarted run begins empty; the old
-    checkpoints, final model (when inside it) and record stay there."""
-    if not run_dir.exists():
+    checkpoints, final model (when inside it) and record stay there. Object storage has no folder rename: the
+    files are copied, then deleted."""
+    filesystem, path = fs.FileSystem.from_uri(run_dir)
+    if filesystem.get_file_info(path).type == fs.FileType.NotFound:
         return None
-    target = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
-    run_dir.rename(target)
-    return target
+    suffix = f".replaced-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    if isinstance(filesystem, fs.LocalFileSystem):
+        filesystem.move(path, path + suffix)
+    else:
+        fs.copy_files(path, path + suffix, source_filesystem=filesystem, destination_filesystem=filesystem)
+        filesystem.delete_dir(path)
+    return run_dir + suffix
 
 
 def _now() -> str:

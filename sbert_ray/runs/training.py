@@ -10,9 +10,9 @@ argument-similarity fold run through ``run_training``.
       -> final model copied to output_dir and logged; final tasks: a Ray task, on the checkpoint's model
       -> TrainResult (scores from Ray, never read back from MLflow); record marked finished
 
-MLflow outages: rank 0 keeps metrics the store does not take in ``<run folder>/mlflow_pending_metrics.jsonl`` and
-sends them when it answers again; after training the driver waits up to ``tracking.wait_s`` for it, then logs the
-rest and ends the run FINISHED.
+MLflow outages: rank 0 keeps metrics the store does not take in a file (``metrics_spool``) and sends them when it
+answers again; after training the driver waits up to ``tracking.wait_s`` for it, then logs the rest and ends the
+run FINISHED.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from sbert_ray.data.readers import check_available, resolve_data_dir
 from sbert_ray.data.records import DataError
 from sbert_ray.evaluation.results import nest
 from sbert_ray.evaluation.tasks import EvalTask, Results, check_tasks, headlines, parse_tasks
-from sbert_ray.models import SentenceEncoder, load_encoder, resolve_model_ref
+from sbert_ray.models import SentenceEncoder, check_model, load_encoder
 from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_card
 from sbert_ray.runs import record
 from sbert_ray.runs.cluster import connect_ray
@@ -55,6 +55,7 @@ from sbert_ray.tracking.model_registry import log_sentence_transformer, model_ur
 from sbert_ray.tracking.store import check_reachable, redact_uri, warn_if_password
 from sbert_ray.training.batches import is_user_file, load_training_records, stage_steps, texts_and_labels
 from sbert_ray.training.state import MODEL_DIR
+from sbert_ray.training.storage import is_remote, resolve_storage
 from sbert_ray.training.worker import train_loop_per_worker
 
 logger = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ def absolute_paths(config: TrainConfig) -> TrainConfig:
             before_tasks=[task.absolute_spec() for task in parse_tasks(evaluation.before_tasks)],
             final_tasks=[task.absolute_spec() for task in parse_tasks(evaluation.final_tasks)],
         ),
-        checkpoint=dataclasses.replace(config.checkpoint, storage_path=_absolute(config.checkpoint.storage_path)),
+        checkpoint=dataclasses.replace(config.checkpoint, storage_path=resolve_storage(config.checkpoint.storage_path)),
         tracking=dataclasses.replace(config.tracking, tracking_uri=resolve_tracking_uri(config.tracking.tracking_uri)),
     )
 
@@ -117,16 +118,24 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, list[int]]:
     """Fill in what depends on where the run lives, and check the tracking store, data, model and evaluation tasks
     before Ray starts. Returns the config and the number of training examples of each stage."""
     config = absolute_paths(config)
-    storage = Path(config.checkpoint.storage_path)
-    config = dataclasses.replace(config, output_dir=config.output_dir or str(storage / config.name / "final-model"))
+    storage = config.checkpoint.storage_path
+    # The final model is copied here from the last checkpoint (a download when storage is remote).
+    output_dir = config.output_dir or (
+        _absolute(f"~/sbert-ray/models/{config.name}") if is_remote(storage) else f"{storage}/{config.name}/final-model"
+    )
+    config = dataclasses.replace(config, output_dir=output_dir)
     warn_if_password(config.tracking.tracking_uri)
     try:
         check_reachable(config.tracking.tracking_uri)
     except TrackingError as err:
         raise ConfigError(f"tracking.tracking_uri: {err}") from None
     data_dir = config.data_dir
-    if not config.model.name.startswith("random:"):
-        resolve_model_ref(config.model.name)  # a missing folder or unknown id fails here
+    model_size = check_model(config.model.name, config.model.max_seq_length, config.model.allow_unsafe_weights)
+    for i, stage in enumerate(config.stages):
+        if stage.matryoshka_dims and max(stage.matryoshka_dims) > model_size:
+            raise ConfigError(
+                f"stages.{i}.matryoshka_dims: {max(stage.matryoshka_dims)} exceeds the model's {model_size}"
+            )
     # Cheap checks first (is every dataset there?), then the training data read in full.
     for key in ("before_tasks", "final_tasks"):
         check_tasks(parse_tasks(getattr(config.evaluation, key)), data_dir, f"evaluation.{key}")
@@ -152,19 +161,30 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, list[int]]:
     return config, examples
 
 
+def metrics_spool(config: TrainConfig, run_id: str) -> str:
+    """Where rank 0 keeps the metrics the tracking store did not take: in the run folder; with object storage
+    (no appends there) in a local folder of rank 0's node, which the driver reads when it runs on that node."""
+    storage = config.checkpoint.storage_path
+    if is_remote(storage):
+        return f"~/sbert-ray/pending-metrics/{run_id}.jsonl"
+    return f"{storage}/{config.name}/{METRICS_SPOOL}"
+
+
 def build_trainer(config: TrainConfig, tracking_uri: str, run_id: str, callbacks: list | None = None) -> TorchTrainer:
     scaling = config.scaling
     resources = {"CPU": scaling.cpus_per_worker, **({"GPU": scaling.gpus_per_worker} if scaling.use_gpu else {})}
-    spool = Path(config.checkpoint.storage_path) / config.name / METRICS_SPOOL
     return TorchTrainer(
         train_loop_per_worker,
         # Rank 0's RunLogger: metrics the tracking store does not take wait in the spool file of the run.
         train_loop_config={
             "config": config,
-            "tracking": {"tracking_uri": tracking_uri, "run_id": run_id, "spool": spool},
+            "tracking": {"tracking_uri": tracking_uri, "run_id": run_id, "spool": metrics_spool(config, run_id)},
         },
         scaling_config=ray.train.ScalingConfig(
-            num_workers=scaling.num_workers, use_gpu=scaling.use_gpu, resources_per_worker=resources
+            num_workers=scaling.num_workers,
+            use_gpu=scaling.use_gpu,
+            resources_per_worker=resources,
+            placement_strategy=scaling.placement_strategy,
         ),
         run_config=ray.train.RunConfig(
             # Same name + storage = same run: a resubmitted job resumes from its latest checkpoint.
@@ -190,7 +210,7 @@ def run_training(
     ``TuneReportCallback``) go to the ``TorchTrainer``."""
     config = absolute_paths(config)
     tracking_uri = config.tracking.tracking_uri
-    run_dir = Path(config.checkpoint.storage_path) / config.name
+    run_dir = f"{config.checkpoint.storage_path}/{config.name}"
     previous = record.previous_run(run_dir, config, redact_uri(tracking_uri), restart)
     if previous is not None and previous.status == "finished" and not restart:
         saved = previous.result | {"headlines": {k: tuple(v) for k, v in previous.result["headlines"].items()}}
@@ -209,9 +229,9 @@ def run_training(
             run_name=config.tracking.run_name or config.name,
             parent_run_id=parent_run_id,
             run_id=previous.mlflow_run_id if previous else None,
-            spool=run_dir / METRICS_SPOOL,
             wait_s=config.tracking.wait_s,
         ) as tracker:
+            tracker.spool = Path(metrics_spool(config, tracker.run_id)).expanduser()  # flushed after training
             run_record = previous or record.new_record(config, tracker.run_id, redact_uri(tracking_uri))
             run_record.save(run_dir)
             print(
@@ -220,7 +240,7 @@ def run_training(
             )
             print(f"MLflow artifacts: {redact_uri(tracker.artifact_uri)}", flush=True)
             tracker.log_params(flatten(to_dict(shown(config))))
-            tracker.set_tags(environment_tags() | {NAME_TAG: str(run_dir)})
+            tracker.set_tags(environment_tags() | {NAME_TAG: run_dir})
             tracker.log_text(dump_yaml(shown(config)), "config.yaml")
             connect_ray()
 
@@ -280,7 +300,7 @@ def run_training(
     return train_result
 
 
-def _replace_previous(run_dir: Path, previous: record.RunRecord | None, tracking_uri: str) -> None:
+def _replace_previous(run_dir: str, previous: record.RunRecord | None, tracking_uri: str) -> None:
     """--restart: close the old MLflow run if a crash left it running, and keep the old run folder aside."""
     if previous is not None and previous.status != "finished" and previous.tracking_uri == redact_uri(tracking_uri):
         RunLogger(tracking_uri, previous.mlflow_run_id).close_if_running("KILLED")

@@ -99,7 +99,7 @@ class RunLogger:
         self.tracking_uri = tracking_uri
         self.client = MlflowClient(tracking_uri)
         self.run_id = run_id
-        self.spool = Path(spool) if spool else None
+        self.spool = Path(spool).expanduser() if spool else None
         self.wait_s = wait_s
         self._retry_at = 0.0  # while the store is away: when to try it again
 
@@ -113,6 +113,7 @@ class RunLogger:
         if self.spool is None:
             self.call(self.client.log_batch, self.run_id, metrics=batch)
             return
+        self.spool.parent.mkdir(parents=True, exist_ok=True)
         with self.spool.open("a") as f:
             f.write(_spool_lines(batch))
         if time.monotonic() >= self._retry_at:
@@ -204,10 +205,9 @@ class RunTracker(RunLogger):
         resume_key: str | None = None,
         parent_run_id: str | None = None,
         run_id: str | None = None,
-        spool: str | Path | None = None,
         wait_s: float = 0.0,
     ):
-        super().__init__(tracking_uri, run_id or "", spool, wait_s)
+        super().__init__(tracking_uri, run_id or "", wait_s=wait_s)
         experiment_id = self.call(ensure_experiment, self.client, experiment, tracking_uri)
         if run_id is None and resume_key:
             run_id = self.call(_unfinished_run, self.client, experiment_id, resume_key)

@@ -40,12 +40,18 @@ def is_user_file(stage: StageConfig) -> bool:
 
 
 def load_training_records(stage: StageConfig, data_dir) -> Records:
-    """A registered dataset by name, or the user's own csv/tsv/jsonl file read with ``stage.columns``."""
+    """A registered dataset by name, or the user's own csv/tsv/jsonl file read with ``stage.columns`` (its scores
+    must lie in [0, score_max], the scale score targets are divided by)."""
     if is_user_file(stage):
-        kind = OBJECTIVES[stage.objective].user_file_kind
-        records = read_user_file(stage.dataset, kind, stage.columns, errors=stage.errors)
+        loss = OBJECTIVES[stage.objective]
+        score_range = (0.0, stage.score_max) if loss.label_field == "score" else None
+        records = read_user_file(
+            stage.dataset, loss.user_file_kind, stage.columns, errors=stage.errors, score_range=score_range
+        )
     else:
         records = load_records(stage.dataset, stage.split, data_dir, errors=stage.errors)
+    if stage.limit and stage.limit < len(records):
+        logger.info("%s: training on the first %d of %d examples (limit)", stage.dataset, stage.limit, len(records))
     return Records(records[: stage.limit], records.skipped, records.dropped) if stage.limit else records
 
 
@@ -91,6 +97,11 @@ class TokenizedColumns:
             tokenizer(column, truncation=True, max_length=max_seq_length, return_attention_mask=False)["input_ids"]
             for column in columns
         ]
+        self.texts = sum(len(column) for column in columns)
+        self.truncated = sum(
+            count_truncated(tokenizer, column, ids, max_seq_length)
+            for column, ids in zip(columns, self.encodings, strict=True)
+        )
         # An example is as long as its longest sentence: that is what sets the padded width of its batch.
         self.lengths = [max(lens) for lens in zip(*([len(ids) for ids in enc] for enc in self.encodings), strict=True)]
 
@@ -104,3 +115,29 @@ class TokenizedColumns:
             features.append({k: v.to(device) for k, v in padded.items()})
         labels = self.labels[list(indices)].to(device) if self.labels is not None else None
         return features, labels
+
+
+def count_truncated(tokenizer, texts: Sequence[str], input_ids: Sequence[Sequence[int]], max_length: int) -> int:
+    """How many of ``texts`` lost tokens when tokenised to ``input_ids`` with ``max_length``. Only those that came
+    out exactly max_length long can have, so only they are tokenised again, in full."""
+    full_length = [texts[i] for i, ids in enumerate(input_ids) if len(ids) >= max_length]
+    if not full_length:
+        return 0
+    lengths = tokenizer(full_length, return_attention_mask=False, verbose=False)["input_ids"]
+    return sum(len(ids) > max_length for ids in lengths)
+
+
+def log_coverage(stage_index: int, data: TokenizedColumns, sampler: SmartBatchSampler, batches_per_epoch: int) -> None:
+    """One line per stage on what training will not see: texts cut to max_seq_length, and the examples of an
+    epoch whose micro-batches are left over after the last whole optimizer step (gradient accumulation)."""
+    unseen = sampler.unseen(batches_per_epoch)
+    if data.truncated or unseen:
+        logger.warning(
+            "stage %d: %d of %d texts truncated to max_seq_length; %d of %d examples of epoch 0 fall in "
+            "micro-batches left over after the last whole optimizer step",
+            stage_index,
+            data.truncated,
+            data.texts,
+            unseen,
+            len(data),
+        )

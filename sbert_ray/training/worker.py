@@ -32,6 +32,7 @@ from sbert_ray.training.batches import (
     TokenizedColumns,
     load_training_records,
     local_batch_size,
+    log_coverage,
     stage_steps,
     texts_and_labels,
 )
@@ -97,8 +98,12 @@ class _Worker:
             seed=self.config.seed + state.stage,
         )
         steps_per_epoch, total_steps = stage_steps(len(data), stage, world_size)  # prepare() checked both are > 0
+        if self.rank == 0:
+            log_coverage(state.stage, data, sampler, steps_per_epoch * stage.grad_accum_steps)
 
-        objective = build_loss(stage.objective, self.encoder, stage.loss)
+        objective = build_loss(
+            stage.objective, self.encoder, stage.loss, stage.matryoshka_dims, stage.matryoshka_weights
+        )
         optimizer = torch.optim.AdamW(
             _parameter_groups(objective, stage.weight_decay), lr=stage.learning_rate, eps=stage.adam_eps
         )
