@@ -81,7 +81,9 @@ class SweepResult:
 
 def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
     """Run (or with ``resume`` continue) a sweep; every config and data error surfaces before Ray starts."""
-    base = absolute_paths(sweep.base)  # trials run in their own working directories
+    # Trials run in their own working directories, and Tune takes its storage from the base config.
+    sweep = dataclasses.replace(sweep, base=absolute_paths(sweep.base))
+    base = sweep.base
     space = SearchSpace(base, sweep.search_space)
     corners = list(space.corner_configs())
     _check_data(corners)
