@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from sbert_ray.config import ConfigError
 from sbert_ray.data.records import DataError
+from sbert_ray.progress import QUIET_ENV
 from sbert_ray.tracking.errors import TrackingError
 
 
@@ -142,8 +144,10 @@ def _sizes(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sbert-ray", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--quiet", action="store_true", help="no progress bars or training progress lines")
 
-    ev = sub.add_parser("eval", help="evaluate a sentence encoder")
+    ev = sub.add_parser("eval", parents=[common], help="evaluate a sentence encoder")
     ev.add_argument("--model", required=True, help="local folder or Hub id")
     ev.add_argument("--tasks", default="sts", help="comma-separated tasks (default: sts)")
     ev.add_argument("--data-dir", help="local data folder (default: $SBERT_RAY_DATA_DIR, else the Hub)")
@@ -191,7 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.set_defaults(func=_eval)
 
-    rp = sub.add_parser("report", help="our results beside the paper's Tables 1-7: markdown + PNG plots, MLflow")
+    rp = sub.add_parser(
+        "report", parents=[common], help="our results beside the paper's Tables 1-7: markdown + PNG plots, MLflow"
+    )
     rp.add_argument("results", nargs="*", help="results JSON of `sbert-ray eval --output`, as [LABEL=]PATH")
     rp.add_argument("--run", action="append", default=[], help="an MLflow run id with evaluation.json (repeatable)")
     rp.add_argument(
@@ -207,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--no-mlflow", action="store_true", help="write the files only")
     rp.set_defaults(func=_report)
 
-    tr = sub.add_parser("train", help="train on a Ray cluster (RAY_ADDRESS, else a local one)")
+    tr = sub.add_parser("train", parents=[common], help="train on a Ray cluster (RAY_ADDRESS, else a local one)")
     tr.add_argument("config", help="YAML config, e.g. jobs/configs/quickstart.yaml")
     tr.add_argument("overrides", nargs="*", help="key=value overrides, e.g. stages.0.learning_rate=3e-5")
     tr.add_argument(
@@ -218,7 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tr.set_defaults(func=_train)
 
-    tu = sub.add_parser("tune", help="hyperparameter sweep: Tune trials of Ray Train runs, tracked in MLflow")
+    tu = sub.add_parser(
+        "tune", parents=[common], help="hyperparameter sweep: Tune trials of Ray Train runs, tracked in MLflow"
+    )
     tu.add_argument("config", help="sweep YAML, e.g. jobs/configs/sweep-offline.yaml")
     tu.add_argument("overrides", nargs="*", help="key=value overrides, e.g. num_samples=4 base.stages.0.limit=500")
     tu.add_argument("--resume", action="store_true", help="continue an interrupted sweep; finished trials stay")
@@ -229,6 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    if args.quiet:  # read by this process and every Ray process it starts
+        os.environ[QUIET_ENV] = "1"
     try:
         return args.func(args)
     except (ConfigError, DataError) as err:  # bad input: one clear line, no traceback

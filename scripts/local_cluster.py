@@ -179,6 +179,7 @@ class Head:
     dashboard: str  # http://127.0.0.1:PORT, for `ray job submit --address`
     env: dict[str, str]  # HOME (with .ray/auth_token), RAY_TMPDIR, RAY_AUTH_MODE + whatever the cluster was given
     nodes: list[subprocess.Popen] = field(default_factory=list)
+    node_tmpdirs: list[Path] = field(default_factory=list)
 
     @property
     def token_path(self) -> Path:
@@ -210,13 +211,17 @@ def start_head(root: Path, env: dict[str, str], cpus: int | None = None) -> Head
 
 
 def add_node(head: Head, root: Path, cpus: int) -> subprocess.Popen:
-    """A second Ray node on this machine: `ray start --address` with the head's token and environment."""
+    """A second Ray node on this machine: `ray start --address` with the head's token and environment. It gets a
+    temp dir of its own, as a node on another machine would: nodes sharing one would share their runtime_env
+    folders (a job's working_dir) and their agents would manage each other's files."""
+    tmpdir = Path(tempfile.mkdtemp(prefix="sr-", dir="/tmp"))
     command = [
         str(BIN / "ray"), "start", "--address", head.gcs, "--block", "--num-cpus", str(cpus),
-        "--dashboard-agent-listen-port", str(free_port()), "--disable-usage-stats",
+        "--dashboard-agent-listen-port", str(free_port()), "--disable-usage-stats", "--temp-dir", str(tmpdir),
     ]  # fmt: skip
-    node = start(command, root / f"node-{len(head.nodes) + 1}.log", head.env)
+    node = start(command, root / f"node-{len(head.nodes) + 1}.log", {**head.env, "RAY_TMPDIR": str(tmpdir)})
     head.nodes.append(node)
+    head.node_tmpdirs.append(tmpdir)
     return node
 
 
@@ -241,7 +246,8 @@ def stop_cluster(head: Head) -> None:
     for node in head.nodes:
         stop(node)
     stop(head.process)
-    shutil.rmtree(head.ray_tmpdir, ignore_errors=True)  # the sessions' sockets and logs
+    for tmpdir in [head.ray_tmpdir, *head.node_tmpdirs]:  # the sessions' sockets and logs
+        shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 def main() -> int:

@@ -5,6 +5,7 @@ on 127.0.0.1, and a finished run whose model loads in sentence-transformers."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 import urllib.error
@@ -63,6 +64,7 @@ def test_readme_recipe_submits_a_job_that_trains_and_logs_to_mlflow_server(token
     output = submitted.stdout + submitted.stderr
     assert submitted.returncode == 0 and f"Job '{submission_id}' succeeded" in output, output[-4000:]
     assert "stsb test spearman_cosine: before" in output and "MLflow run" in output
+    assert re.search(r"stage 1/1  step (\d+)/\1  loss [\d.]+  dev [-\d.]+", output)  # the last report's progress line
 
     client = MlflowClient(mlflow_server)
     experiment = client.get_experiment_by_name("sbert-ray")

@@ -58,6 +58,9 @@ def test_training_run_is_complete_in_mlflow(local_ray, tiny_train_config, tmp_pa
     for key in ("train/loss", "train/learning_rate", "train/pairs_per_s", "dev/spearman_cosine"):
         assert key in metrics
     assert len(client.get_metric_history(run.info.run_id, "dev/spearman_cosine")) == 3  # steps 4, 8, 12
+    # The last report (what the driver's progress line shows) carries the last logged loss and rate.
+    assert result.metrics["train_loss"] == pytest.approx(metrics["train/loss"])
+    assert result.metrics["pairs_per_s"] == pytest.approx(metrics["train/pairs_per_s"])
     assert metrics["final/stsb/spearman_cosine"] == pytest.approx(result.final["stsb/spearman_cosine"])
     assert result.headlines["stsb"] == ("spearman_cosine", result.final["stsb/spearman_cosine"])
     assert run.data.params["stages.0.objective"] == "regression"

@@ -12,6 +12,7 @@ from sbert_ray.evaluation.distributed import RayEncoder
 from sbert_ray.evaluation.results import nest
 from sbert_ray.evaluation.tasks import ArgsimTask, EvalTask, Results, check_tasks
 from sbert_ray.evaluation.truncation import evaluate_at_dims
+from sbert_ray.progress import progress_bar
 from sbert_ray.runs.argsim import finetune_argsim
 from sbert_ray.runs.cluster import connect_ray
 from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags
@@ -89,7 +90,7 @@ def _evaluate(
         model.to(device)
     results: Results = {}
     try:
-        for task in tasks:
+        for task in progress_bar(tasks, desc="tasks", unit="task"):
             start = time.perf_counter()
             if finetune is not None and isinstance(task, ArgsimTask):
                 results |= finetune_argsim(task, finetune, data_dir)

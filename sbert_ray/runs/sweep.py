@@ -25,6 +25,7 @@ from ray.tune.search.optuna import OptunaSearch
 
 from sbert_ray.config import ConfigError, TrainConfig, dump_yaml, flatten, to_dict
 from sbert_ray.runs.cluster import connect_ray, runs_that_fit
+from sbert_ray.runs.progress import SweepProgress
 from sbert_ray.runs.training import TrainResult, absolute_paths, prepare, run_training, shown
 from sbert_ray.tracking.mlflow_run import environment_tags
 from sbert_ray.tracking.model_registry import register_run_model
@@ -62,7 +63,7 @@ def run_trial(sampled: dict, context: TrialContext) -> None:
             config.tracking, run_name=f"trial {trial_id}", registered_model_name=None, alias=None
         ),
     )
-    result = run_training(config, parent_run_id=context.parent_run_id, callbacks=[TuneReportCallback()])
+    result = run_training(config, parent_run_id=context.parent_run_id, callbacks=[TuneReportCallback()], progress=False)
     # "finished", not "done": Tune reads a reported "done" as the end of the trial and stops it on the spot.
     final = {f"final_{entry}": value for entry, (_, value) in result.headlines.items()}
     tune.report({**result.metrics, **final, "finished": True})
@@ -164,7 +165,8 @@ def _new_tuner(sweep: SweepConfig, space: SearchSpace, corners: list[TrainConfig
             name=sweep.name,
             storage_path=sweep.base.checkpoint.storage_path,
             failure_config=tune.FailureConfig(max_failures=0),  # Ray Train already restarts failed workers
-            callbacks=[RemoveOrphanedPlacementGroups()],  # stopped trials' Train groups (see placement_groups.py)
+            # Stopped trials' Train groups (see placement_groups.py); a bar of trials done / running / pending.
+            callbacks=[RemoveOrphanedPlacementGroups(), SweepProgress(sweep.num_samples * space.grid_size())],
         ),
     )
 

@@ -40,8 +40,10 @@ from sbert_ray.evaluation.results import nest
 from sbert_ray.evaluation.tasks import EvalTask, Results, check_tasks, headlines, parse_tasks
 from sbert_ray.models import SentenceEncoder, check_model, load_encoder
 from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_card
+from sbert_ray.progress import quiet
 from sbert_ray.runs import record
 from sbert_ray.runs.cluster import connect_ray
+from sbert_ray.runs.progress import TrainingProgress
 from sbert_ray.tracking.errors import TrackingError
 from sbert_ray.tracking.mlflow_run import (
     NAME_TAG,
@@ -202,12 +204,17 @@ def build_trainer(config: TrainConfig, tracking_uri: str, run_id: str, callbacks
 
 
 def run_training(
-    config: TrainConfig, parent_run_id: str | None = None, callbacks: list | None = None, restart: bool = False
+    config: TrainConfig,
+    parent_run_id: str | None = None,
+    callbacks: list | None = None,
+    restart: bool = False,
+    progress: bool = True,
 ) -> TrainResult:
     """Run one training job, resume it, or (finished before with this config) return its result without training;
     ``restart`` trains anew, keeping the old run folder aside (see ``runs.record``). Under a sweep,
     ``parent_run_id`` nests the MLflow run under the sweep's run and ``callbacks`` (e.g. Tune's
-    ``TuneReportCallback``) go to the ``TorchTrainer``."""
+    ``TuneReportCallback``) go to the ``TorchTrainer``. ``progress`` prints a line per report point (off under
+    --quiet)."""
     config = absolute_paths(config)
     tracking_uri = config.tracking.tracking_uri
     run_dir = f"{config.checkpoint.storage_path}/{config.name}"
@@ -219,6 +226,13 @@ def run_training(
     if restart:
         _replace_previous(run_dir, previous, tracking_uri)
         previous = None
+    callbacks = list(callbacks or [])
+    if progress and not quiet():
+        steps = [
+            stage_steps(n, stage, config.scaling.num_workers)[1]
+            for stage, n in zip(config.stages, examples, strict=True)
+        ]
+        callbacks.append(TrainingProgress(steps))
     evaluation = config.evaluation
     before_tasks, final_tasks = parse_tasks(evaluation.before_tasks), parse_tasks(evaluation.final_tasks)
     trained = False
