@@ -10,6 +10,7 @@ import sys
 from sbert_ray.config import ConfigError
 from sbert_ray.data.records import DataError
 from sbert_ray.progress import QUIET_ENV
+from sbert_ray.tracking.errors import TrackingError
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -62,6 +63,7 @@ def _eval(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from sbert_ray.evaluation import report
     from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
+    from sbert_ray.tracking.store import redact_uri
 
     # Only when MLflow is used: resolving the default creates its folder.
     tracking_uri = resolve_tracking_uri(args.tracking_uri) if args.run or not args.no_mlflow else None
@@ -79,7 +81,7 @@ def _report(args: argparse.Namespace) -> int:
     print(f"wrote {path}")
     if not args.no_mlflow:
         run_id = report.log_report(path, result_sets, tracking_uri, args.experiment)
-        print(f"MLflow run {run_id} at {tracking_uri}")
+        print(f"MLflow run {run_id} at {redact_uri(tracking_uri)}")
     return 0
 
 
@@ -87,23 +89,28 @@ def _train(args: argparse.Namespace) -> int:
     from sbert_ray.config import load_config
     from sbert_ray.evaluation.tasks import headlines, parse_tasks
     from sbert_ray.runs.training import run_training
+    from sbert_ray.tracking.store import redact_uri
 
     config = load_config(args.config, args.overrides)  # every config error surfaces here, before Ray starts
-    result = run_training(config)
+    result = run_training(config, restart=args.restart)
     final = result.headlines
+    if result.already_finished:
+        print(f"run {config.name!r} already finished with this config: nothing to train (--restart trains it anew)")
     for entry, (metric, before) in headlines(parse_tasks(config.evaluation.before_tasks), result.before).items():
         after = f"{final[entry][1]:.2f}" if entry in final else "not scored"
         print(f"{entry} test {metric}: before {before:.2f} -> after {after}")
     if final:
         print("final model: " + ", ".join(f"{entry} {value:.2f}" for entry, (_, value) in final.items()))
     print(f"model: {result.model_dir}")
-    print(f"MLflow run {result.run_id} at {result.tracking_uri} (artifacts: {result.artifact_uri})")
+    artifacts = redact_uri(result.artifact_uri)
+    print(f"MLflow run {result.run_id} at {redact_uri(result.tracking_uri)} (artifacts: {artifacts})")
     return 0
 
 
 def _tune(args: argparse.Namespace) -> int:
     from sbert_ray.config import load_config
     from sbert_ray.runs.sweep import run_sweep
+    from sbert_ray.tracking.store import redact_uri
     from sbert_ray.tuning import SweepConfig
 
     sweep = load_config(args.config, args.overrides, cls=SweepConfig)  # every key of the search space is checked here
@@ -114,7 +121,7 @@ def _tune(args: argparse.Namespace) -> int:
         scores = result.retrained.headlines.items()
         print("retrained best, Spearman x100: " + ", ".join(f"{entry} {value:.2f}" for entry, (_, value) in scores))
     print(f"sweep: {result.path} (results table, plot, best config: {result.summary})")
-    print(f"MLflow sweep run {result.run_id} at {result.tracking_uri}")
+    print(f"MLflow sweep run {result.run_id} at {redact_uri(result.tracking_uri)}")
     return 0
 
 
@@ -274,6 +281,12 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", parents=[common], help="train on a Ray cluster (RAY_ADDRESS, else a local one)")
     tr.add_argument("config", help="YAML config, e.g. jobs/configs/quickstart.yaml")
     tr.add_argument("overrides", nargs="*", help="key=value overrides, e.g. stages.0.learning_rate=3e-5")
+    tr.add_argument(
+        "--restart",
+        action="store_true",
+        help="train anew although a run of this name exists (finished, or with another config); its folder is kept "
+        "as <name>.replaced-<time>",
+    )
     tr.set_defaults(func=_train)
 
     tu = sub.add_parser(
@@ -330,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as err:  # bad input: one clear line, no traceback
         print(f"sbert-ray {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except TrackingError as err:  # the tracking store failed or went away (credentials masked)
+        print(f"sbert-ray {args.command}: error: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

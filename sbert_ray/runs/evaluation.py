@@ -17,6 +17,7 @@ from sbert_ray.progress import progress_bar
 from sbert_ray.runs.argsim import finetune_argsim
 from sbert_ray.runs.cluster import connect_ray
 from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags
+from sbert_ray.tracking.store import redact_uri
 
 
 def evaluate_model(
@@ -66,7 +67,7 @@ def evaluate_model(
         results = _evaluate(*arguments, progress, truncate_dims, precision)
         tracker.log_metrics(results)
         tracker.log_dict(nest(results), "evaluation.json")
-        print(f"MLflow run {tracker.run_id} at {tracking_uri}")
+        print(f"MLflow run {tracker.run_id} at {redact_uri(tracking_uri)}")
         return results
 
 

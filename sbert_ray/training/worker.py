@@ -51,7 +51,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     torch.manual_seed(config.seed)
     device = ray.train.torch.get_device()
     data_dir = resolve_data_dir(config.data_dir)
-    logger = RunLogger(loop_config["tracking_uri"], loop_config["run_id"]) if is_main else None
+    logger = RunLogger(**loop_config["tracking"]) if is_main else None  # run id, URI, file for metrics in outages
 
     with tempfile.TemporaryDirectory(prefix="sbert-ray-resume-") as resume_dir:
         checkpoint = ray.train.get_checkpoint()
