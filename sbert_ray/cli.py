@@ -10,6 +10,7 @@ import sys
 from sbert_ray.config import ConfigError
 from sbert_ray.data.records import DataError
 from sbert_ray.progress import QUIET_ENV
+from sbert_ray.tracking.errors import TrackingError
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -34,7 +35,7 @@ def _eval(args: argparse.Namespace) -> int:
         finetune = finetune_config(args.model, data_dir, pooling, overrides)
     print(
         f"model: {args.model}{f' ({args.baseline} baseline)' if args.baseline else ''}   mode: {args.mode}   "
-        f"data: {data_dir or 'Hugging Face Hub'}"
+        f"precision: {args.precision}   data: {data_dir or 'Hugging Face Hub'}"
     )
     results = evaluate_model(
         args.model,
@@ -50,6 +51,7 @@ def _eval(args: argparse.Namespace) -> int:
         tracking_uri=resolve_tracking_uri(args.tracking_uri) if args.mlflow else None,
         experiment=args.experiment,
         truncate_dims=args.truncate_dim or (),
+        precision=args.precision,
     )
     print(format_results(results, {entry: metric for entry, (metric, _) in headlines(tasks, results).items()}))
     if args.output:
@@ -61,6 +63,7 @@ def _eval(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from sbert_ray.evaluation import report
     from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
+    from sbert_ray.tracking.store import redact_uri
 
     # Only when MLflow is used: resolving the default creates its folder.
     tracking_uri = resolve_tracking_uri(args.tracking_uri) if args.run or not args.no_mlflow else None
@@ -78,7 +81,7 @@ def _report(args: argparse.Namespace) -> int:
     print(f"wrote {path}")
     if not args.no_mlflow:
         run_id = report.log_report(path, result_sets, tracking_uri, args.experiment)
-        print(f"MLflow run {run_id} at {tracking_uri}")
+        print(f"MLflow run {run_id} at {redact_uri(tracking_uri)}")
     return 0
 
 
@@ -86,27 +89,32 @@ def _train(args: argparse.Namespace) -> int:
     from sbert_ray.config import load_config
     from sbert_ray.evaluation.tasks import headlines, parse_tasks
     from sbert_ray.runs.training import TrainingDiverged, run_training
+    from sbert_ray.tracking.store import redact_uri
 
     config = load_config(args.config, args.overrides)  # every config error surfaces here, before Ray starts
     try:
-        result = run_training(config)
+        result = run_training(config, restart=args.restart)
     except TrainingDiverged as err:  # a result, not a crash: one clear line, no traceback
         print(f"sbert-ray train: {err}", file=sys.stderr)
         return 1
     final = result.headlines
+    if result.already_finished:
+        print(f"run {config.name!r} already finished with this config: nothing to train (--restart trains it anew)")
     for entry, (metric, before) in headlines(parse_tasks(config.evaluation.before_tasks), result.before).items():
         after = f"{final[entry][1]:.2f}" if entry in final else "not scored"
         print(f"{entry} test {metric}: before {before:.2f} -> after {after}")
     if final:
         print("final model: " + ", ".join(f"{entry} {value:.2f}" for entry, (_, value) in final.items()))
     print(f"model: {result.model_dir}")
-    print(f"MLflow run {result.run_id} at {result.tracking_uri} (artifacts: {result.artifact_uri})")
+    artifacts = redact_uri(result.artifact_uri)
+    print(f"MLflow run {result.run_id} at {redact_uri(result.tracking_uri)} (artifacts: {artifacts})")
     return 0
 
 
 def _tune(args: argparse.Namespace) -> int:
     from sbert_ray.config import load_config
     from sbert_ray.runs.sweep import run_sweep
+    from sbert_ray.tracking.store import redact_uri
     from sbert_ray.tuning import SweepConfig
 
     sweep = load_config(args.config, args.overrides, cls=SweepConfig)  # every key of the search space is checked here
@@ -117,7 +125,52 @@ def _tune(args: argparse.Namespace) -> int:
         scores = result.retrained.headlines.items()
         print("retrained best, Spearman x100: " + ", ".join(f"{entry} {value:.2f}" for entry, (_, value) in scores))
     print(f"sweep: {result.path} (results table, plot, best config: {result.summary})")
-    print(f"MLflow sweep run {result.run_id} at {result.tracking_uri}")
+    print(f"MLflow sweep run {result.run_id} at {redact_uri(result.tracking_uri)}")
+    return 0
+
+
+def _bench_encode(args: argparse.Namespace) -> int:
+    from sbert_ray.bench.encode import run_encode_bench
+    from sbert_ray.data.readers import resolve_data_dir
+
+    _set_threads(args.threads)
+    options = {
+        "model": args.model,
+        "batch_sizes": args.batch_sizes,
+        "precisions": args.precisions,
+        "smart_batching": [choice == "on" for choice in args.smart_batching],
+        "repeats": args.repeats,
+        "device": args.device,
+        "limit": args.limit,
+        "reference": not args.no_reference,
+    }
+    data_dir = resolve_data_dir(args.data_dir)
+    records = run_encode_bench(data_dir=data_dir, progress=lambda line: print(line, flush=True), **options)
+    return _bench_output(args, "encode", records, {**options, "data_dir": data_dir})
+
+
+def _set_threads(threads: int | None) -> None:
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def _bench_output(args: argparse.Namespace, kind: str, records: list[dict], params: dict) -> int:
+    """What every ``sbert-ray bench`` command ends with: the table, ``--output`` JSON, an MLflow run."""
+    from sbert_ray.bench import report
+    from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
+
+    print(report.format_table(records))
+    if args.output:
+        report.write_json(records, args.output)
+        print(f"wrote {args.output}")
+    if not args.no_mlflow:
+        tracking_uri = resolve_tracking_uri(args.tracking_uri)
+        run_id = report.log_bench(
+            records, kind, {**params, "threads": args.threads or "default"}, tracking_uri, args.experiment
+        )
+        print(f"MLflow run {run_id} at {tracking_uri}")
     return 0
 
 
@@ -139,7 +192,8 @@ def _bench_train(args: argparse.Namespace) -> int:
     from sbert_ray.runs.cluster import connect_ray
     from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
 
-    workers, threads = args.workers or ([1] if args.local else [1, 2]), args.threads_per_worker
+    workers = args.workers or ([1] if args.local else [1, 2])
+    threads = args.threads_per_worker or [args.threads or 1]
     if len(threads) not in (1, len(workers)):
         raise ConfigError("--threads-per-worker takes one number, or one per --workers entry")
     layouts = list(zip(workers, threads * len(workers) if len(threads) == 1 else threads, strict=True))
@@ -200,6 +254,19 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
+def _choices(*allowed: str):
+    """An argparse type for a comma-separated subset of ``allowed``, e.g. fp32,bf16."""
+
+    def parse(text: str) -> list[str]:
+        values = text.split(",")
+        unknown = [value for value in values if value not in allowed]
+        if unknown or len(set(values)) != len(values):
+            raise argparse.ArgumentTypeError(f"expected distinct values from {','.join(allowed)}, got {text!r}")
+        return values
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sbert-ray", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -252,6 +319,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K[,K...]",
         help="score the first K embedding values (Matryoshka), e.g. 384,128,64: entries like stsb@128",
     )
+    ev.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="encode with fp32 or bf16 weights (float16 on GPUs without bf16); default fp32",
+    )
     ev.set_defaults(func=_eval)
 
     rp = sub.add_parser(
@@ -275,6 +348,12 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", parents=[common], help="train on a Ray cluster (RAY_ADDRESS, else a local one)")
     tr.add_argument("config", help="YAML config, e.g. jobs/configs/quickstart.yaml")
     tr.add_argument("overrides", nargs="*", help="key=value overrides, e.g. stages.0.learning_rate=3e-5")
+    tr.add_argument(
+        "--restart",
+        action="store_true",
+        help="train anew although a run of this name exists (finished, or with another config); its folder is kept "
+        "as <name>.replaced-<time>",
+    )
     tr.set_defaults(func=_train)
 
     tu = sub.add_parser(
@@ -285,17 +364,47 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--resume", action="store_true", help="continue an interrupted sweep; finished trials stay")
     tu.set_defaults(func=_tune)
 
-    bench = sub.add_parser("bench", help="throughput benchmarks side by side: table, JSON, MLflow run with a chart")
+    bench = sub.add_parser("bench", help="throughput side by side with sentence-transformers: table, JSON, MLflow")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    # Options every bench command takes (sbert-ray bench encode | train ...).
+    bench_common = argparse.ArgumentParser(add_help=False)
+    bench_common.add_argument("--model", required=True, help="local folder, Hub id or random:<shape>")
+    bench_common.add_argument("--data-dir", help="local data folder (default: $SBERT_RAY_DATA_DIR, else the Hub)")
+    bench_common.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    bench_common.add_argument("--threads", type=_positive_int, help="torch intra-op threads (default: torch's choice)")
+    bench_common.add_argument("--repeats", type=_positive_int, default=3, help="timed runs per variant, interleaved")
+    bench_common.add_argument("--output", help="write the records as JSON here")
+    bench_common.add_argument("--tracking-uri", help="MLflow (default: $MLFLOW_TRACKING_URI, else ~/sbert-ray/mlflow)")
+    bench_common.add_argument("--experiment", default="sbert-ray-bench")
+    bench_common.add_argument("--no-mlflow", action="store_true", help="print and write JSON only")
+
+    be = bench_sub.add_parser(
+        "encode",
+        parents=[bench_common, common],
+        help="encode speed vs sentence-transformers: fp32/bf16, smart batching",
+    )
+    be.add_argument("--batch-sizes", type=_sizes, default=[32], help="comma-separated, e.g. 16,32,64 (default: 32)")
+    be.add_argument(
+        "--precisions",
+        type=_choices("fp32", "bf16"),
+        default=["fp32", "bf16"],
+        help="fp32,bf16 (bf16 is float16 on GPUs without bf16)",
+    )
+    be.add_argument(
+        "--smart-batching",
+        type=_choices("on", "off"),
+        default=["on", "off"],
+        help="on,off: sorted by length and/or input order",
+    )
+    be.add_argument("--limit", type=_positive_int, help="first N of the 15,487 unique STSb sentences (default: all)")
+    be.add_argument("--no-reference", action="store_true", help="skip sentence-transformers")
+    be.set_defaults(func=_bench_encode)
+
     bt = bench_sub.add_parser(
         "train",
-        parents=[common],
+        parents=[bench_common, common],
         help="training pairs/s and time to the first step: our Ray Train loop vs sentence-transformers",
     )
-    bt.add_argument(
-        "--model", default="sentence-transformers/all-MiniLM-L6-v2", help="folder, Hub id or random:<shape>"
-    )
-    bt.add_argument("--data-dir", help="local data folder (default: $SBERT_RAY_DATA_DIR, else the Hub)")
     bt.add_argument(
         "--workers",
         type=_positive_ints,
@@ -304,8 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument(
         "--threads-per-worker",
         type=_positive_ints,
-        default=[1],
-        help="torch threads (= CPUs) per worker: one number for all, or one per --workers entry, e.g. 2,1",
+        help="torch threads (= CPUs) per worker: one number for all, or one per --workers entry, e.g. 2,1 "
+        "(default: --threads, else 1)",
     )
     bt.add_argument(
         "--reference-threads",
@@ -316,8 +425,6 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--max-seq-length", type=_positive_int, default=128)
     bt.add_argument("--steps", type=_positive_int, default=60, help="optimizer steps per run (default: 60)")
     bt.add_argument("--limit", type=_positive_int, help="first N STSb train pairs (default: all 5,749)")
-    bt.add_argument("--repeats", type=_positive_int, default=3, help="runs per variant, interleaved (default: 3)")
-    bt.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     bt.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
                     help="as scaling.precision (auto: fp32 on CPU, bf16 or fp16 on GPU)")  # fmt: skip
     bt.add_argument("--local", action="store_true", help="one worker in this process, no Ray cluster (one GPU)")
@@ -327,10 +434,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="checkpoint storage (default: a temporary folder on this node); on a multi-node cluster a shared one "
         "(s3://... or NFS), as checkpoint.storage_path",
     )
-    bt.add_argument("--output", help="also write the records (printed as JSON on stdout) to this file")
-    bt.add_argument("--tracking-uri", help="MLflow (default: $MLFLOW_TRACKING_URI, else ~/sbert-ray/mlflow)")
-    bt.add_argument("--experiment", default="sbert-ray-bench")
-    bt.add_argument("--no-mlflow", action="store_true", help="print and write JSON only")
     bt.set_defaults(func=_bench_train)
     return parser
 
@@ -345,6 +448,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as err:  # bad input: one clear line, no traceback
         print(f"sbert-ray {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except TrackingError as err:  # the tracking store failed or went away (credentials masked)
+        print(f"sbert-ray {args.command}: error: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

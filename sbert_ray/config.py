@@ -109,9 +109,14 @@ class TrackingConfig:
     run_name: str | None = None
     registered_model_name: str | None = None  # register the final model as a new version of this MLflow model
     alias: str | None = None  # and point this alias (e.g. "champion") at that version
+    # How long the driver waits for a tracking store that stopped answering before it gives up (training itself
+    # never waits: rank 0 keeps its metrics in a file of the run until the store answers again).
+    wait_s: float = 600.0
 
     def validate(self) -> None:
         """MLflow's rules for registered model names and aliases, checked before any work starts."""
+        if not self.wait_s >= 0:  # also refuses NaN
+            raise ConfigError(f"tracking.wait_s must be >= 0, got {self.wait_s}")
         name, alias = self.registered_model_name, self.alias
         if name is not None and (not name.strip() or any(c in name for c in "/:")):
             raise ConfigError(f"tracking.registered_model_name: {name!r} must be non-empty without '/' or ':'")

@@ -38,6 +38,6 @@ def test_quiet_flag_reaches_every_subcommand():
         ["train", "c.yaml"],
         ["tune", "s.yaml"],
         ["report", "r.json"],
-        ["bench", "train"],
+        ["bench", "train", "--model", "m"],
     ):
         assert parser.parse_args([*argv, "--quiet"]).quiet and not parser.parse_args(argv).quiet

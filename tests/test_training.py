@@ -41,8 +41,9 @@ def only_run(tracking_uri: str):
     return client, runs[0]
 
 
-def wait_for_registered_checkpoint(run_dir: Path, timeout: float = 120) -> None:
-    """Wait until Ray has registered a checkpoint (its snapshot lists one): only then can a restart use it."""
+def wait_for_registered_checkpoint(run_dir: Path, timeout: float = 400) -> None:
+    """Wait until Ray has registered a checkpoint (its snapshot lists one): only then can a restart use it. The
+    timeout is generous: a driver starting its own Ray cluster on 2 busy cores can take minutes."""
     snapshot = run_dir / "checkpoint_manager_snapshot.json"
     deadline = time.time() + timeout
     while not (snapshot.exists() and "checkpoint_" in snapshot.read_text()):

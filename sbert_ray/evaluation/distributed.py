@@ -16,14 +16,15 @@ import numpy as np
 import ray
 import torch
 
-from sbert_ray.models.encoder import SentenceEncoder
+from sbert_ray.models.encoder import SentenceEncoder, smart_batches
 
 
 @ray.remote
 class _EncodeWorker:
     def __init__(self, encoder: SentenceEncoder, device: str, threads: int):
         torch.set_num_threads(threads)
-        self.encoder = encoder.to(device)
+        # Re-cast on the worker's own device: "bf16" weights become float16 on GPUs without bfloat16.
+        self.encoder = encoder.to(device).to_precision(encoder.precision)
 
     def encode(self, sentences: list[str], batch_size: int) -> np.ndarray:
         return self.encoder.encode(sentences, batch_size=batch_size, convert_to="numpy")
@@ -52,13 +53,7 @@ class RayEncoder:
 
     def batches(self, sentences: Sequence[str], batch_size: int) -> list[list[int]]:
         """Index batches in the order ``SentenceEncoder.encode`` would form them."""
-        enc = self.encoder
-        lengths = [
-            len(ids)
-            for ids in enc.tokenizer(list(sentences), truncation=True, max_length=enc.max_seq_length)["input_ids"]
-        ]
-        order = sorted(range(len(sentences)), key=lambda i: -lengths[i])
-        return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+        return smart_batches([len(ids) for ids in self.encoder.token_ids(sentences)["input_ids"]], batch_size)
 
     def encode(self, sentences: Sequence[str], batch_size: int = 32, convert_to: str = "numpy") -> np.ndarray:
         if convert_to != "numpy":

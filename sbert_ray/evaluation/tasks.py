@@ -24,9 +24,16 @@ Results = dict[str, float]  # "<entry>/<metric>" -> value
 
 class EvalTask(ABC):
     primary_metric: ClassVar[str]  # the headline metric of each entry, e.g. spearman_cosine
+    path: str | Path | None = None  # the file or folder of a task that reads one (pairs:, afs:, wikisec:)
 
     def __init__(self, spec: str) -> None:
         self.spec = spec  # as the user wrote it, e.g. "senteval:MR,CR"
+
+    def absolute_spec(self) -> str:
+        """The spec with its file or folder made absolute, for processes in other working directories."""
+        if not self.path:
+            return self.spec
+        return f"{self.spec.partition(':')[0]}:{Path(self.path).expanduser().resolve()}"
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec!r})"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 import torch
@@ -18,6 +20,8 @@ from sbert_ray.models.resolve import resolve_model_ref
 from sbert_ray.models.st_layout import ModelError, StLayout, check_weights, read_st_layout, write_st_layout
 
 DEFAULT_MAX_SEQ_LENGTH = 128
+Precision = Literal["fp32", "bf16"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 
 
 class SentenceEncoder(nn.Module):
@@ -132,6 +136,23 @@ class SentenceEncoder(nn.Module):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    @property
+    def precision(self) -> Precision:
+        """``"fp32"``, or ``"bf16"`` for 16-bit weights (bfloat16, or float16 on GPUs without bfloat16)."""
+        return "fp32" if self.dtype == torch.float32 else "bf16"
+
+    def to_precision(self, precision: Precision) -> SentenceEncoder:
+        """Cast the weights in place for inference: ``"bf16"`` to ``half_dtype(self.device)`` (so move the
+        encoder to its device first), ``"fp32"`` back to float32 (bf16-rounded values stay rounded).
+        Training keeps fp32 weights and uses autocast instead."""
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+        return self.to(dtype=torch.float32 if precision == "fp32" else half_dtype(self.device))
+
     def tokenize(self, sentences: Sequence[str]) -> dict[str, Tensor]:
         """Token ids for one batch, padded to its longest sentence and truncated to max_seq_length."""
         batch = self.tokenizer(
@@ -146,21 +167,43 @@ class SentenceEncoder(nn.Module):
     def forward(self, features: dict[str, Tensor]) -> Tensor:
         """Sentence embeddings [batch, embedding_dim] for tokenized features (on this module's device)."""
         inputs = {name: features[name] for name in self.tokenizer.model_input_names if name in features}
-        token_embeddings = self.transformer(**inputs).last_hidden_state
+        # Pooled in float32 whatever the model computed in: a bf16 sum over many tokens loses digits.
+        token_embeddings = self.transformer(**inputs).last_hidden_state.float()
         embeddings = self.pooling(token_embeddings, features["attention_mask"])
         return F.normalize(embeddings, p=2, dim=1) if self.normalize else embeddings
+
+    def token_ids(self, sentences: Sequence[str]) -> dict[str, list[list[int]]]:
+        """Unpadded ids per sentence, truncated to max_seq_length: ``input_ids`` and, where the model takes them,
+        ``token_type_ids``. No attention mask: padding rebuilds it from the lengths, and asking the tokenizer for
+        fewer lists makes it markedly faster (fast tokenizers spend most of their time building Python lists)."""
+        wants_type_ids = "token_type_ids" in self.tokenizer.model_input_names
+        encodings = self.tokenizer(
+            list(sentences),
+            truncation=True,
+            max_length=self.max_seq_length,
+            return_attention_mask=False,
+            return_token_type_ids=wants_type_ids,
+        )
+        return {name: encodings[name] for name in ("input_ids", "token_type_ids") if name in encodings}
 
     def encode(
         self,
         sentences: Sequence[str],
         batch_size: int = 32,
         convert_to: Literal["numpy", "torch"] = "numpy",
+        precision: Precision | None = None,
+        smart_batching: bool = True,
     ) -> np.ndarray | Tensor:
-        """Embeddings [len(sentences), output_dim] in the caller's order, computed without autograd.
+        """Float32 embeddings [len(sentences), output_dim] in the caller's order, computed without autograd.
 
         Smart batching (paper Table 7): sentences are sorted by token count, longest first, so each batch
         pads only to its own longest member. Token count rather than character count (as
         sentence-transformers uses) because tokens are what padding costs; the ids are reused for the batches.
+        ``smart_batching=False`` keeps the input order (for measuring what sorting saves).
+
+        ``precision``: ``"fp32"`` or ``"bf16"``; by default the weights' own (``to_precision``). ``"bf16"`` on
+        float32 weights runs under autocast; on 16-bit weights it runs natively, which is faster. bf16 means
+        bfloat16 on CPUs and on GPUs that support it, float16 on older GPUs (see ``half_dtype``).
         A torch result stays on the module's device.
         """
         if isinstance(sentences, str):
@@ -169,24 +212,76 @@ class SentenceEncoder(nn.Module):
             raise ValueError(f"convert_to must be 'numpy' or 'torch', not {convert_to!r}")
         if batch_size < 1:  # range(0, n, -1) is empty: the result would be uninitialised memory
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        precision_context = self._precision_context(precision or self.precision)
         embeddings = torch.empty(len(sentences), self.output_dim, device=self.device)
         if len(sentences) > 0:
             was_training = self.training
             self.eval()
             try:
-                with torch.inference_mode():
-                    self._encode_sorted(list(sentences), batch_size, out=embeddings)
+                with torch.inference_mode(), precision_context:
+                    self._encode_batches(self.token_ids(sentences), batch_size, smart_batching, out=embeddings)
             finally:
                 self.train(was_training)
         return embeddings.cpu().numpy() if convert_to == "numpy" else embeddings
 
-    def _encode_sorted(self, sentences: list[str], batch_size: int, out: Tensor) -> None:
-        encodings = self.tokenizer(sentences, truncation=True, max_length=self.max_seq_length)
-        order = sorted(range(len(sentences)), key=lambda i: -len(encodings["input_ids"][i]))
-        for start in range(0, len(order), batch_size):
-            indices = order[start : start + batch_size]
-            batch = self.tokenizer.pad([{k: encodings[k][i] for k in encodings} for i in indices], return_tensors="pt")
-            out[indices] = self({k: v.to(self.device) for k, v in batch.items()})[:, : self.output_dim].float()
+    def _encode_batches(self, ids: dict[str, list[list[int]]], batch_size: int, smart: bool, out: Tensor) -> None:
+        lengths = [len(row) for row in ids["input_ids"]]
+        batches = smart_batches(lengths, batch_size) if smart else input_order_batches(len(lengths), batch_size)
+        # Rows are written in batch order, then put back in the caller's order with one scatter.
+        order = [i for batch in batches for i in batch]
+        in_batch_order = torch.empty_like(out)
+        start = 0
+        for batch in batches:
+            features = self._padded(ids, batch, [lengths[i] for i in batch])
+            in_batch_order[start : start + len(batch)] = self(features)[:, : self.output_dim]
+            start += len(batch)
+        out[torch.tensor(order, device=out.device)] = in_batch_order
+
+    def _padded(self, ids: dict[str, list[list[int]]], batch: list[int], lengths: list[int]) -> dict[str, Tensor]:
+        """One batch padded with numpy (a vectorised scatter; ``tokenizer.pad`` on Python lists is far slower),
+        copied to the device from pinned memory without blocking on a GPU."""
+        width = max(lengths)
+        columns = np.arange(width)
+        counts = np.asarray(lengths)[:, None]
+        mask = columns >= width - counts if self.tokenizer.padding_side == "left" else columns < counts
+        arrays = {"attention_mask": mask.astype(np.int64)}
+        # Padded positions are masked out, so any valid id does where a tokenizer has no pad token.
+        pad_values = {"input_ids": self.tokenizer.pad_token_id or 0, "token_type_ids": self.tokenizer.pad_token_type_id}
+        for name, rows in ids.items():
+            array = np.full(mask.shape, pad_values[name], dtype=np.int64)
+            array[mask] = np.fromiter(itertools.chain.from_iterable(rows[i] for i in batch), np.int64, mask.sum())
+            arrays[name] = array
+        tensors = {name: torch.from_numpy(array) for name, array in arrays.items()}
+        if self.device.type == "cuda":
+            tensors = {name: tensor.pin_memory() for name, tensor in tensors.items()}
+        return {name: tensor.to(self.device, non_blocking=True) for name, tensor in tensors.items()}
+
+    def _precision_context(self, precision: Precision) -> contextlib.AbstractContextManager:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+        if precision == "fp32" and self.precision != "fp32":
+            raise ValueError(f"the weights are {self.dtype}; fp32 encoding needs fp32 weights (to_precision('fp32'))")
+        if precision == "bf16" and self.precision == "fp32":
+            return torch.autocast(self.device.type, dtype=half_dtype(self.device))
+        return contextlib.nullcontext()
+
+
+def smart_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Indices cut into batches after a stable sort by length, longest first (what ``encode`` does)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+def input_order_batches(count: int, batch_size: int) -> list[list[int]]:
+    return [list(range(start, min(start + batch_size, count))) for start in range(0, count, batch_size)]
+
+
+def half_dtype(device: torch.device) -> torch.dtype:
+    """The 16-bit type ``precision="bf16"`` uses on ``device``: bfloat16 on CPUs and on GPUs that support it
+    (Ampere and newer), float16 on older GPUs (V100, T4), which have no bfloat16 arithmetic."""
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+        return torch.float16
+    return torch.bfloat16
 
 
 def _saved_max_seq_length(

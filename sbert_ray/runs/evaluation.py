@@ -12,10 +12,12 @@ from sbert_ray.evaluation.distributed import RayEncoder
 from sbert_ray.evaluation.results import nest
 from sbert_ray.evaluation.tasks import ArgsimTask, EvalTask, Results, check_tasks
 from sbert_ray.evaluation.truncation import evaluate_at_dims
+from sbert_ray.models.encoder import Precision
 from sbert_ray.progress import progress_bar
 from sbert_ray.runs.argsim import finetune_argsim
 from sbert_ray.runs.cluster import connect_ray
 from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags
+from sbert_ray.tracking.store import redact_uri
 
 
 def evaluate_model(
@@ -32,16 +34,20 @@ def evaluate_model(
     tracking_uri: str | None = None,
     experiment: str = "sbert-ray-eval",
     truncate_dims: Sequence[int] = (),
+    precision: Precision = "fp32",
 ) -> Results:
     """What ``sbert-ray eval`` runs: every task's data checked first, then each task scored in this process (or
     encoding spread over ``workers`` Ray actors). With ``finetune``, argument-similarity tasks fine-tune a fresh
     copy of the model per fold first (``runs.argsim``) from that training config. With ``truncate_dims``, every
-    task is scored at each of those embedding sizes (entries ``<entry>@<dim>``). With ``tracking_uri``, the
-    evaluation is an MLflow run of ``experiment``."""
+    task is scored at each of those embedding sizes (entries ``<entry>@<dim>``). ``precision="bf16"`` encodes with
+    16-bit weights (``SentenceEncoder.to_precision``). With ``tracking_uri``, the evaluation is an MLflow run of
+    ``experiment``."""
     check_tasks(tasks, data_dir, "--tasks")
+    if precision != "fp32" and (finetune is not None or baseline == "tfidf"):
+        raise ConfigError(f"precision {precision!r} encodes with the given model: not with fine-tuning or tf-idf")
     arguments = (model_ref, tasks, data_dir, batch_size, baseline, finetune, workers, device, allow_unsafe_weights)
     if tracking_uri is None:
-        return _evaluate(*arguments, progress, truncate_dims)
+        return _evaluate(*arguments, progress, truncate_dims, precision)
     run_name = f"eval {model_ref}" + (f" ({baseline})" if baseline else "")
     with RunTracker(tracking_uri, experiment, run_name=run_name) as tracker:
         tracker.set_tags(environment_tags())
@@ -55,12 +61,13 @@ def evaluate_model(
                 "batch_size": batch_size,
                 "workers": workers,
                 "truncate_dims": ",".join(map(str, truncate_dims)) or "none",
+                "precision": precision,
             }
         )
-        results = _evaluate(*arguments, progress, truncate_dims)
+        results = _evaluate(*arguments, progress, truncate_dims, precision)
         tracker.log_metrics(results)
         tracker.log_dict(nest(results), "evaluation.json")
-        print(f"MLflow run {tracker.run_id} at {tracking_uri}")
+        print(f"MLflow run {tracker.run_id} at {redact_uri(tracking_uri)}")
         return results
 
 
@@ -76,8 +83,11 @@ def _evaluate(
     allow_unsafe_weights,
     progress,
     truncate_dims,
+    precision,
 ) -> Results:
     model = load_model(model_ref, baseline, allow_unsafe_weights)
+    if precision != "fp32":  # cast on the device it will run on (its 16-bit type); Ray workers re-cast on theirs
+        model.to(device if device and workers == 1 else "cpu").to_precision(precision)
     if truncate_dims:
         if max(truncate_dims) > model.embedding_dim:
             raise ConfigError(f"--truncate-dim {max(truncate_dims)}: the model has {model.embedding_dim} dimensions")

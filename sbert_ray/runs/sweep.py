@@ -24,14 +24,14 @@ from ray.tune.search.basic_variant import BasicVariantGenerator
 from ray.tune.search.optuna import OptunaSearch
 
 from sbert_ray.config import ConfigError, TrainConfig, dump_yaml, flatten, to_dict
-from sbert_ray.data.readers import resolve_data_dir
 from sbert_ray.runs.cluster import connect_ray, runs_that_fit
 from sbert_ray.runs.progress import SweepProgress
-from sbert_ray.runs.training import TrainResult, prepare, run_training
-from sbert_ray.tracking.mlflow_run import environment_tags, resolve_tracking_uri
+from sbert_ray.runs.training import TrainResult, absolute_paths, prepare, run_training, shown
+from sbert_ray.tracking.mlflow_run import environment_tags
 from sbert_ray.tracking.model_registry import register_run_model
+from sbert_ray.tracking.store import redact_uri
 from sbert_ray.tracking.sweep import SweepTracker
-from sbert_ray.training.storage import is_remote, resolve_storage
+from sbert_ray.training.storage import is_remote
 from sbert_ray.tuning import results
 from sbert_ray.tuning.placement_groups import RemoveOrphanedPlacementGroups, release_trial_placement_groups
 from sbert_ray.tuning.results import TrialRow
@@ -56,6 +56,7 @@ def run_trial(sampled: dict, context: TrialContext) -> None:
     config = dataclasses.replace(
         config,
         name=trial_id,  # same trial id on --resume, so the Train run and its MLflow run continue
+        output_dir=str(Path(config.output_dir) / trial_id) if config.output_dir else None,  # one model per trial
         checkpoint=dataclasses.replace(config.checkpoint, storage_path=context.trials_dir),
         # Only the sweep's best model is registered (below), not every trial's.
         tracking=dataclasses.replace(
@@ -81,7 +82,9 @@ class SweepResult:
 
 def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
     """Run (or with ``resume`` continue) a sweep; every config and data error surfaces before Ray starts."""
-    base = _absolute(sweep.base)
+    # Trials run in their own working directories, and Tune takes its storage from the base config.
+    sweep = dataclasses.replace(sweep, base=absolute_paths(sweep.base))
+    base = sweep.base
     space = SearchSpace(base, sweep.search_space)
     corners = list(space.corner_configs())
     _check_data(corners)
@@ -95,13 +98,17 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
             else f"--resume: no sweep to continue at {path}"
         )
     tracking = base.tracking
-    with SweepTracker(tracking.tracking_uri, tracking.experiment, sweep.name, resume_key=path) as tracker:
-        print(f"MLflow: {tracking.tracking_uri}  sweep run {tracker.run_id}{' (resumed)' * tracker.resumed}")
+    with SweepTracker(
+        tracking.tracking_uri, tracking.experiment, sweep.name, resume_key=path, wait_s=tracking.wait_s
+    ) as tracker:
+        print(
+            f"MLflow: {redact_uri(tracking.tracking_uri)}  sweep run {tracker.run_id}{' (resumed)' * tracker.resumed}"
+        )
         # One param per searched key (option names may hold characters MLflow refuses in param names).
-        settings = flatten(to_dict(dataclasses.replace(sweep, base=base, search_space={})))
+        settings = flatten(to_dict(dataclasses.replace(sweep, base=shown(base), search_space={})))
         tracker.log_params(settings | {f"search_space.{k}": json.dumps(v) for k, v in sweep.search_space.items()})
         tracker.set_tags(environment_tags())
-        tracker.log_text(dump_yaml(dataclasses.replace(sweep, base=base)), "sweep.yaml")
+        tracker.log_text(dump_yaml(dataclasses.replace(sweep, base=shown(base))), "sweep.yaml")
         connect_ray()
         context = TrialContext(space, f"{path}/trials", tracker.run_id)
         trainable = tune.with_resources(tune.with_parameters(run_trial, context=context), {"cpu": TRIAL_CPU})
@@ -120,7 +127,9 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
         if sweep.retrain_best and best is not None:  # the retrained run registers its model itself
             retrained = run_training(_retrain_config(best.config, sweep.name, path), parent_run_id=tracker.run_id)
         elif best is not None and tracking.registered_model_name:
-            register_run_model(tracking.tracking_uri, best.run_id, tracking.registered_model_name, tracking.alias)
+            tracker.call(
+                register_run_model, tracking.tracking_uri, best.run_id, tracking.registered_model_name, tracking.alias
+            )
         return SweepResult(tracker.run_id, tracking.tracking_uri, path, summary, rows, best, retrained)
 
 
@@ -171,18 +180,6 @@ def _trial_dirname(trial) -> str:
     return trial.trial_id
 
 
-def _absolute(config: TrainConfig) -> TrainConfig:
-    """Resolve everything that depends on this process (working directory, environment) once, here: trials run in
-    other processes, possibly on other nodes, with another working directory and environment."""
-    data_dir = resolve_data_dir(config.data_dir)
-    return dataclasses.replace(
-        config,
-        data_dir=str(data_dir) if data_dir else None,
-        checkpoint=dataclasses.replace(config.checkpoint, storage_path=resolve_storage(config.checkpoint.storage_path)),
-        tracking=dataclasses.replace(config.tracking, tracking_uri=resolve_tracking_uri(config.tracking.tracking_uri)),
-    )
-
-
 def _check_data(corners: list[TrainConfig]) -> None:
     """Read each distinct model + training data + dev set of the search space once (a dataset that does not fit
     its objective fails here, not in a trial)."""
@@ -217,7 +214,7 @@ def _summarize(
     counts = {status: sum(r.status == status for r in rows) for status in ("finished", "stopped", "error")}
     tracker.log_metrics({f"sweep/trials_{status}": n for status, n in counts.items()})
     if best is not None:
-        (out / "best_config.yaml").write_text(dump_yaml(best.config))
+        (out / "best_config.yaml").write_text(dump_yaml(shown(best.config)))
         tracker.log_metrics({f"best/{METRIC}": best.dev_spearman})
         tracker.set_tags({"best_trial": best.trial_id, "best_run_id": best.run_id})
     tracker.log_artifacts(out)
@@ -230,7 +227,7 @@ def _retrain_config(best: TrainConfig, sweep_name: str, path: str) -> TrainConfi
     return dataclasses.replace(
         best,
         name="best-retrained",
-        output_dir=None,
+        output_dir=str(Path(best.output_dir) / "best-retrained") if best.output_dir else None,
         stages=[dataclasses.replace(s, limit=None, max_steps=None) for s in best.stages],
         evaluation=dataclasses.replace(best.evaluation, final_tasks=["sts"]),
         checkpoint=dataclasses.replace(best.checkpoint, storage_path=path),

@@ -2,18 +2,24 @@
 keep the final model, score it, log everything. ``sbert-ray train``, every sweep trial and every
 argument-similarity fold run through ``run_training``.
 
-    config (validated) -> prepare: data, model, evaluation tasks checked; paths made absolute   (no Ray yet)
-      -> MLflow run (params, tags, config.yaml)
+    config (validated) -> paths made absolute; the run's record (runs.record): new, resumed, finished or refused
+      -> prepare: tracking store reachable; data, model, evaluation tasks checked          (no Ray, no MLflow yet)
+      -> MLflow run (params, tags, config.yaml; the tracking URI masked everywhere), record written
       -> "before" tasks: a Ray task on a worker's resources, on the configured model
       -> TorchTrainer(train_loop_per_worker, the config itself) .fit() -> Result (last checkpoint = final model)
       -> final model copied to output_dir and logged; final tasks: a Ray task, on the checkpoint's model
-      -> TrainResult (scores from Ray, never read back from MLflow)
+      -> TrainResult (scores from Ray, never read back from MLflow); record marked finished
+
+MLflow outages: rank 0 keeps metrics the store does not take in a file (``metrics_spool``) and sends them when it
+answers again; after training the driver waits up to ``tracking.wait_s`` for it, then logs the rest and ends the
+run FINISHED.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 import shutil
 import tempfile
@@ -35,45 +41,97 @@ from sbert_ray.evaluation.tasks import EvalTask, Results, check_tasks, headlines
 from sbert_ray.models import SentenceEncoder, check_model, load_encoder
 from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_card
 from sbert_ray.progress import quiet
+from sbert_ray.runs import record
 from sbert_ray.runs.cluster import connect_ray
 from sbert_ray.runs.progress import TrainingProgress
-from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags, plot_curves, resolve_tracking_uri
+from sbert_ray.tracking.errors import TrackingError
+from sbert_ray.tracking.mlflow_run import (
+    NAME_TAG,
+    RunLogger,
+    RunTracker,
+    environment_tags,
+    plot_curves,
+    resolve_tracking_uri,
+)
 from sbert_ray.tracking.model_registry import log_sentence_transformer, model_uri
+from sbert_ray.tracking.store import check_reachable, redact_uri, warn_if_password
 from sbert_ray.training.batches import is_user_file, load_training_records, stage_steps, texts_and_labels
 from sbert_ray.training.state import MODEL_DIR
 from sbert_ray.training.storage import is_remote, resolve_storage
 from sbert_ray.training.trainer import torch_trainer
 
+logger = logging.getLogger(__name__)
+METRICS_SPOOL = "mlflow_pending_metrics.jsonl"  # in the run folder: metrics waiting for the tracking store
+
 
 @dataclass
 class TrainResult:
     run_id: str
-    tracking_uri: str
+    tracking_uri: str  # masked when the run had already finished (read back from its record)
     artifact_uri: str
     model_dir: str
     before: Results  # flat "<entry>/<metric>" scores of evaluation.before_tasks
     final: Results  # ... of evaluation.final_tasks, on the final model
     headlines: dict[str, tuple[str, float]]  # final entry -> (primary metric, value)
     metrics: dict  # the last checkpoint's report: global_step, dev_spearman, ...
+    already_finished: bool = False  # the run had finished with this config before: nothing was trained or logged
+
+
+def absolute_paths(config: TrainConfig) -> TrainConfig:
+    """Everything that depends on this process made absolute: the data folder ($SBERT_RAY_DATA_DIR), the tracking
+    URI ($MLFLOW_TRACKING_URI), and every path (storage, output, user data files, a local model folder, the files of
+    evaluation tasks) against the working directory. Ray Train workers and Tune trials run in other directories."""
+    if config.data_dir and not Path(config.data_dir).expanduser().is_dir():
+        raise ConfigError(f"data_dir: {config.data_dir} is not a directory")
+    data_dir = resolve_data_dir(config.data_dir)
+    model, evaluation = config.model, config.evaluation
+    return dataclasses.replace(
+        config,
+        data_dir=str(data_dir.resolve()) if data_dir else None,
+        output_dir=_absolute(config.output_dir) if config.output_dir else None,
+        model=dataclasses.replace(model, name=_absolute(model.name) if _is_folder(model.name) else model.name),
+        stages=[dataclasses.replace(s, dataset=_absolute(s.dataset)) if is_user_file(s) else s for s in config.stages],
+        evaluation=dataclasses.replace(
+            evaluation,
+            before_tasks=[task.absolute_spec() for task in parse_tasks(evaluation.before_tasks)],
+            final_tasks=[task.absolute_spec() for task in parse_tasks(evaluation.final_tasks)],
+        ),
+        checkpoint=dataclasses.replace(config.checkpoint, storage_path=resolve_storage(config.checkpoint.storage_path)),
+        tracking=dataclasses.replace(config.tracking, tracking_uri=resolve_tracking_uri(config.tracking.tracking_uri)),
+    )
+
+
+def _absolute(path: str) -> str:
+    return str(Path(path).expanduser().resolve())
+
+
+def _is_folder(name: str) -> bool:
+    return not name.startswith("random:") and Path(name).expanduser().is_dir()
+
+
+def shown(config: TrainConfig) -> TrainConfig:
+    """``config`` as it is logged, written and printed: the tracking URI without its password."""
+    tracking = config.tracking
+    uri = tracking.tracking_uri and redact_uri(tracking.tracking_uri)
+    return dataclasses.replace(config, tracking=dataclasses.replace(tracking, tracking_uri=uri))
 
 
 def prepare(config: TrainConfig) -> tuple[TrainConfig, list[int]]:
-    """Fill in what depends on where the run lives, and check data, model and evaluation tasks before Ray starts.
-    Returns the config and the number of training examples of each stage."""
-    if config.data_dir and not Path(config.data_dir).is_dir():
-        raise ConfigError(f"data_dir: {config.data_dir} is not a directory")
-    data_dir = resolve_data_dir(config.data_dir)
-    storage = resolve_storage(config.checkpoint.storage_path)
+    """Fill in what depends on where the run lives, and check the tracking store, data, model and evaluation tasks
+    before Ray starts. Returns the config and the number of training examples of each stage."""
+    config = absolute_paths(config)
+    storage = config.checkpoint.storage_path
     # The final model is copied here from the last checkpoint (a download when storage is remote).
     output_dir = config.output_dir or (
-        f"~/sbert-ray/models/{config.name}" if is_remote(storage) else f"{storage}/{config.name}/final-model"
+        _absolute(f"~/sbert-ray/models/{config.name}") if is_remote(storage) else f"{storage}/{config.name}/final-model"
     )
-    config = dataclasses.replace(
-        config,
-        data_dir=str(data_dir) if data_dir else None,  # workers may run with another environment and directory
-        checkpoint=dataclasses.replace(config.checkpoint, storage_path=storage),
-        output_dir=str(Path(output_dir).expanduser().resolve()),
-    )
+    config = dataclasses.replace(config, output_dir=output_dir)
+    warn_if_password(config.tracking.tracking_uri)
+    try:
+        check_reachable(config.tracking.tracking_uri)
+    except TrackingError as err:
+        raise ConfigError(f"tracking.tracking_uri: {err}") from None
+    data_dir = config.data_dir
     model_size = check_model(config.model.name, config.model.max_seq_length, config.model.allow_unsafe_weights)
     for i, stage in enumerate(config.stages):
         if stage.matryoshka_dims and max(stage.matryoshka_dims) > model_size:
@@ -105,6 +163,15 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, list[int]]:
     return config, examples
 
 
+def metrics_spool(config: TrainConfig, run_id: str) -> str:
+    """Where rank 0 keeps the metrics the tracking store did not take: in the run folder; with object storage
+    (no appends there) in a local folder of rank 0's node, which the driver reads when it runs on that node."""
+    storage = config.checkpoint.storage_path
+    if is_remote(storage):
+        return f"~/sbert-ray/pending-metrics/{run_id}.jsonl"
+    return f"{storage}/{config.name}/{METRICS_SPOOL}"
+
+
 def build_trainer(config: TrainConfig, tracking_uri: str, run_id: str, callbacks: list | None = None) -> TorchTrainer:
     return torch_trainer(
         config,
@@ -120,8 +187,8 @@ def build_trainer(config: TrainConfig, tracking_uri: str, run_id: str, callbacks
                 checkpoint_score_order="max",
             ),
         ),
-        tracking_uri,
-        run_id,
+        # Rank 0's RunLogger: metrics the tracking store does not take wait in the spool file of the run.
+        {"tracking_uri": tracking_uri, "run_id": run_id, "spool": metrics_spool(config, run_id)},
     )
 
 
@@ -146,12 +213,28 @@ def check_diverged(result: ray.train.Result) -> None:
 
 
 def run_training(
-    config: TrainConfig, parent_run_id: str | None = None, callbacks: list | None = None, progress: bool = True
+    config: TrainConfig,
+    parent_run_id: str | None = None,
+    callbacks: list | None = None,
+    restart: bool = False,
+    progress: bool = True,
 ) -> TrainResult:
-    """Run one training job. Under a sweep, ``parent_run_id`` nests the MLflow run under the sweep's run and
-    ``callbacks`` (e.g. Tune's ``TuneReportCallback``) go to the ``TorchTrainer``. ``progress`` prints a line per
-    report point (off under --quiet)."""
+    """Run one training job, resume it, or (finished before with this config) return its result without training;
+    ``restart`` trains anew, keeping the old run folder aside (see ``runs.record``). Under a sweep,
+    ``parent_run_id`` nests the MLflow run under the sweep's run and ``callbacks`` (e.g. Tune's
+    ``TuneReportCallback``) go to the ``TorchTrainer``. ``progress`` prints a line per report point (off under
+    --quiet)."""
+    config = absolute_paths(config)
+    tracking_uri = config.tracking.tracking_uri
+    run_dir = f"{config.checkpoint.storage_path}/{config.name}"
+    previous = record.previous_run(run_dir, config, redact_uri(tracking_uri), restart)
+    if previous is not None and previous.status == "finished" and not restart:
+        saved = previous.result | {"headlines": {k: tuple(v) for k, v in previous.result["headlines"].items()}}
+        return TrainResult(**saved | {"already_finished": True})
     config, examples = prepare(config)
+    if restart:
+        _replace_previous(run_dir, previous, tracking_uri)
+        previous = None
     callbacks = list(callbacks or [])
     if progress and not quiet():
         steps = [
@@ -161,59 +244,93 @@ def run_training(
         callbacks.append(TrainingProgress(steps))
     evaluation = config.evaluation
     before_tasks, final_tasks = parse_tasks(evaluation.before_tasks), parse_tasks(evaluation.final_tasks)
-    tracking_uri = resolve_tracking_uri(config.tracking.tracking_uri)
-    with RunTracker(
-        tracking_uri,
-        config.tracking.experiment,
-        run_name=config.tracking.run_name or config.name,
-        resume_key=f"{config.checkpoint.storage_path}/{config.name}",
-        parent_run_id=parent_run_id,
-    ) as tracker:
-        print(f"MLflow: {tracking_uri}  run {tracker.run_id}{' (resumed)' if tracker.resumed else ''}", flush=True)
-        print(f"MLflow artifacts: {tracker.artifact_uri}", flush=True)
-        tracker.log_params(flatten(to_dict(config)))
-        tracker.set_tags(environment_tags())
-        tracker.log_text(dump_yaml(config), "config.yaml")
-        connect_ray()
-
-        def evaluate(load, tasks) -> Results:
-            return evaluate_on_worker_resources(load, tasks, config.data_dir, evaluation.batch_size, config.scaling)
-
-        before = {}
-        if before_tasks:
-            before = evaluate(functools.partial(load_encoder, **to_dict(config.model), seed=config.seed), before_tasks)
-            tracker.log_metrics({f"before/{key}": value for key, value in before.items()})
-
-        start = time.perf_counter()
-        result = build_trainer(config, tracking_uri, tracker.run_id, callbacks).fit()
-        train_seconds = time.perf_counter() - start
-        check_diverged(result)
-        save_final_model(result.checkpoint, Path(config.output_dir))
-        final = {}
-        if final_tasks:
-            final = evaluate(functools.partial(checkpoint_model, result.checkpoint), final_tasks)
-            tracker.log_metrics(
-                {f"final/{key}": value for key, value in final.items()}, step=result.metrics["global_step"]
+    trained = False
+    try:
+        with RunTracker(
+            tracking_uri,
+            config.tracking.experiment,
+            run_name=config.tracking.run_name or config.name,
+            parent_run_id=parent_run_id,
+            run_id=previous.mlflow_run_id if previous else None,
+            wait_s=config.tracking.wait_s,
+        ) as tracker:
+            tracker.spool = Path(metrics_spool(config, tracker.run_id)).expanduser()  # flushed after training
+            run_record = previous or record.new_record(config, tracker.run_id, redact_uri(tracking_uri))
+            run_record.save(run_dir)
+            print(
+                f"MLflow: {redact_uri(tracking_uri)}  run {tracker.run_id}{' (resumed)' if tracker.resumed else ''}",
+                flush=True,
             )
-            tracker.log_dict(nest(final), "evaluation.json")
-        card = model_card_info(config, examples, result.metrics, train_seconds, final_tasks, final, tracker)
-        write_model_card(config.output_dir, card)
-        tracker.log_artifacts(config.output_dir, "model")
-        tracking = config.tracking
-        log_sentence_transformer(
-            tracking_uri, tracker.run_id, config.output_dir, tracking.registered_model_name, tracking.alias
-        )
-        plot_curves(tracker, {"train/loss": "plots/loss.png", "dev/spearman_cosine": "plots/dev_spearman.png"})
-        return TrainResult(
-            run_id=tracker.run_id,
-            tracking_uri=tracking_uri,
-            artifact_uri=tracker.artifact_uri,
-            model_dir=config.output_dir,
-            before=before,
-            final=final,
-            headlines=headlines(final_tasks, final),
-            metrics=dict(result.metrics),
-        )
+            print(f"MLflow artifacts: {redact_uri(tracker.artifact_uri)}", flush=True)
+            tracker.log_params(flatten(to_dict(shown(config))))
+            tracker.set_tags(environment_tags() | {NAME_TAG: run_dir})
+            tracker.log_text(dump_yaml(shown(config)), "config.yaml")
+            connect_ray()
+
+            def evaluate(load, tasks) -> Results:
+                return evaluate_on_worker_resources(load, tasks, config.data_dir, evaluation.batch_size, config.scaling)
+
+            before = {}
+            if before_tasks:
+                load = functools.partial(load_encoder, **to_dict(config.model), seed=config.seed)
+                before = evaluate(load, before_tasks)
+                tracker.log_metrics({f"before/{key}": value for key, value in before.items()})
+
+            start = time.perf_counter()
+            result = build_trainer(config, tracking_uri, tracker.run_id, callbacks).fit()
+            train_seconds = time.perf_counter() - start
+            check_diverged(result)
+            save_final_model(result.checkpoint, Path(config.output_dir))
+            trained = True
+            final = {}
+            if final_tasks:
+                final = evaluate(functools.partial(checkpoint_model, result.checkpoint), final_tasks)
+                tracker.log_metrics(
+                    {f"final/{key}": value for key, value in final.items()}, step=result.metrics["global_step"]
+                )
+                tracker.log_dict(nest(final), "evaluation.json")
+            card = model_card_info(config, examples, result.metrics, train_seconds, final_tasks, final, tracker)
+            write_model_card(config.output_dir, card)
+            tracker.log_artifacts(config.output_dir, "model")
+            tracking = config.tracking
+            tracker.call(
+                log_sentence_transformer,
+                tracking_uri,
+                tracker.run_id,
+                config.output_dir,
+                tracking.registered_model_name,
+                tracking.alias,
+            )
+            tracker.flush(wait_s=tracking.wait_s)  # the plots read the metric history back
+            plot_curves(tracker, {"train/loss": "plots/loss.png", "dev/spearman_cosine": "plots/dev_spearman.png"})
+            train_result = TrainResult(
+                run_id=tracker.run_id,
+                tracking_uri=tracking_uri,
+                artifact_uri=tracker.artifact_uri,
+                model_dir=config.output_dir,
+                before=before,
+                final=final,
+                headlines=headlines(final_tasks, final),
+                metrics=dict(result.metrics),
+            )
+    except TrackingError as err:
+        if not trained:
+            raise
+        raise TrackingError(
+            f"{err}. Training finished: the final model is at {config.output_dir}. Run the same command again when "
+            "the tracking store answers: it resumes this run (no training steps) and logs what is missing"
+        ) from None
+    record.finish(run_record, dataclasses.asdict(train_result) | {"tracking_uri": redact_uri(tracking_uri)}, run_dir)
+    return train_result
+
+
+def _replace_previous(run_dir: str, previous: record.RunRecord | None, tracking_uri: str) -> None:
+    """--restart: close the old MLflow run if a crash left it running, and keep the old run folder aside."""
+    if previous is not None and previous.status != "finished" and previous.tracking_uri == redact_uri(tracking_uri):
+        RunLogger(tracking_uri, previous.mlflow_run_id).close_if_running("KILLED")
+    moved = record.archive(run_dir)
+    if moved is not None:
+        print(f"--restart: the previous run folder is kept at {moved}", flush=True)
 
 
 def model_card_info(
@@ -259,7 +376,7 @@ def model_card_info(
         primary_metrics={entry: metric for entry, (metric, _) in headlines(final_tasks, final).items()},
         name=config.name,
         mlflow_run_id=tracker.run_id,
-        tracking_uri=tracker.tracking_uri,
+        tracking_uri=redact_uri(tracker.tracking_uri),
         mlflow_model_uri=model_uri(tracker.run_id, tracking.registered_model_name, tracking.alias),
         registered_model_name=tracking.registered_model_name,
     )

@@ -7,27 +7,43 @@ rank 0 of the training workers logs metrics and artifacts to that run by id thro
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.tracking import MlflowClient
 
+from sbert_ray.tracking.errors import TrackingError
+from sbert_ray.tracking.store import mlflow_call, redact_uri
+
+logger = logging.getLogger(__name__)
+
 DEFAULT_HOME = Path("~/sbert-ray/mlflow").expanduser()
 NAME_TAG = "sbert_ray.name"
 MAX_PARAM_LENGTH = 6000  # MLflow rejects longer param values
+MAX_METRICS_PER_BATCH = 1000  # MLflow's limit for one log_batch
+METRICS_TIMEOUT_S = 5.0  # one metrics request of a training worker: short enough never to stall training
+CALL_TIMEOUT_S = 60.0  # one request of the driver's (artifact uploads included)
+RETRY_AFTER_S = 10.0  # a worker that found the store away keeps its metrics in the spool this long, then tries again
+
+T = TypeVar("T")
 
 
 def resolve_tracking_uri(configured: str | None) -> str:
     """The config's URI, else $MLFLOW_TRACKING_URI, else a sqlite database at a stable path in the home folder
     (never inside a Ray job's temporary working directory, which is deleted after the job)."""
     uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{DEFAULT_HOME / 'mlflow.db'}"
-    if uri.startswith("sqlite:///"):  # sqlite creates the database file, not its folder
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    if uri.startswith("sqlite:///"):
+        # Absolute: Ray Train workers and Tune trials run in other working directories.
+        database = Path(uri.removeprefix("sqlite:///")).expanduser().resolve()
+        database.parent.mkdir(parents=True, exist_ok=True)  # sqlite creates the database file, not its folder
+        uri = f"sqlite:///{database}"
     return uri
 
 
@@ -71,33 +87,115 @@ def git_commit() -> str:
 
 
 class RunLogger:
-    """Logs to one existing run by id; what rank 0 of the Train workers uses."""
+    """Logs to one existing run by id; what rank 0 of the Train workers uses.
 
-    def __init__(self, tracking_uri: str, run_id: str):
+    With a ``spool`` file, metrics go through it: a batch the store does not take (down, slow, refusing) stays in
+    the file, and the next call ``RETRY_AFTER_S`` later sends everything waiting there, in order, with the original
+    timestamps. Nothing blocks longer than one short request, and tracking never fails training; ``flush`` with a
+    ``wait_s`` (the driver, after training) is where a store that stays away is reported. Every other call waits
+    out an outage for up to ``wait_s`` and raises ``TrackingError`` after that."""
+
+    def __init__(self, tracking_uri: str, run_id: str, spool: str | Path | None = None, wait_s: float = 0.0):
         self.tracking_uri = tracking_uri
         self.client = MlflowClient(tracking_uri)
         self.run_id = run_id
+        self.spool = Path(spool).expanduser() if spool else None
+        self.wait_s = wait_s
+        self._retry_at = 0.0  # while the store is away: when to try it again
+
+    def call(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``function(*args, **kwargs)``, an MLflow call, waiting out an outage for up to ``wait_s``."""
+        return mlflow_call(self.tracking_uri, function, *args, timeout_s=CALL_TIMEOUT_S, wait_s=self.wait_s, **kwargs)
 
     def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+        batch = [Metric(k, float(v), now, step) for k, v in metrics.items()]
+        if self.spool is None:
+            self.call(self.client.log_batch, self.run_id, metrics=batch)
+            return
+        self.spool.parent.mkdir(parents=True, exist_ok=True)
+        with self.spool.open("a") as f:
+            f.write(_spool_lines(batch))
+        if time.monotonic() >= self._retry_at:
+            self.flush()
+
+    def flush(self, wait_s: float = 0.0) -> None:
+        """Send the metrics waiting in the spool file. With ``wait_s``, wait that long for a store that does not
+        answer and raise ``TrackingError`` if it never takes them; without, keep them for a later call."""
+        pending = _read_spool(self.spool) if self.spool else []
+        while pending:
+            try:
+                mlflow_call(
+                    self.tracking_uri,
+                    self.client.log_batch,
+                    self.run_id,
+                    metrics=pending[:MAX_METRICS_PER_BATCH],
+                    timeout_s=METRICS_TIMEOUT_S,
+                    wait_s=wait_s,
+                )
+            except TrackingError as err:
+                if wait_s:
+                    raise TrackingError(f"{err} ({len(pending)} metrics wait in {self.spool})") from None
+                if not self._retry_at:
+                    logger.warning("%s; metrics wait in %s until it answers again", err, self.spool)
+                self._retry_at = time.monotonic() + RETRY_AFTER_S
+                return
+            pending = pending[MAX_METRICS_PER_BATCH:]
+            _write_spool(self.spool, pending)
+        if self._retry_at:
+            logger.warning("MLflow at %s answers again; the waiting metrics are logged", redact_uri(self.tracking_uri))
+            self._retry_at = 0.0
 
     def log_artifacts(self, local_dir: str | Path, artifact_path: str | None = None) -> None:
-        self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
+        self.call(self.client.log_artifacts, self.run_id, str(local_dir), artifact_path)
 
     def log_dict(self, data: dict, artifact_file: str) -> None:
-        self.client.log_dict(self.run_id, data, artifact_file)
+        self.call(self.client.log_dict, self.run_id, data, artifact_file)
 
     def log_text(self, text: str, artifact_file: str) -> None:
-        self.client.log_text(self.run_id, text, artifact_file)
+        self.call(self.client.log_text, self.run_id, text, artifact_file)
 
     def log_figure(self, figure, artifact_file: str) -> None:
-        self.client.log_figure(self.run_id, figure, artifact_file)
+        self.call(self.client.log_figure, self.run_id, figure, artifact_file)
+
+    def close_if_running(self, status: str) -> None:
+        """End the run with ``status`` if it is still RUNNING (a crashed run that is being replaced)."""
+        if self.call(self.client.get_run, self.run_id).info.status == "RUNNING":
+            self.call(self.client.set_terminated, self.run_id, status=status)
+
+
+def _read_spool(path: Path) -> list[Metric]:
+    if not path.exists():
+        return []
+    metrics = []
+    for line in path.read_text().splitlines():
+        try:
+            metrics.append(Metric(**json.loads(line)))
+        except (json.JSONDecodeError, TypeError):  # the last line of a worker killed while writing it
+            logger.warning("skipping a partly written line of %s: %r", path, line)
+    return metrics
+
+
+def _write_spool(path: Path, metrics: list[Metric]) -> None:
+    """What is still to be sent, written to a temporary file and renamed (a crash leaves the old or the new list)."""
+    if not metrics:
+        path.unlink(missing_ok=True)
+        return
+    staging = path.with_name(path.name + ".tmp")
+    staging.write_text(_spool_lines(metrics))
+    os.replace(staging, path)
+
+
+def _spool_lines(metrics: list[Metric]) -> str:
+    return "".join(
+        json.dumps({"key": m.key, "value": m.value, "timestamp": m.timestamp, "step": m.step}) + "\n" for m in metrics
+    )
 
 
 class RunTracker(RunLogger):
-    """The driver's run: created (or an unfinished one with the same key resumed); as a context manager it ends
-    the run FINISHED, FAILED or KILLED by how the block ends."""
+    """The driver's run: created, or with ``run_id`` (a resumed training run) or ``resume_key`` (an unfinished run
+    tagged with that key, a resumed sweep) continued; as a context manager it ends the run FINISHED, FAILED or
+    KILLED by how the block ends."""
 
     def __init__(
         self,
@@ -106,10 +204,13 @@ class RunTracker(RunLogger):
         run_name: str,
         resume_key: str | None = None,
         parent_run_id: str | None = None,
+        run_id: str | None = None,
+        wait_s: float = 0.0,
     ):
-        client = MlflowClient(tracking_uri)
-        experiment_id = ensure_experiment(client, experiment, tracking_uri)
-        run_id = _unfinished_run(client, experiment_id, resume_key) if resume_key else None
+        super().__init__(tracking_uri, run_id or "", wait_s=wait_s)
+        experiment_id = self.call(ensure_experiment, self.client, experiment, tracking_uri)
+        if run_id is None and resume_key:
+            run_id = self.call(_unfinished_run, self.client, experiment_id, resume_key)
         self.resumed = run_id is not None
         if run_id is None:
             tags = {"mlflow.runName": run_name}
@@ -117,41 +218,54 @@ class RunTracker(RunLogger):
                 tags[NAME_TAG] = resume_key
             if parent_run_id:
                 tags["mlflow.parentRunId"] = parent_run_id  # shows the run nested under its parent
-            run_id = client.create_run(experiment_id, tags=tags, run_name=run_name).info.run_id
+            run_id = self.call(self.client.create_run, experiment_id, tags=tags, run_name=run_name).info.run_id
         else:
-            client.update_run(run_id, status="RUNNING")
-        super().__init__(tracking_uri, run_id)
+            self.call(self.client.update_run, run_id, status="RUNNING")
+        self.run_id = run_id
 
     @property
     def artifact_uri(self) -> str:
-        return self.client.get_run(self.run_id).info.artifact_uri
+        return self.call(self.client.get_run, self.run_id).info.artifact_uri
 
     def log_params(self, params: dict[str, Any]) -> None:
-        existing = self.client.get_run(self.run_id).data.params  # a resumed run keeps its params
+        existing = self.call(self.client.get_run, self.run_id).data.params  # a resumed run keeps its params
         items = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in params.items() if k not in existing]
         for start in range(0, len(items), 100):  # MLflow's batch limit for params
-            self.client.log_batch(self.run_id, params=items[start : start + 100])
+            self.call(self.client.log_batch, self.run_id, params=items[start : start + 100])
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        self.call(self.client.log_batch, self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
     def metric_history(self, key: str) -> list[Metric]:
-        return self.client.get_metric_history(self.run_id, key)
+        return self.call(self.client.get_metric_history, self.run_id, key)
 
     def __enter__(self) -> RunTracker:
         return self
 
     def __exit__(self, exc_type, exc, traceback) -> None:
-        """FINISHED when the block completes, FAILED on an error, KILLED when interrupted (Ctrl-C, a stopped trial)."""
+        """FINISHED when the block completes (after every waiting metric is logged), FAILED on an error, KILLED
+        when interrupted (Ctrl-C, a stopped trial). After an error, a store that does not answer leaves the run
+        as it is (a resumed training run is closed when it ends), rather than hiding the error."""
         if exc_type is None:
-            status = RunStatus.FINISHED
-        else:
-            status = RunStatus.FAILED if issubclass(exc_type, Exception) else RunStatus.KILLED
-        self.client.set_terminated(self.run_id, status=RunStatus.to_string(status))
+            self.flush(wait_s=self.wait_s)
+            self.call(self.client.set_terminated, self.run_id, status=RunStatus.to_string(RunStatus.FINISHED))
+            return
+        status = RunStatus.FAILED if issubclass(exc_type, Exception) else RunStatus.KILLED
+        try:
+            self.flush()
+            mlflow_call(
+                self.tracking_uri,
+                self.client.set_terminated,
+                self.run_id,
+                status=RunStatus.to_string(status),
+                timeout_s=METRICS_TIMEOUT_S,
+            )
+        except TrackingError as err:
+            logger.warning("MLflow run %s could not be marked %s: %s", self.run_id, RunStatus.to_string(status), err)
 
 
 def _unfinished_run(client: MlflowClient, experiment_id: str, resume_key: str) -> str | None:
-    """An unfinished run with the same key (same training run name and storage) is continued, not duplicated."""
+    """An unfinished run with the same key (a sweep's, by its folder) is continued, not duplicated."""
     runs = client.search_runs(
         [experiment_id],
         filter_string=f"tags.`{NAME_TAG}` = '{resume_key}' and attributes.status != 'FINISHED'",

@@ -12,23 +12,19 @@ from sbert_ray.training.worker import train_loop_per_worker
 
 
 def torch_trainer(
-    config: TrainConfig,
-    run_config: ray.train.RunConfig,
-    tracking_uri: str | None = None,
-    run_id: str | None = None,
-    local: bool = False,
+    config: TrainConfig, run_config: ray.train.RunConfig, tracking: dict | None = None, local: bool = False
 ) -> TorchTrainer:
-    """``config.scaling.num_workers`` workers with their CPUs (and GPUs); rank 0 logs to MLflow run ``run_id`` when
-    one is given. ``local``: Ray Train's local mode, one worker in this process and no cluster (benchmarks on one
-    GPU). Call ``fit()`` right away: the workers time their first optimizer step from now."""
+    """``config.scaling.num_workers`` workers with their CPUs (and GPUs); rank 0 logs to the MLflow run ``tracking``
+    names (``RunLogger``'s arguments: tracking URI, run id, spool file for metrics during outages) when one is given.
+    ``local``: Ray Train's local mode, one worker in this process and no cluster (benchmarks on one GPU).
+    Call ``fit()`` right away: the workers time their first optimizer step from now."""
     scaling = config.scaling
     resources = {"CPU": scaling.cpus_per_worker, **({"GPU": scaling.gpus_per_worker} if scaling.use_gpu else {})}
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
             "config": config,
-            "tracking_uri": tracking_uri,
-            "run_id": run_id,
+            "tracking": tracking,
             "fit_started": time.time(),  # wall clock: workers may be other processes on other nodes
         },
         scaling_config=ray.train.ScalingConfig(

@@ -88,9 +88,8 @@ def train_loop_per_worker(loop_config: dict) -> dict:
     seed_everything(config.seed)
     # Ray Train's local mode (benchmarks) gives a GPU whenever one is visible: use_gpu decides.
     device = ray.train.torch.get_device() if config.scaling.use_gpu else torch.device("cpu")
-    logger = (
-        RunLogger(loop_config["tracking_uri"], loop_config["run_id"]) if rank == 0 and loop_config["run_id"] else None
-    )
+    tracking = loop_config["tracking"]  # run id, URI, file for metrics in outages; None: no MLflow run (benchmarks)
+    logger = RunLogger(**tracking) if rank == 0 and tracking else None
     data_dir = resolve_data_dir(config.data_dir)
 
     with tempfile.TemporaryDirectory(prefix="sbert-ray-resume-") as resume_dir:

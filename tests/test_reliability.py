@@ -1,0 +1,366 @@
+"""Faults and bad input around a run: a password in the tracking URI, an unreachable or failing MLflow server,
+reruns of a finished run or of another config under the same name, and sweeps started from another directory.
+
+Against real `mlflow server`s on 127.0.0.1 running MLflow's basic-auth app, so the password in the URI is really
+used (a wrong one is refused), and everything a run writes is searched for it afterwards.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import local_cluster
+import pytest
+import ray
+import yaml
+from mlflow.tracking import MlflowClient
+
+from sbert_ray.cli import main
+from sbert_ray.config import ConfigError, load_config
+from sbert_ray.data.readers import load_records
+from sbert_ray.models.encoder import SentenceEncoder
+from sbert_ray.runs import record
+from sbert_ray.runs.training import METRICS_SPOOL, absolute_paths
+from sbert_ray.tracking.store import redact, redact_uri
+
+USER, PASSWORD = "sbert", "Pa55-w0rd-never-shown"  # distinctive: any occurrence of it is a leak
+
+
+def with_password(uri: str) -> str:
+    """``http://127.0.0.1:PORT`` as ``http://USER:PASSWORD@127.0.0.1:PORT``."""
+    return uri.replace("://", f"://{USER}:{PASSWORD}@", 1)
+
+
+class AuthServer:
+    """An `mlflow server` running MLflow's basic-auth app (requests without the admin's password are refused) that
+    a test can stop and start again: same port, same stores."""
+
+    def __init__(self, root: Path):
+        self.root, self.port = root, local_cluster.free_port()
+        self.uri = with_password(f"http://127.0.0.1:{self.port}")
+        self.process = None
+
+    def start(self) -> None:
+        settings = {
+            "default_permission": "READ",
+            "database_uri": f"sqlite:///{self.root / 'auth.db'}",
+            "admin_username": USER,
+            "authorization_function": "mlflow.server.auth:authenticate_request_basic_auth",
+        }
+        (self.root / "basic_auth.ini").write_text("[mlflow]\n" + "".join(f"{k} = {v}\n" for k, v in settings.items()))
+        command = [
+            str(local_cluster.BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port),
+            "--workers", "1", "--app-name", "basic-auth",
+            "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
+            "--artifacts-destination", str(self.root / "artifacts"),
+        ]  # fmt: skip
+        env = {
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+            "MLFLOW_AUTH_CONFIG_PATH": str(self.root / "basic_auth.ini"),
+            "MLFLOW_AUTH_ADMIN_PASSWORD": PASSWORD,  # from the environment: no file of the test holds it
+            "MLFLOW_FLASK_SERVER_SECRET_KEY": "sbert-ray-tests",
+        }
+        self.process = local_cluster.start(command, self.root / "server.log", env)
+        local_cluster.wait_for_url(f"http://127.0.0.1:{self.port}/health", process=self.process)
+
+    def stop(self) -> None:
+        local_cluster.stop(self.process)
+
+    def client(self) -> MlflowClient:
+        return MlflowClient(self.uri)
+
+
+@pytest.fixture(scope="module")
+def auth_server(tmp_path_factory: pytest.TempPathFactory):
+    """Its own server, not the session's: the outage test stops and restarts it."""
+    server = AuthServer(tmp_path_factory.mktemp("mlflow-auth"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+def leaks(texts: dict[str, str], roots: list[Path]) -> list[str]:
+    """Where the password occurs: among ``texts`` (captured output, params, tags) and the files under ``roots``."""
+    found = [f"{name}: {line}" for name, text in texts.items() for line in text.splitlines() if PASSWORD in line]
+    for root in roots:
+        found += [str(p) for p in root.rglob("*") if p.is_file() and PASSWORD.encode() in p.read_bytes()]
+    return found
+
+
+def run_texts(client: MlflowClient, experiment: str, downloads: Path) -> dict[str, str]:
+    """Params and tags of every run of ``experiment``, as text; each run's artifacts downloaded under
+    ``downloads``."""
+    experiment_id = client.get_experiment_by_name(experiment).experiment_id
+    texts = {}
+    for run in client.search_runs([experiment_id]):
+        client.download_artifacts(run.info.run_id, "", str(downloads / run.info.run_id))
+        texts |= {
+            f"run {run.info.run_id} {kind}": json.dumps(v)
+            for kind, v in (("params", run.data.params), ("tags", run.data.tags))
+        }
+    return texts
+
+
+def ray_logs() -> Path:
+    return Path(ray._private.worker._global_node.get_logs_dir_path())
+
+
+# ------------------------------------------------------------------------------------- masking
+
+
+@pytest.mark.parametrize(
+    "uri, shown",
+    [
+        ("postgresql://u:p%40ss@db:5432/mlflow", "postgresql://u:***@db:5432/mlflow"),
+        ("https://u:PASS@host:8443/x?token=abc&a=1", "https://u:***@host:8443/x?token=***&a=1"),
+        ("mysql+pymysql://u:S3@h/db?password=zz", "mysql+pymysql://u:***@h/db?password=***"),
+        ("sqlite:////tmp/mlflow.db", "sqlite:////tmp/mlflow.db"),
+        ("http://u@127.0.0.1:5000", "http://u@127.0.0.1:5000"),
+    ],
+)
+def test_redact_uri_masks_passwords_and_secret_query_values(uri, shown):
+    assert redact_uri(uri) == shown
+    assert redact(f"API request to {uri}/api failed", uri) == f"API request to {shown}/api failed"
+
+
+# ------------------------------------------------------------------ unreachable store: fails fast
+
+
+def silent_server() -> tuple[socket.socket, int]:
+    """A port that accepts connections and never answers (a hung server)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    return listener, listener.getsockname()[1]
+
+
+@pytest.mark.parametrize("case", ["refused", "hung", "wrong password"])
+def test_unusable_tracking_store_is_refused_in_seconds_with_masked_uri(case, auth_server, tiny_train_config, capsys):
+    listener = None
+    if case == "refused":
+        uri, expected = (
+            f"postgresql://{USER}:{PASSWORD}@127.0.0.1:{local_cluster.free_port()}/mlflow",
+            "cannot be reached",
+        )
+    elif case == "hung":
+        listener, port = silent_server()
+        uri, expected = f"http://{USER}:{PASSWORD}@127.0.0.1:{port}", "does not answer"
+    else:
+        uri, expected = auth_server.uri.replace(PASSWORD, "not-the-password"), "MLFLOW_TRACKING_PASSWORD"
+    config = tiny_train_config(name=f"unusable-{case.replace(' ', '-')}", tracking_uri=uri)
+    start = time.monotonic()
+    try:
+        code = main(["train", str(config)])
+    finally:
+        if listener is not None:
+            listener.close()
+    elapsed = time.monotonic() - start
+    out, err = capsys.readouterr()
+    assert code == 2 and elapsed < 15, (code, elapsed)
+    assert "sbert-ray train: error: tracking.tracking_uri: " in err and expected in err and redact_uri(uri) in err
+    assert PASSWORD not in out + err and "not-the-password" not in out + err
+    assert not (config.parent / "runs").exists()  # nothing started, nothing left behind
+
+
+# -------------------------------------------------------- a password URI, and the server going away
+
+
+def test_training_survives_an_mlflow_outage_and_never_shows_the_password(
+    local_ray, auth_server, tiny_train_config, capfd
+):
+    """The server is stopped after a few steps are logged and started again a little later: training goes on,
+    rank 0 keeps its metrics in the run folder meanwhile, and the run ends FINISHED with every logged step. A
+    password in the tracking URI appears nowhere: output, logs, run files, checkpoints, model card, MLflow."""
+    path = tiny_train_config(name="outage", limit=2400, eval_every=100, tracking_uri=auth_server.uri)
+    config = yaml.safe_load(path.read_text())
+    config["tracking"]["experiment"] = "outage"
+    config["evaluation"]["final_tasks"] = []
+    path.write_text(yaml.safe_dump(config))
+    run_dir = Path(config["checkpoint"]["storage_path"]) / "outage"
+    outcome: dict = {}
+    driver = threading.Thread(target=lambda: outcome.update(code=main(["train", str(path)])))
+    driver.start()
+
+    client = auth_server.client()
+    deadline = time.time() + 180
+    while True:  # until rank 0 has logged a few steps
+        runs = client.search_experiments(filter_string="name = 'outage'")
+        run = runs and client.search_runs([runs[0].experiment_id])
+        if run and len(client.get_metric_history(run[0].info.run_id, "train/loss")) >= 2:
+            break
+        assert time.time() < deadline and driver.is_alive(), "training logged no steps"
+        time.sleep(0.5)
+    run_id = run[0].info.run_id
+    auth_server.stop()
+    down_since = int(time.time() * 1000)
+    spool = run_dir / METRICS_SPOOL
+    while not (spool.exists() and "train/loss" in spool.read_text()):  # rank 0 keeps training and buffering
+        assert time.time() < deadline and driver.is_alive(), "no metrics were buffered while the server was down"
+        time.sleep(0.5)
+    auth_server.start()
+    back_since = int(time.time() * 1000)
+    driver.join(timeout=300)
+    out, err = capfd.readouterr()
+    assert outcome.get("code") == 0, err[-3000:]
+
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    steps = {m.step: m.timestamp for m in client.get_metric_history(run_id, "train/loss")}
+    assert sorted(steps) == list(range(10, 2400 // 8 + 1, 10))  # every step rank 0 logged, none lost
+    assert any(down_since <= t <= back_since for t in steps.values())  # logged while the server was down
+    assert not spool.exists()  # everything buffered went out
+    assert "does not answer" in out + err  # the outage was reported (masked)
+
+    shown = redact_uri(auth_server.uri)
+    assert run.data.params["tracking.tracking_uri"] == shown and f"MLflow: {shown}" in out
+    downloads = run_dir.parent / "downloaded"
+    texts = run_texts(client, "outage", downloads)
+    assert shown in (downloads / run_id / "config.yaml").read_text()
+    assert shown in (downloads / run_id / "model" / "README.md").read_text()
+    found = leaks({"stdout": out, "stderr": err} | texts, [run_dir.parent, auth_server.root, ray_logs()])
+    assert found == []
+
+
+# ------------------------------------------------------------------------------------ sweeps
+
+
+def test_sweep_from_its_own_directory_with_relative_paths_and_a_password_uri(
+    local_ray, mlflow_server, tmp_path, data_dir, monkeypatch, capfd
+):
+    """A sweep config with relative paths (its training file, an evaluation file, output_dir), run from its
+    folder: Tune runs each trial in the trial's own folder, yet every trial reads the files and writes its model
+    to output_dir/<trial id>. The password of the tracking URI is in nothing the sweep writes or prints."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    with (tmp_path / "data" / "pairs.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["sentence1", "sentence2", "score"])
+        writer.writerows((r.sentence1, r.sentence2, r.score) for r in load_records("stsb", "train", data_dir)[:64])
+    with (tmp_path / "data" / "held-out.jsonl").open("w") as f:
+        for r in load_records("stsb", "dev", data_dir)[:50]:
+            f.write(json.dumps({"sentence1": r.sentence1, "sentence2": r.sentence2, "score": r.score}) + "\n")
+    sweep = {
+        "name": "relative",
+        "scheduler": "fifo",
+        "max_concurrent_trials": 2,
+        "search_space": {"stages.0.learning_rate": {"grid": [1.0e-4, 3.0e-4]}},
+        "base": {
+            "data_dir": str(data_dir),
+            "output_dir": "models",
+            "model": {"name": "random:tiny"},
+            "stages": [{"dataset": "data/pairs.csv", "objective": "regression", "batch_size": 8}],
+            "evaluation": {"dev_limit": 50, "final_tasks": ["pairs:data/held-out.jsonl"]},
+            "scaling": {"num_workers": 1, "cpus_per_worker": 0.5},
+            "checkpoint": {"storage_path": "runs", "max_failures": 0},
+            "tracking": {"tracking_uri": with_password(mlflow_server), "experiment": "relative-sweep"},
+        },
+    }
+    Path("sweep.yaml").write_text(yaml.safe_dump(sweep))
+    code = main(["tune", "sweep.yaml"])
+    out, err = capfd.readouterr()
+    assert code == 0, err[-3000:]
+
+    sweep_dir = tmp_path / "runs" / "relative"
+    table = list(csv.DictReader((sweep_dir / "summary" / "results.csv").open()))
+    assert [row["status"] for row in table] == ["finished", "finished"]
+    models = sorted((tmp_path / "models").iterdir())
+    assert [m.name for m in models] == sorted(row["trial"] for row in table)  # one model per trial
+    for model in models:
+        assert SentenceEncoder.load(model).encode(["a sentence"]).shape == (1, 32)
+        assert (model / "README.md").exists()
+    best = yaml.safe_load((sweep_dir / "summary" / "best_config.yaml").read_text())
+    assert best["stages"][0]["dataset"] == str(tmp_path / "data" / "pairs.csv")
+    assert best["evaluation"]["final_tasks"] == [f"pairs:{tmp_path / 'data' / 'held-out.jsonl'}"]
+    assert best["tracking"]["tracking_uri"] == redact_uri(with_password(mlflow_server))
+    client = MlflowClient(mlflow_server)
+    runs = client.search_runs([client.get_experiment_by_name("relative-sweep").experiment_id])
+    trials = [run for run in runs if "mlflow.parentRunId" in run.data.tags]
+    assert len(trials) == 2 and all("final/held-out/spearman_cosine" in run.data.metrics for run in trials)
+
+    texts = run_texts(client, "relative-sweep", tmp_path / "downloaded")
+    found = leaks(  # every file the sweep wrote or logged (not our own sweep.yaml)
+        {"stdout": out, "stderr": err} | texts,
+        [tmp_path / "runs", tmp_path / "models", tmp_path / "downloaded", ray_logs()],
+    )
+    assert found == []
+
+
+# ------------------------------------------------------------------------------------ reruns
+
+
+def test_finished_run_is_not_retrained_another_config_is_refused_and_restart_trains_anew(
+    local_ray, tiny_train_config, capsys
+):
+    path = tiny_train_config(name="rerun")
+    assert main(["train", str(path)]) == 0
+    first = capsys.readouterr().out
+    run_dir = path.parent / "runs" / "rerun"
+    saved = json.loads((run_dir / record.RECORD_FILE).read_text())
+    assert saved["status"] == "finished" and saved["mlflow_run_id"] in first
+    checkpoints = sorted(p.name for p in run_dir.glob("checkpoint_*"))
+    client = MlflowClient(f"sqlite:///{path.parent / 'mlflow.db'}")
+    experiment_id = client.get_experiment_by_name("sbert-ray").experiment_id
+
+    # The same config again: nothing trained, nothing logged, pointers to the finished run.
+    assert main(["train", str(path)]) == 0
+    again = capsys.readouterr().out
+    assert "already finished with this config: nothing to train" in again
+    assert f"MLflow run {saved['mlflow_run_id']}" in again and f"model: {run_dir / 'final-model'}" in again
+    assert sorted(p.name for p in run_dir.glob("checkpoint_*")) == checkpoints
+    assert len(client.search_runs([experiment_id])) == 1
+
+    # Another learning rate under the same name: refused, naming the key, before anything runs.
+    assert main(["train", str(path), "stages.0.learning_rate=3e-4", "evaluation.final_tasks=[]"]) == 2
+    err = capsys.readouterr().err
+    assert "was trained with another config (stages.0.learning_rate: 0.0001 -> 0.0003)" in err
+    assert "--restart" in err and "final_tasks" not in err  # evaluation after training is not part of it
+    assert len(client.search_runs([experiment_id])) == 1
+
+    # --restart: the old folder is kept aside, the new config trains in a new MLflow run.
+    assert main(["train", str(path), "stages.0.learning_rate=3e-4", "evaluation.final_tasks=[]", "--restart"]) == 0
+    out = capsys.readouterr().out
+    (kept,) = run_dir.parent.glob("rerun.replaced-*")
+    assert f"the previous run folder is kept at {kept}" in out
+    assert json.loads((kept / record.RECORD_FILE).read_text())["mlflow_run_id"] == saved["mlflow_run_id"]
+    runs = {r.info.run_id: r for r in client.search_runs([experiment_id])}
+    new_id = json.loads((run_dir / record.RECORD_FILE).read_text())["mlflow_run_id"]
+    assert set(runs) == {saved["mlflow_run_id"], new_id}
+    assert runs[new_id].info.status == "FINISHED" and runs[new_id].data.params["stages.0.learning_rate"] == "0.0003"
+    assert runs[new_id].data.metrics["train/loss"] > 0 and "(resumed)" not in out
+
+
+def test_run_record_lives_beside_checkpoints_on_object_storage(s3_server, tiny_train_config, monkeypatch):
+    """With s3:// checkpoint storage the record is an object beside the checkpoints: found again, compared, and kept
+    aside by --restart (object storage has no folder rename)."""
+    for key, value in s3_server.env.items():
+        monkeypatch.setenv(key, value)
+    storage = f"s3://{local_cluster.BUCKET}/records"
+    config = absolute_paths(load_config(tiny_train_config(name="remote"), [f"checkpoint.storage_path={storage}"]))
+    run_dir, uri = f"{storage}/remote", config.tracking.tracking_uri
+    assert record.previous_run(run_dir, config, uri) is None
+    record.new_record(config, "run-1", uri).save(run_dir)
+    objects = s3_server.client().list_objects_v2(Bucket=local_cluster.BUCKET, Prefix="records/")["Contents"]
+    files = [o["Key"] for o in objects if not o["Key"].endswith("/")]  # pyarrow marks folders with empty objects
+    assert files == [f"records/remote/{record.RECORD_FILE}"]  # no temporary file left
+    assert record.previous_run(run_dir, config, uri).mlflow_run_id == "run-1"
+
+    stage = dataclasses.replace(config.stages[0], learning_rate=3e-4)
+    with pytest.raises(ConfigError, match=r"another config \(stages\.0\.learning_rate: 0\.0001 -> 0\.0003\)"):
+        record.previous_run(run_dir, dataclasses.replace(config, stages=[stage]), uri)
+
+    kept = record.archive(run_dir)
+    assert kept.startswith(f"{run_dir}.replaced-")
+    assert record.RunRecord.load(run_dir) is None and record.RunRecord.load(kept).mlflow_run_id == "run-1"
