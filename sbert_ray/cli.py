@@ -248,8 +248,11 @@ def _positive_ints(text: str) -> list[int]:
 
 
 def _sizes(text: str) -> list[int]:
-    sizes = _positive_ints(text)
-    if len(set(sizes)) != len(sizes):
+    try:
+        sizes = _positive_ints(text)
+    except argparse.ArgumentTypeError:
+        sizes = []
+    if not sizes or len(set(sizes)) != len(sizes):
         raise argparse.ArgumentTypeError(f"expected distinct positive sizes like 384,128,64, got {text!r}")
     return sizes
 

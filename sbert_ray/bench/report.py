@@ -34,12 +34,13 @@ def label(record: dict) -> str:
     return f"{record['impl']}/{how}/{order}/bs{record['batch_size']}"
 
 
-def format_table(records: Sequence[dict]) -> str:
-    """One row per record; spread is (max - min) / median of the repeats' rates."""
-    rows = [[header for header, _, _ in COLUMNS]]
+def format_table(records: Sequence[dict], columns: Sequence[tuple[str, str, str]] = COLUMNS) -> str:
+    """One row per record, ``columns`` as (header, record key, format); spread is (max - min) / median of the
+    repeats' rates."""
+    rows = [[header for header, _, _ in columns]]
     for record in records:
-        rows.append(["-" if record.get(key) is None else fmt.format(record[key]) for _, key, fmt in COLUMNS])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+        rows.append(["-" if record.get(key) is None else fmt.format(record[key]) for _, key, fmt in columns])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     return "\n".join("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in rows)
 
 

@@ -26,6 +26,7 @@ import ray
 import ray.train
 import torch
 
+from sbert_ray.bench import report
 from sbert_ray.config import ConfigError, EvalConfig, ModelConfig, ScalingConfig, StageConfig, TrainConfig
 from sbert_ray.data.readers import check_available, load_records
 from sbert_ray.models import build_random_bert, check_model, resolve_model_ref
@@ -313,12 +314,8 @@ COLUMNS = (  # (header, record key, format)
 
 def format_table(records: Sequence[dict]) -> str:
     """One row per record (medians over the repeats); spread is (max - min) / median of the runs' pairs/s."""
-    rows = [[header for header, _, _ in COLUMNS]]
-    for record in records:
-        values = {**record, "layout": f"{record['workers']} x {record['threads_per_worker']}"}
-        rows.append(["-" if values.get(key) is None else fmt.format(values[key]) for _, key, fmt in COLUMNS])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in rows)
+    layouts = [{**record, "layout": f"{record['workers']} x {record['threads_per_worker']}"} for record in records]
+    return report.format_table(layouts, COLUMNS)
 
 
 def chart(records: Sequence[dict], title: str):
