@@ -212,3 +212,6 @@ def test_nan_loss_stops_the_run_naming_the_step_and_the_last_good_checkpoint(loc
     assert f"last good checkpoint: {checkpoints[0]} (step 12)" in message
     _, run = only_run(config.tracking.tracking_uri)
     assert run.info.status == "FAILED"
+    # Started again with the same config it would replay the same steps into the same NaN: refused up front.
+    with pytest.raises(ConfigError, match=r"diverged \(training stopped: the loss was .* pass --restart"):
+        run_training(config)

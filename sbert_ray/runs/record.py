@@ -65,10 +65,11 @@ class RunRecord:
     settings: dict[str, Any]  # training_settings() of the config the run was started with
     mlflow_run_id: str
     tracking_uri: str  # masked
-    status: str = "running"  # running | finished
+    status: str = "running"  # running | finished | diverged
     started: str = ""
     finished: str = ""
     result: dict[str, Any] | None = None  # the finished run's TrainResult fields (tracking URI masked)
+    error: str = ""  # why a diverged run stopped
 
     @classmethod
     def load(cls, run_dir: str) -> RunRecord | None:
@@ -103,6 +104,13 @@ def finish(record: RunRecord, result: dict[str, Any], run_dir: str) -> None:
     record.save(run_dir)
 
 
+def diverged(record: RunRecord, message: str, run_dir: str) -> None:
+    """Resuming a run that stopped on a NaN/inf loss would replay the same steps into the same NaN: its record
+    says so, and the next start with this config is refused."""
+    record.status, record.error = "diverged", message
+    record.save(run_dir)
+
+
 def previous_run(run_dir: str, config: TrainConfig, shown_uri: str, restart: bool = False) -> RunRecord | None:
     """The record of the run at ``run_dir`` when ``config`` continues it (or finished it); None for a new run.
     Raises ``ConfigError`` when another config ran under this name, or (unfinished) logged to another store."""
@@ -116,6 +124,12 @@ def previous_run(run_dir: str, config: TrainConfig, shown_uri: str, restart: boo
                 "pass --restart to train anew (the folder is kept), or choose another name"
             )
         return None
+    if record.status == "diverged":
+        raise ConfigError(
+            f"run {config.name!r} at {run_dir} diverged ({record.error}); resuming would diverge again: change "
+            "the config (e.g. a lower learning rate) and pass --restart (the old run folder is kept), or choose "
+            "another name"
+        )
     settings = training_settings(config)
     if fingerprint(settings) != record.fingerprint:
         changes = "; ".join(changed_keys(record.settings, settings))

@@ -279,7 +279,11 @@ def run_training(
             start = time.perf_counter()
             result = build_trainer(config, tracking_uri, tracker.run_id, callbacks).fit()
             train_seconds = time.perf_counter() - start
-            check_diverged(result)
+            try:
+                check_diverged(result)
+            except TrainingDiverged as err:
+                record.diverged(run_record, str(err), run_dir)
+                raise
             save_final_model(result.checkpoint, Path(config.output_dir))
             trained = True
             final = {}
