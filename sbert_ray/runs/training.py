@@ -2,10 +2,12 @@
 keep the final model, score it, log everything. ``sbert-ray train``, every sweep trial and every
 argument-similarity fold run through ``run_training``.
 
-    config (validated) -> prepare: data, model, evaluation tasks checked; paths made absolute   (no Ray yet)
+    config (validated) -> prepare: data read, model and evaluation tasks checked; paths made absolute (no Ray yet)
       -> MLflow run (params, tags, config.yaml)
+      -> each stage's data tokenised once for the cluster: a Ray task, numpy arrays in the object store
       -> "before" tasks: a Ray task on a worker's resources, on the configured model
-      -> TorchTrainer(train_loop_per_worker, the config itself) .fit() -> Result (last checkpoint = final model)
+      -> TorchTrainer(train_loop_per_worker, the config itself, the tokenised stages) .fit() -> Result
+         (last checkpoint = final model)
       -> final model copied to output_dir and logged; final tasks: a Ray task, on the checkpoint's model
       -> TrainResult (scores from Ray, never read back from MLflow)
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 import shutil
 import tempfile
@@ -37,9 +40,18 @@ from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_ca
 from sbert_ray.runs.cluster import connect_ray
 from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags, plot_curves, resolve_tracking_uri
 from sbert_ray.tracking.model_registry import log_sentence_transformer, model_uri
-from sbert_ray.training.batches import is_user_file, load_training_records, stage_steps, texts_and_labels
+from sbert_ray.training.batches import (
+    is_user_file,
+    load_training_records,
+    stage_steps,
+    texts_and_labels,
+    tokenize_stage,
+)
 from sbert_ray.training.state import MODEL_DIR
 from sbert_ray.training.worker import train_loop_per_worker
+
+logger = logging.getLogger(__name__)
+StageExamples = tuple[list[list[str]], torch.Tensor | None]  # a stage's text columns and labels, as read
 
 
 @dataclass
@@ -54,9 +66,9 @@ class TrainResult:
     metrics: dict  # the last checkpoint's report: global_step, dev_spearman, ...
 
 
-def prepare(config: TrainConfig) -> tuple[TrainConfig, list[int]]:
+def prepare(config: TrainConfig) -> tuple[TrainConfig, list[StageExamples]]:
     """Fill in what depends on where the run lives, and check data, model and evaluation tasks before Ray starts.
-    Returns the config and the number of training examples of each stage."""
+    Returns the config and each stage's training examples (read once, here; tokenised later on the cluster)."""
     if config.data_dir and not Path(config.data_dir).is_dir():
         raise ConfigError(f"data_dir: {config.data_dir} is not a directory")
     data_dir = resolve_data_dir(config.data_dir)
@@ -79,27 +91,54 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, list[int]]:
             check_available(name, split, data_dir)
         except DataError as err:
             raise ConfigError(f"{key}: {err}") from None
-    examples = []
+    stages = []
     for i, stage in enumerate(config.stages):  # reading validates every row and the objective/record match
         try:
-            columns, _ = texts_and_labels(load_training_records(stage, data_dir), stage)
+            columns, labels = texts_and_labels(load_training_records(stage, data_dir), stage)
         except ValueError as err:
             raise ConfigError(f"stages.{i}: {err}") from None
-        examples.append(len(columns[0]))
-        if stage_steps(examples[-1], stage, config.scaling.num_workers)[1] == 0:
+        stages.append((columns, labels))
+        if stage_steps(len(columns[0]), stage, config.scaling.num_workers)[1] == 0:
             raise ConfigError(
-                f"stages.{i}: {examples[-1]} examples give no optimizer step of global batch {stage.batch_size} "
+                f"stages.{i}: {len(columns[0])} examples give no optimizer step of global batch {stage.batch_size} "
                 f"over {config.scaling.num_workers} workers"
             )
-    return config, examples
+    return config, stages
 
 
-def build_trainer(config: TrainConfig, tracking_uri: str, run_id: str, callbacks: list | None = None) -> TorchTrainer:
+def tokenize_stages(config: TrainConfig, stages: list[StageExamples]) -> tuple[list[ray.ObjectRef], dict[str, int]]:
+    """Tokenise each stage's examples once for the whole cluster, in a Ray task of its own: the result stays in
+    the object store (lineage rebuilds it if its node dies) and every worker reads it zero-copy on its node.
+    Returns one reference per stage, and the sentences truncated to max_seq_length (counted, logged) per stage."""
+    task = ray.remote(num_cpus=1, num_returns=2)(tokenize_stage).options(
+        scheduling_strategy="DEFAULT"  # never inside a Tune trial's placement group
+    )
+    submitted = [task.remote(config.model, columns, labels) for columns, labels in stages]
+    truncated = {}
+    for i, (_, counts) in enumerate(submitted):
+        sentences, truncated[f"data/stages.{i}/truncated_sentences"] = ray.get(counts)
+        logger.info(
+            "stages.%d: %d of %d sentences truncated to max_seq_length %d",
+            i,
+            truncated[f"data/stages.{i}/truncated_sentences"],
+            sentences,
+            config.model.max_seq_length,
+        )
+    return [data for data, _ in submitted], truncated
+
+
+def build_trainer(
+    config: TrainConfig,
+    stage_data: list[ray.ObjectRef],
+    tracking_uri: str,
+    run_id: str,
+    callbacks: list | None = None,
+) -> TorchTrainer:
     scaling = config.scaling
     resources = {"CPU": scaling.cpus_per_worker, **({"GPU": scaling.gpus_per_worker} if scaling.use_gpu else {})}
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"config": config, "tracking_uri": tracking_uri, "run_id": run_id},
+        train_loop_config={"config": config, "stage_data": stage_data, "tracking_uri": tracking_uri, "run_id": run_id},
         scaling_config=ray.train.ScalingConfig(
             num_workers=scaling.num_workers, use_gpu=scaling.use_gpu, resources_per_worker=resources
         ),
@@ -121,7 +160,8 @@ def build_trainer(config: TrainConfig, tracking_uri: str, run_id: str, callbacks
 def run_training(config: TrainConfig, parent_run_id: str | None = None, callbacks: list | None = None) -> TrainResult:
     """Run one training job. Under a sweep, ``parent_run_id`` nests the MLflow run under the sweep's run and
     ``callbacks`` (e.g. Tune's ``TuneReportCallback``) go to the ``TorchTrainer``."""
-    config, examples = prepare(config)
+    config, stages = prepare(config)
+    examples = [len(columns[0]) for columns, _ in stages]
     evaluation = config.evaluation
     before_tasks, final_tasks = parse_tasks(evaluation.before_tasks), parse_tasks(evaluation.final_tasks)
     tracking_uri = resolve_tracking_uri(config.tracking.tracking_uri)
@@ -138,6 +178,9 @@ def run_training(config: TrainConfig, parent_run_id: str | None = None, callback
         tracker.set_tags(environment_tags())
         tracker.log_text(dump_yaml(config), "config.yaml")
         connect_ray()
+        stage_data, truncated = tokenize_stages(config, stages)
+        tracker.log_metrics(truncated)
+        del stages  # the driver's copy of the texts is no longer needed
 
         def evaluate(load, tasks) -> Results:
             return evaluate_on_worker_resources(load, tasks, config.data_dir, evaluation.batch_size, config.scaling)
@@ -148,7 +191,7 @@ def run_training(config: TrainConfig, parent_run_id: str | None = None, callback
             tracker.log_metrics({f"before/{key}": value for key, value in before.items()})
 
         start = time.perf_counter()
-        result = build_trainer(config, tracking_uri, tracker.run_id, callbacks).fit()
+        result = build_trainer(config, stage_data, tracking_uri, tracker.run_id, callbacks).fit()
         train_seconds = time.perf_counter() - start
         save_final_model(result.checkpoint, Path(config.output_dir))
         final = {}

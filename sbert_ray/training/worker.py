@@ -15,6 +15,7 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
+import ray
 import ray.train
 import ray.train.torch
 import torch
@@ -28,13 +29,7 @@ from sbert_ray.losses.registry import build_loss
 from sbert_ray.models import SentenceEncoder, load_encoder
 from sbert_ray.models.model_card import describe_hardware
 from sbert_ray.tracking.mlflow_run import RunLogger
-from sbert_ray.training.batches import (
-    TokenizedColumns,
-    load_training_records,
-    local_batch_size,
-    stage_steps,
-    texts_and_labels,
-)
+from sbert_ray.training.batches import TokenizedColumns, local_batch_size, stage_steps
 from sbert_ray.training.state import MODEL_DIR, TrainState, restore_training, save_checkpoint
 
 LOG_EVERY = 10  # optimizer steps between MLflow metric points
@@ -72,8 +67,10 @@ def train_loop_per_worker(loop_config: dict) -> None:
             if index > state.stage:
                 state = TrainState(stage=index, global_step=state.global_step)
             resume_from = restored if (restored is not None and index == state.stage and state.step) else None
+            # Tokenised once by the run layer; read zero-copy from the object store on this node.
+            data: TokenizedColumns = ray.get(loop_config["stage_data"][index])
             ctx = _Worker(config, stage, encoder, device, rank, world_size, logger, dev_pairs)
-            state = ctx.run_stage(state, data_dir, resume_from)
+            state = ctx.run_stage(state, data, resume_from)
 
 
 class _Worker:
@@ -84,11 +81,8 @@ class _Worker:
         self.rank, self.world_size, self.logger, self.dev_pairs = rank, world_size, logger, dev_pairs
         self.use_bf16 = device.type == "cuda"
 
-    def run_stage(self, state: TrainState, data_dir, resume_from: Path | None) -> TrainState:
+    def run_stage(self, state: TrainState, data: TokenizedColumns, resume_from: Path | None) -> TrainState:
         stage, world_size = self.stage, self.world_size
-        records = load_training_records(stage, data_dir)
-        columns, labels = texts_and_labels(records, stage)
-        data = TokenizedColumns(columns, labels, self.encoder.tokenizer, self.encoder.max_seq_length)
         sampler = SmartBatchSampler(
             data.lengths,
             local_batch_size(stage, world_size),
