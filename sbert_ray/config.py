@@ -1,9 +1,9 @@
 """Configs are dataclasses loaded from YAML plus ``key=value`` overrides.
 
 Every key is checked against the dataclass fields (unknown keys are errors naming the dotted key and the file),
-values are type-checked (``Literal`` types are choices), and ``validate()`` checks what types cannot say, so a bad
-config fails before any Ray work starts. A stage's ``loss:`` settings are checked against its objective's loss
-class in the objective registry (``sbert_ray.losses.registry``).
+values are type-checked (``Literal`` types are choices; a NaN or infinite number is refused anywhere), and
+``validate()`` checks choices and ranges, so a bad config fails before any Ray work starts. A stage's ``loss:``
+settings are checked against its objective's loss class in the objective registry (``sbert_ray.losses.registry``).
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ class ModelConfig:
     pooling: PoolingMode | None = None  # None keeps the model's own pooling (mean for a plain Hugging Face model)
     max_seq_length: int = 128
     normalize: bool | None = None
+    # Weights are read from safetensors files only; True also allows pickled PyTorch files (pytorch_model.bin),
+    # which can run code when loaded: only for models from a source you trust.
+    allow_unsafe_weights: bool = False
 
 
 @dataclass
@@ -44,13 +47,15 @@ class StageConfig:
     dataset: str = "stsb"  # a registered name (see sbert_ray.data) or a csv/tsv/jsonl path
     split: str = "train"
     columns: dict[str, str] | None = None  # for user files: record field -> column name
-    limit: int | None = None  # use only the first N examples (smoke runs)
+    limit: int | None = None  # use only the first N examples (smoke runs); None = all
     errors: Literal["raise", "skip"] = "raise"  # a bad row stops the run, or is skipped, counted and logged
     score_max: float = 5.0  # score targets are score / score_max (STSb's 0-5 -> 0-1, as in the paper)
     objective: str = "regression"  # a name in sbert_ray.losses.registry.OBJECTIVES
     loss: dict[str, Any] = field(default_factory=dict)  # the objective's settings, e.g. {concat: [u, v, "|u-v|"]}
+    matryoshka_dims: list[int] | None = None  # train the objective at each of these embedding sizes at once
+    matryoshka_weights: list[float] | None = None  # one per size; default 1 each
     epochs: int = 1
-    max_steps: int | None = None  # stop the stage after this many optimizer steps
+    max_steps: int | None = None  # stop the stage after this many optimizer steps; None = run every epoch
     batch_size: int = 16  # global batch (summed over workers and accumulation steps)
     grad_accum_steps: int = 1
     learning_rate: float = 2e-5
@@ -64,7 +69,7 @@ class StageConfig:
 class EvalConfig:
     dev_dataset: str = "stsb"
     dev_split: str = "dev"
-    dev_limit: int | None = None
+    dev_limit: int | None = None  # score only the first N dev pairs; None = all
     eval_every: int = 0  # optimizer steps between dev evaluations; 0 = only at the end of each stage
     batch_size: int = 64
     final_tasks: list[str] = field(default_factory=lambda: ["sts"])  # [] skips the final suite
@@ -78,6 +83,8 @@ class ScalingConfig:
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 1.0
     torch_threads: int | None = None  # per worker; None = cpus_per_worker rounded up
+    # Ray placement strategy of the workers: SPREAD puts them on different nodes where it can
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
 
     def threads_per_worker(self) -> int:
         """Torch threads of each training worker (and of the evaluation that runs on a worker's resources)."""
@@ -88,7 +95,7 @@ class ScalingConfig:
 class CheckpointConfig:
     storage_path: str = "~/sbert-ray/runs"  # stable across jobs so a resubmitted run resumes
     keep_best: int = 2
-    max_failures: int = 2
+    max_failures: int = 2  # worker restarts from the latest checkpoint; -1 = no limit (Ray's meaning)
 
 
 @dataclass
@@ -129,31 +136,62 @@ class TrainConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def validate(self) -> None:
-        """Check what the types cannot say; normalises each stage's ``loss`` settings to their declared types."""
-        _positive("model.max_seq_length", self.model.max_seq_length)
+        """Check what the types cannot say, naming the key; normalises each stage's ``loss`` settings to their declared
+        types. Integer and positivity checks come before any arithmetic on the values (a zero worker count must be
+        an error here, not a ZeroDivisionError further down)."""
+        if not self.name or "/" in self.name or self.name in (".", ".."):
+            raise ConfigError(f"name: {self.name!r} must be a folder name (checkpoints live in <storage_path>/<name>)")
+        if not 0 <= self.seed < 2**32:
+            raise ConfigError(f"seed must be in [0, 2**32), got {self.seed}")
+        _at_least("model.max_seq_length", self.model.max_seq_length, 1)
+        self._validate_scaling()
         if not self.stages:
             raise ConfigError("stages: at least one training stage is required")
         for i, stage in enumerate(self.stages):
-            key = f"stages.{i}"
-            _choice(f"{key}.objective", stage.objective, tuple(OBJECTIVES))
-            stage.loss = _loss_settings(f"{key}.loss", stage.objective, stage.loss)
-            for name in ("epochs", "batch_size", "grad_accum_steps"):
-                _positive(f"{key}.{name}", getattr(stage, name))
-            if stage.learning_rate <= 0:
-                raise ConfigError(f"{key}.learning_rate must be > 0, got {stage.learning_rate}")
-            if not 0 <= stage.warmup_ratio < 1:
-                raise ConfigError(f"{key}.warmup_ratio must be in [0, 1), got {stage.warmup_ratio}")
-            per_step = self.scaling.num_workers * stage.grad_accum_steps
-            if stage.batch_size % per_step:
-                raise ConfigError(
-                    f"{key}.batch_size={stage.batch_size} is the global batch and must be divisible by "
-                    f"scaling.num_workers * grad_accum_steps = {per_step}"
-                )
-        _positive("scaling.num_workers", self.scaling.num_workers)
-        _positive("checkpoint.keep_best", self.checkpoint.keep_best)
-        if self.evaluation.eval_every < 0:
-            raise ConfigError("evaluation.eval_every must be >= 0")
+            self._validate_stage(f"stages.{i}", stage)
+        evaluation = self.evaluation
+        _at_least("evaluation.dev_limit", evaluation.dev_limit, 2, none_means="all dev pairs")  # Spearman needs 2
+        _at_least("evaluation.eval_every", evaluation.eval_every, 0)
+        _at_least("evaluation.batch_size", evaluation.batch_size, 1)
+        _at_least("checkpoint.keep_best", self.checkpoint.keep_best, 1)
+        _at_least("checkpoint.max_failures", self.checkpoint.max_failures, -1)
         self.tracking.validate()
+
+    def _validate_scaling(self) -> None:
+        scaling = self.scaling
+        _at_least("scaling.num_workers", scaling.num_workers, 1)
+        _at_least("scaling.torch_threads", scaling.torch_threads, 1, none_means="cpus_per_worker rounded up")
+        _greater("scaling.cpus_per_worker", scaling.cpus_per_worker, 0)
+        _greater("scaling.gpus_per_worker", scaling.gpus_per_worker, 0)
+        gpus = scaling.gpus_per_worker
+        if scaling.use_gpu and gpus > 1 and not float(gpus).is_integer():
+            raise ConfigError(f"scaling.gpus_per_worker: more than one GPU must be a whole number, got {gpus}")
+        if scaling.use_gpu and scaling.num_workers > 1 and gpus < 1:
+            # Ray would pack several ranks onto one GPU, and NCCL refuses two ranks on the same device.
+            raise ConfigError(
+                f"scaling.gpus_per_worker: {gpus} GPU per worker with scaling.num_workers={scaling.num_workers} "
+                "would put several workers on one GPU, which NCCL refuses; use 1 or more"
+            )
+
+    def _validate_stage(self, key: str, stage: StageConfig) -> None:
+        _choice(f"{key}.objective", stage.objective, tuple(OBJECTIVES))
+        stage.loss = _loss_settings(f"{key}.loss", stage.objective, stage.loss)
+        for name in ("epochs", "batch_size", "grad_accum_steps"):
+            _at_least(f"{key}.{name}", getattr(stage, name), 1)
+        _matryoshka(key, stage.matryoshka_dims, stage.matryoshka_weights)
+        for name in ("limit", "max_steps"):  # 0 is not "no limit": that is null
+            _at_least(f"{key}.{name}", getattr(stage, name), 1, none_means="no limit")
+        for name in ("learning_rate", "adam_eps", "max_grad_norm", "score_max"):
+            _greater(f"{key}.{name}", getattr(stage, name), 0)
+        _at_least(f"{key}.weight_decay", stage.weight_decay, 0)
+        if not 0 <= stage.warmup_ratio < 1:
+            raise ConfigError(f"{key}.warmup_ratio must be in [0, 1), got {stage.warmup_ratio}")
+        per_step = self.scaling.num_workers * stage.grad_accum_steps
+        if stage.batch_size % per_step:
+            raise ConfigError(
+                f"{key}.batch_size={stage.batch_size} is the global batch and must be divisible by "
+                f"scaling.num_workers * grad_accum_steps = {per_step}"
+            )
 
 
 def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -171,9 +209,29 @@ def _loss_settings(key: str, objective: str, settings: dict[str, Any]) -> dict[s
     return {name: _convert(declared[name][0], value, f"{key}.{name}") for name, value in settings.items()}
 
 
-def _positive(key: str, value: int) -> None:
-    if value < 1:
-        raise ConfigError(f"{key} must be >= 1, got {value}")
+def _at_least(key: str, value: float | None, low: float, none_means: str | None = None) -> None:
+    if value is None and none_means:
+        return
+    if value < low:
+        unset = f" (leave it out or null for {none_means})" if none_means else ""
+        raise ConfigError(f"{key} must be >= {low}, got {value}{unset}")
+
+
+def _greater(key: str, value: float, low: float) -> None:
+    if not value > low:
+        raise ConfigError(f"{key} must be > {low}, got {value}")
+
+
+def _matryoshka(key: str, dims: list[int] | None, weights: list[float] | None) -> None:
+    """Sizes and weights as far as they can be checked without the model (the run checks the model's size)."""
+    if dims is None:
+        if weights is not None:
+            raise ConfigError(f"{key}.matryoshka_weights needs {key}.matryoshka_dims")
+        return
+    if not dims or min(dims) < 1 or len(set(dims)) != len(dims):
+        raise ConfigError(f"{key}.matryoshka_dims: expected distinct positive sizes, got {dims}")
+    if weights is not None and len(weights) != len(dims):
+        raise ConfigError(f"{key}.matryoshka_weights: one weight per size in {dims}, got {weights}")
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -186,16 +244,19 @@ def load_config(path: str | Path | None, overrides: list[str] = (), cls: type = 
     if path is not None:
         source = str(path)
         try:
-            raw = yaml.safe_load(Path(path).read_text()) or {}
+            raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"{path}: cannot read the config: {err}") from None
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: invalid YAML: {err}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of keys")
-    for item in overrides:
-        apply_override(raw, item)
     try:
+        for item in overrides:
+            apply_override(raw, item)
+        _check_finite(raw)
         config = from_dict(cls, raw)
         config.validate()
     except ConfigError as err:
@@ -204,40 +265,67 @@ def load_config(path: str | Path | None, overrides: list[str] = (), cls: type = 
 
 
 def apply_override(raw: dict[str, Any], item: str) -> None:
-    """``a.b.0.c=value`` sets raw['a']['b'][0]['c'] = yaml(value); list indices are numbers."""
+    """``a.b.0.c=value`` sets raw['a']['b'][0]['c'] = yaml(value). A list index must name an existing item, or
+    the one just past the end (which appends: ``stages.1.dataset=...`` on a one-stage config adds a stage)."""
     key, sep, value = item.partition("=")
-    if not sep or not key:
-        raise ConfigError(f"override {item!r} is not of the form key=value")
+    if not sep or "" in key.split("."):
+        raise ConfigError(f"override {item!r} is not of the form key=value (key: dotted names, e.g. model.pooling)")
+    try:
+        parsed = yaml.safe_load(value) if value != "" else None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override {key!r}: {value!r} is not a YAML value ({err.__class__.__name__})") from None
     parts = key.split(".")
     node: Any = raw
-    for i, part in enumerate(parts[:-1]):
-        nxt_is_index = parts[i + 1].isdigit()
-        if isinstance(node, list):
-            node = _list_slot(node, part, key, nxt_is_index)
-        else:
-            node = node.setdefault(part, [] if nxt_is_index else {})
-    last = parts[-1]
-    parsed = yaml.safe_load(value) if value != "" else None
+    for part, following in zip(parts, parts[1:], strict=False):
+        node = _child(node, part, key, [] if following.isdigit() else {})
+    _set_child(node, parts[-1], key, parsed)
+
+
+def _child(node: Any, part: str, key: str, empty: list | dict) -> Any:
+    """node[part], created as ``empty`` when missing or null (e.g. ``columns: null`` then ``columns.label=gold``)."""
+    if isinstance(node, dict):
+        if node.get(part) is None:
+            node[part] = empty
+        return node[part]
     if isinstance(node, list):
-        index = _index(last, key)
-        while len(node) <= index:
-            node.append({})
-        node[index] = parsed
+        index = _index(node, part, key)
+        if index == len(node):
+            node.append(empty)
+        return node[index]
+    raise ConfigError(f"override {key!r}: cannot set {part!r} inside a {type(node).__name__} value ({node!r})")
+
+
+def _set_child(node: Any, part: str, key: str, value: Any) -> None:
+    if isinstance(node, dict):
+        node[part] = value
+    elif isinstance(node, list):
+        index = _index(node, part, key)
+        node[index : index + 1] = [value]  # the index past the end appends
     else:
-        node[last] = parsed
+        raise ConfigError(f"override {key!r}: cannot set {part!r} inside a {type(node).__name__} value ({node!r})")
 
 
-def _index(part: str, key: str) -> int:
+def _index(node: list, part: str, key: str) -> int:
     if not part.isdigit():
         raise ConfigError(f"override {key!r}: {part!r} must be a list index")
-    return int(part)
+    index = int(part)
+    if index > len(node):
+        existing = f"0..{len(node) - 1} change an existing item, " if node else ""
+        raise ConfigError(
+            f"override {key!r}: index {index} is past the end of a list of {len(node)} "
+            f"({existing}{len(node)} appends one)"
+        )
+    return index
 
 
-def _list_slot(node: list, part: str, key: str, nxt_is_index: bool) -> Any:
-    index = _index(part, key)
-    while len(node) <= index:  # "stages.1.x=..." on a one-stage config adds a stage
-        node.append([] if nxt_is_index else {})
-    return node[index]
+def _check_finite(data: Any, prefix: str = "") -> None:
+    """NaN and infinities (YAML .nan, .inf, 1e400) are never a meaningful setting; the message names the key."""
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for k, v in items:
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"{key}: {v} is not a finite number")
+        _check_finite(v, key)
 
 
 def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
@@ -246,7 +334,7 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
         raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
+    unknown = sorted(str(k) for k in set(data) - names)
     if unknown:
         where = f"{prefix}." if prefix else ""
         raise ConfigError(f"unknown key {where}{unknown[0]!r} (known: {', '.join(sorted(names))})")
@@ -281,13 +369,15 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
         if inner is str:  # e.g. column names, which YAML may read as numbers
             return {str(k): str(v) for k, v in value.items()}
         return {str(k): _convert(inner, v, f"{key}.{k}") for k, v in value.items()}
-    if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if tp is float and isinstance(value, str):  # YAML reads "2e-5" as a string
-        try:
-            return float(value)
-        except ValueError:
-            pass
+    if tp is float and (isinstance(value, str) or isinstance(value, int | float) and not isinstance(value, bool)):
+        try:  # YAML reads "2e-5" (no dot) as a string
+            number = float(value)
+        except (ValueError, OverflowError):
+            number = None
+        if number is not None and math.isfinite(number):
+            return number
+        if number is not None:
+            raise ConfigError(f"{key}: {value!r} is not a finite number")
     if tp is Any or (isinstance(value, tp) and not (tp is int and isinstance(value, bool))):
         return value
     raise ConfigError(f"{key}: expected {tp.__name__}, got {value!r}")

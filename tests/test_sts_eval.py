@@ -99,3 +99,18 @@ def test_cli_eval_writes_json(tiny_model_dir, data_dir, tmp_path, capsys):
 
 def test_cli_rejects_unknown_task(tiny_model_dir):
     assert main(["eval", "--model", str(tiny_model_dir), "--tasks", "sts,nope"]) == 2
+
+
+def test_cli_eval_logs_an_mlflow_run_that_report_reads(tiny_model_dir, data_dir, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = ["--model", str(tiny_model_dir), "--tasks", "stsb", "--data-dir", str(data_dir)]
+    assert main(["eval", *args, "--mlflow", "--tracking-uri", uri, "--output", str(tmp_path / "r.json")]) == 0
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("sbert-ray-eval").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["tasks"] == "stsb"
+    written = json.loads((tmp_path / "r.json").read_text())
+    assert run.data.metrics["stsb/spearman_cosine"] == pytest.approx(written["stsb"]["spearman_cosine"])
+    assert main(["report", f"--run={run.info.run_id}", "--tracking-uri", uri, "--out", str(tmp_path / "rep")]) == 0
+    assert f"{written['stsb']['spearman_cosine']:.2f}" in (tmp_path / "rep" / "report.md").read_text()

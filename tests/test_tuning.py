@@ -182,9 +182,9 @@ def test_sweep_with_asha(local_ray, write_sweep):
     assert [m.step for m in client.get_metric_history(finished.info.run_id, "dev/spearman_cosine")] == [4, 8, 12]
     assert finished.data.metrics["final/stsb/spearman_cosine"] == pytest.approx(rows["mean"].final["stsb"])
 
-    best_config = load_config(result.path / "summary" / "best_config.yaml")
+    best_config = load_config(result.summary / "best_config.yaml")
     assert best_config.model.pooling == "mean" and best_config.stages[0].limit == 96
-    with (result.path / "summary" / "results.csv").open() as f:
+    with (result.summary / "results.csv").open() as f:
         table = list(csv.DictReader(f))
     assert [(row["model.pooling"], row["status"]) for row in table] == [("mean", "finished"), ("cls", "stopped")]
     assert {"dev_spearman", "final stsb", "mlflow_run", "error"} <= set(table[0])
@@ -204,10 +204,10 @@ def trial_statuses(sweep_dir: Path) -> list[str]:
 
 def test_killed_sweep_resumes_without_rerunning_finished_trials(write_sweep):
     """Killed after its first trial, the sweep continues with --resume: the finished trial is not run again, the
-    interrupted one runs (and fails: a failed trial is reported, the sweep still ends with its summary)."""
+    interrupted one runs to the end and the sweep ends with its summary."""
     path = write_sweep(
         "resume",
-        search_space={"model": {"grid": {"mean": {"pooling": "mean"}, "broken": {"name": "random:broken"}}}},
+        search_space={"model": {"grid": {"mean": {"pooling": "mean"}, "cls": {"pooling": "cls"}}}},
         scheduler="fifo",
         max_concurrent_trials=1,
     )
@@ -236,7 +236,7 @@ def test_killed_sweep_resumes_without_rerunning_finished_trials(write_sweep):
     assert again.returncode == 2 and "pass --resume" in again.stderr  # a second start never mixes two sweeps
     resumed = subprocess.run([*command, "--resume"], env=env, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "(resumed)" in resumed.stdout and "unknown BERT shape 'broken'" in resumed.stdout  # the results table
+    assert "(resumed)" in resumed.stdout
 
     runs = client.search_runs([experiment_id])
     (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]  # the same parent run, continued
@@ -244,6 +244,6 @@ def test_killed_sweep_resumes_without_rerunning_finished_trials(write_sweep):
     assert parent.info.status == "FINISHED" and len(children) == 2
     again_finished = children.pop(finished.info.run_name)
     assert (again_finished.info.run_id, again_finished.info.end_time) == (finished.info.run_id, finished.info.end_time)
-    assert [r.info.status for r in children.values()] == ["FAILED"]
-    assert sorted(trial_statuses(sweep_dir)) == ["ERROR", "TERMINATED"]
+    assert [r.info.status for r in children.values()] == ["FINISHED"]
+    assert trial_statuses(sweep_dir) == ["TERMINATED", "TERMINATED"]
     assert (sweep_dir / "summary" / "best_config.yaml").exists()

@@ -6,7 +6,9 @@ rows). A bad row is a `DataError` naming file and line, or with errors="skip" a 
 
 File quirks handled here (see each folder's SOURCE.md): TAB files are split on TAB with no quote handling
 (STSb, SICK, STS, XNLI, CAD-SNLI, UKP ASPECT contain stray `"`); CRLF line ends are stripped; CSV files
-(SNLI/MultiNLI, BWS) use RFC-4180 quoting; blank lines are not rows.
+(SNLI/MultiNLI, BWS) use strict RFC-4180 quoting (a broken quote stops the read at its line rather than swallowing
+the rows after it); blank lines are not rows. Bytes that are not UTF-8 make their row a bad row (file and line),
+and every score must lie on its source's declared scale.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import TextIO, TypeVar
 
 from sbert_ray.data.hub import HUB_SOURCES, check_hub, load_hub
 from sbert_ray.data.records import (
@@ -38,6 +40,12 @@ from sbert_ray.data.records import (
 
 DATA_DIR_ENV = "SBERT_RAY_DATA_DIR"
 T = TypeVar("T")
+
+# Declared score scales (each folder's SOURCE.md), both ends included. UKP ASPECT's scores come from
+# UKP_ASPECT_SCORES (0-3) and cannot leave it.
+STS_SCALE = (0.0, 5.0)  # STSb and STS12-16
+SICK_SCALE = (1.0, 5.0)
+BWS_SCALE = (0.0, 1.0)
 
 STS_SUBSETS: dict[str, tuple[str, ...]] = {
     "sts12": ("MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"),
@@ -125,9 +133,17 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
 # --- raw rows ---------------------------------------------------------------------------------------------
 
 
+def _open(path: Path, newline: str) -> TextIO:
+    try:
+        return open(path, encoding="utf-8-sig", errors="surrogateescape", newline=newline)
+    except (FileNotFoundError, IsADirectoryError):
+        raise DataError(f"{path}: no such file") from None
+
+
 def _lines(path: Path) -> Iterator[str]:
-    """Every line without its LF or CRLF ending; only LF splits (a stray CR inside text stays text)."""
-    with open(path, encoding="utf-8-sig", newline="\n") as file:
+    """Every line without its LF or CRLF ending; only LF splits (a stray CR inside text stays text). Bytes that
+    are not UTF-8 are kept as surrogate escapes, so the row holding them fails with its line number."""
+    with _open(path, newline="\n") as file:
         for line in file:
             yield line.removesuffix("\n").removesuffix("\r")
 
@@ -140,11 +156,19 @@ def _tab_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
 
 
 def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
-    """(line number where the record starts, fields) of an RFC-4180 CSV file."""
-    with open(path, encoding="utf-8-sig", newline="") as file:
-        reader = csv.reader(file)
+    """(line number where the record starts, fields) of an RFC-4180 CSV file. A quoting error or an over-long
+    field (csv.field_size_limit) stops the read even with errors="skip": the parser has lost its place in the
+    file, so the rows after it cannot be trusted."""
+    with _open(path, newline="") as file:
+        reader = csv.reader(file, strict=True)
         start = 1
-        for fields in reader:
+        while True:
+            try:
+                fields = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as error:
+                raise DataError(f"{path}, line {start}: broken CSV ({error})") from None
             if fields:
                 yield start, fields
             start = reader.line_num + 1
@@ -162,8 +186,9 @@ def _named_record(
     names: list[str],
     columns: Mapping[str, str],
     values: Mapping[object, float | int] | None,
+    score_range: tuple[float, float] | None,
 ) -> Record:
-    return make_record(kind, _named(fields, names), columns, values)
+    return make_record(kind, _named(fields, names), columns, values, score_range)
 
 
 def _read_table(
@@ -174,6 +199,7 @@ def _read_table(
     values: Mapping[object, float | int] | None = None,
     errors: Errors = "raise",
     drop: tuple[str, str] | None = None,
+    score_range: tuple[float, float] | None = None,
 ) -> Records:
     """Records from a table whose first row names the columns; `drop` = (column, value) rows to drop."""
     rows = iter(rows)
@@ -191,7 +217,7 @@ def _read_table(
         if drop and len(fields) == len(names) and fields[drop_index] == drop[1]:
             collector.drop(f"{drop[0]} {drop[1]!r}")
             continue
-        collector.add(line, _named_record, kind, fields, names, columns, values)
+        collector.add(line, _named_record, kind, fields, names, columns, values, score_range)
     return collector.finish()
 
 
@@ -202,7 +228,9 @@ def _stsb_record(fields: list[str]) -> Record:
     # genre, filename, year, id, score, sentence1, sentence2 [, source1, source2]
     if len(fields) not in (7, 9):
         raise RowError(f"expected 7 or 9 TAB-separated fields, got {len(fields)}")
-    return make_record("scored", {"score": fields[4], "sentence1": fields[5], "sentence2": fields[6]})
+    return make_record(
+        "scored", {"score": fields[4], "sentence1": fields[5], "sentence2": fields[6]}, score_range=STS_SCALE
+    )
 
 
 def read_stsb(path: Path, errors: Errors = "raise") -> Records:
@@ -216,7 +244,7 @@ def read_stsb(path: Path, errors: Errors = "raise") -> Records:
 def read_sick(path: Path, errors: Errors = "raise") -> Records:
     """SICK_{train,trial,test_annotated}.txt: relatedness score 1-5 as ScoredPair."""
     columns = {"sentence1": "sentence_A", "sentence2": "sentence_B", "score": "relatedness_score"}
-    return _read_table(Path(path), _tab_rows(Path(path)), "scored", columns, errors=errors)
+    return _read_table(Path(path), _tab_rows(Path(path)), "scored", columns, errors=errors, score_range=SICK_SCALE)
 
 
 def _sts_record(pair: str, gold: str, gold_name: str) -> Record:
@@ -224,7 +252,8 @@ def _sts_record(pair: str, gold: str, gold_name: str) -> Record:
     if len(fields) != 2:
         raise RowError(f"expected 2 TAB-separated sentences, got {len(fields)} fields")
     key = f"gold score ({gold_name})"  # so a bad score names the file it is in
-    return make_record("scored", {"sentence1": fields[0], "sentence2": fields[1], key: gold}, {"score": key})
+    row = {"sentence1": fields[0], "sentence2": fields[1], key: gold}
+    return make_record("scored", row, {"score": key}, score_range=STS_SCALE)
 
 
 def read_sts_subset(folder: Path, subset: str, errors: Errors = "raise") -> Records:
@@ -286,7 +315,7 @@ def read_ukp_aspect(path: Path, errors: Errors = "raise") -> Records:
 def read_bws(path: Path, errors: Errors = "raise") -> Records:
     """BWS_corpus.csv as TopicPair with score = regression_label (0-1)."""
     columns = {"sentence1": "sentence_1", "sentence2": "sentence_2", "score": "regression_label"}
-    return _read_table(Path(path), _csv_rows(Path(path)), "topic", columns, errors=errors)
+    return _read_table(Path(path), _csv_rows(Path(path)), "topic", columns, errors=errors, score_range=BWS_SCALE)
 
 
 def read_wikisec_csv(path: Path, errors: Errors = "raise") -> Records:
@@ -296,15 +325,21 @@ def read_wikisec_csv(path: Path, errors: Errors = "raise") -> Records:
 
 
 def _json_record(
-    text: str, kind: Kind, columns: Mapping[str, str], values: Mapping[object, float | int] | None
+    text: str,
+    kind: Kind,
+    columns: Mapping[str, str],
+    values: Mapping[object, float | int] | None,
+    score_range: tuple[float, float] | None,
 ) -> Record:
     try:
         row = json.loads(text)
     except json.JSONDecodeError as error:
         raise RowError(f"invalid JSON ({error.msg})") from None
+    except RecursionError:
+        raise RowError("invalid JSON (nested too deeply)") from None
     if not isinstance(row, dict):
         raise RowError(f"expected a JSON object, got {type(row).__name__}")
-    return make_record(kind, row, columns, values)
+    return make_record(kind, row, columns, values, score_range)
 
 
 def read_user_file(
@@ -313,12 +348,14 @@ def read_user_file(
     columns: Mapping[str, str] | None = None,
     errors: Errors = "raise",
     labels: Mapping[object, int] | None = None,
+    score_range: tuple[float, float] | None = None,
 ) -> Records:
     """The user's own .csv (RFC-4180), .tsv (TAB, no quoting) or .jsonl file with named columns.
 
     kind: "scored" | "labelled" | "triplet" | "topic". columns: record field -> column name, e.g.
     {"sentence1": "premise", "sentence2": "hypothesis", "label": "gold"}; unlisted fields use their own name.
     labels: raw label -> class index (default: the NLI_LABELS words); scores must be numbers.
+    score_range: the file's score scale (low, high), both included; training passes [0, the stage's score_max].
     """
     path = Path(path)
     if kind not in RECORD_TYPES:
@@ -326,14 +363,14 @@ def read_user_file(
     columns = dict(columns or {})
     suffix = path.suffix.lower()
     if suffix == ".csv":
-        return _read_table(path, _csv_rows(path), kind, columns, labels, errors)
+        return _read_table(path, _csv_rows(path), kind, columns, labels, errors, score_range=score_range)
     if suffix == ".tsv":
-        return _read_table(path, _tab_rows(path), kind, columns, labels, errors)
+        return _read_table(path, _tab_rows(path), kind, columns, labels, errors, score_range=score_range)
     if suffix == ".jsonl":
         collector = RecordCollector(str(path), errors)
         for number, line in enumerate(_lines(path), start=1):
             if line.strip():
-                collector.add(number, _json_record, line, kind, columns, labels)
+                collector.add(number, _json_record, line, kind, columns, labels, score_range)
         return collector.finish()
     raise DataError(f"{path}: unsupported file type {suffix!r} (use .csv, .tsv or .jsonl)")
 

@@ -101,6 +101,20 @@ class Records(list):
         return out
 
 
+def check_encoding(value: str, field: str) -> None:
+    """Text that cannot be encoded as UTF-8: a byte that was not UTF-8 in the file (readers decode with
+    errors="surrogateescape", so the row holding it fails here with its file and line) or, from JSON, an
+    unpaired surrogate escape."""
+    try:
+        value.encode("utf-8")  # fails exactly on surrogates, at C speed
+        return
+    except UnicodeEncodeError as error:
+        bad = value[error.start]
+    if "\udc80" <= bad <= "\udcff":
+        raise RowError(f"{field} is not valid UTF-8 (byte 0x{ord(bad) - 0xDC00:02x})")
+    raise RowError(f"{field} holds an unpaired surrogate (U+{ord(bad):04X})")
+
+
 def check_text(value: object, field: str) -> str:
     if not isinstance(value, str):
         raise RowError(f"{field} is {type(value).__name__}, not text")
@@ -110,9 +124,11 @@ def check_text(value: object, field: str) -> str:
 
 
 def parse_score(value: object, field: str = "score") -> float:
+    if isinstance(value, bool):  # JSON true is not the number 1
+        raise RowError(f"{field} is a boolean ({value!r}), not a number")
     try:
         score = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise RowError(f"unparsable {field} {value!r}") from None
     if not math.isfinite(score):
         raise RowError(f"{field} {value!r} is not a finite number")
@@ -120,8 +136,12 @@ def parse_score(value: object, field: str = "score") -> float:
 
 
 def lookup(value: object, table: Mapping[object, float | int], field: str) -> float | int:
-    if value not in table:
-        known = ", ".join(repr(key) for key in table)
+    known = ", ".join(repr(key) for key in table)
+    try:
+        found = not isinstance(value, bool) and value in table  # JSON true would match the key 1
+    except TypeError:  # unhashable, e.g. a JSON list
+        found = False
+    if not found:
         raise RowError(f"unknown {field} {value!r} (expected one of {known})")
     return table[value]
 
@@ -134,12 +154,14 @@ def make_record(
     row: Mapping[str, object],
     columns: Mapping[str, str] | None = None,
     values: Mapping[object, float | int] | None = None,
+    score_range: tuple[float, float] | None = None,
 ) -> Record:
     """Build one record from a row of named values.
 
     columns: record field -> row key (fields not listed are looked up under their own name).
     values: raw label/score value -> number (e.g. UKP "HS" -> 3); without it a label must be an NLI word
     and a score a number.
+    score_range: the source's declared scale (low, high), both included; a score outside it is a bad row.
     """
     record_type = RECORD_TYPES[kind]
     columns = columns or {}
@@ -149,10 +171,15 @@ def make_record(
         if key not in row:
             raise RowError(f"missing column {key!r}")
         raw = row[key]
+        if isinstance(raw, str):
+            check_encoding(raw, key)
         if field.name == "label":
             args["label"] = int(lookup(raw, values or NLI_LABEL_IDS, key))
         elif field.name == "score":
             args["score"] = float(lookup(raw, values, key)) if values else parse_score(raw, key)
+            if score_range and not score_range[0] <= args["score"] <= score_range[1]:
+                low, high = score_range
+                raise RowError(f"{key} {args['score']:g} is outside this data's scale [{low:g}, {high:g}]")
         else:
             args[field.name] = check_text(raw, key)
     return record_type(**args)

@@ -70,6 +70,13 @@ class SmartBatchSampler(Sampler[list[int]]):
         for batch in mine[self.start_batch :]:
             yield batch.tolist()
 
+    def unseen(self, batches_per_rank: int) -> int:
+        """Examples of the current epoch in none of the first ``batches_per_rank`` batches of any rank: what a loop
+        that stops there (at its last whole optimizer step under gradient accumulation) never sees this epoch."""
+        batches = self._epoch_batches()
+        used = [b for rank in range(self.num_replicas) for b in batches[rank :: self.num_replicas][:batches_per_rank]]
+        return len(self.lengths) - (len(np.unique(np.concatenate(used))) if used else 0)
+
     def __len__(self) -> int:
         """Batches this rank yields in the current pass (num_batches - start_batch), equal on all ranks."""
         return self.num_batches - self.start_batch

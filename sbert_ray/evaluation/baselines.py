@@ -32,13 +32,17 @@ class TfidfBaseline:
         return np.asarray(left.multiply(right).sum(axis=1)).ravel()
 
 
-def load_model(ref: str, baseline: str | None = None) -> SentenceEncoder | TfidfBaseline:
+def load_model(
+    ref: str, baseline: str | None = None, allow_unsafe_weights: bool = False
+) -> SentenceEncoder | TfidfBaseline:
     """The model at ``ref`` as saved, or one of BASELINES built from it (tf-idf needs no model)."""
     if baseline is None:
-        return SentenceEncoder.load(ref)
+        return SentenceEncoder.load(ref, allow_unsafe_weights=allow_unsafe_weights)
     if baseline == "tfidf":
         return TfidfBaseline()
     if baseline not in BASELINE_POOLING:
         raise ValueError(f"unknown baseline {baseline!r}; choose from {', '.join(BASELINES)}")
     # Raw pooled vectors: no normalisation layer, whatever the saved model had.
-    return SentenceEncoder.load(ref, pooling=BASELINE_POOLING[baseline], normalize=False)
+    return SentenceEncoder.load(
+        ref, pooling=BASELINE_POOLING[baseline], normalize=False, allow_unsafe_weights=allow_unsafe_weights
+    )

@@ -74,7 +74,7 @@ class RayEncoder:
     def encode(self, sentences: Sequence[str], batch_size: int = 32, convert_to: str = "numpy") -> np.ndarray:
         if convert_to != "numpy":
             raise ValueError("RayEncoder.encode returns numpy arrays only")
-        out = np.empty((len(sentences), self.encoder.embedding_dim), dtype=np.float32)
+        out = np.empty((len(sentences), self.encoder.output_dim), dtype=np.float32)
         batches = self.batches(sentences, batch_size)
         shares = [[i for batch in batches[w :: len(self.workers)] for i in batch] for w in range(len(self.workers))]
         futures = [

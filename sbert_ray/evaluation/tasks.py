@@ -150,7 +150,10 @@ class SentEvalTask(EvalTask):
         if root is None:
             raise DataError("SentEval tasks are read from local files: pass --data-dir or set SBERT_RAY_DATA_DIR")
         for name in self.tasks:
-            senteval.load_task(name, root / "senteval-transfer")
+            try:
+                senteval.load_task(name, root / "senteval-transfer")
+            except FileNotFoundError as err:
+                raise DataError(f"SentEval {name}: {err.filename} does not exist") from None
 
     def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
         return _flat(senteval.run_senteval(model, data_dir, self.tasks, batch_size))
@@ -197,5 +200,5 @@ def check_tasks(tasks: Sequence[EvalTask], data_dir, key: str) -> None:
     for task in tasks:
         try:
             task.check(data_dir)
-        except (DataError, FileNotFoundError) as err:
+        except DataError as err:
             raise ConfigError(f"{key}: task {task.spec!r}: {err}") from None

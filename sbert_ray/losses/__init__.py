@@ -1,7 +1,9 @@
 """Training objectives; each owns the encoder so that DDP wraps the loss module. ``OBJECTIVES`` names them."""
 
 from sbert_ray.losses.base import EncoderLoss
+from sbert_ray.losses.cached_multiple_negatives_ranking import CachedMultipleNegativesRankingLoss
 from sbert_ray.losses.cosine_similarity import CosineSimilarityLoss
+from sbert_ray.losses.matryoshka import MatryoshkaLoss
 from sbert_ray.losses.multiple_negatives_ranking import MultipleNegativesRankingLoss
 from sbert_ray.losses.registry import OBJECTIVES, build_loss, loss_settings
 from sbert_ray.losses.softmax import CONCAT_FEATURES, SoftmaxLoss
@@ -11,8 +13,10 @@ __all__ = [
     "CONCAT_FEATURES",
     "DISTANCES",
     "OBJECTIVES",
+    "CachedMultipleNegativesRankingLoss",
     "CosineSimilarityLoss",
     "EncoderLoss",
+    "MatryoshkaLoss",
     "MultipleNegativesRankingLoss",
     "SoftmaxLoss",
     "TripletLoss",

@@ -15,8 +15,8 @@ from sbert_ray.models.encoder import SentenceEncoder
 class EncoderLoss(nn.Module, ABC):
     """A loss that owns the encoder, so wrapping the loss in DDP also syncs heads such as SoftmaxLoss's.
 
-    `forward(features, labels)` takes one tokenized dict per column (e.g. [sentence1, sentence2]) and
-    `compute_loss_from_embeddings` applies the paper's formula to the resulting sentence embeddings.
+    `forward(features, labels)` takes one tokenized dict per column (e.g. [sentence1, sentence2]), `embed`s
+    each, and `compute_loss_from_embeddings` applies the paper's formula to the resulting sentence embeddings.
 
     Each objective also declares what it trains on (read by the registry in `losses/registry.py` and by the
     training data pipeline): the record types it accepts, how a user's own file is read for it, and which
@@ -38,11 +38,19 @@ class EncoderLoss(nn.Module, ABC):
         return True
 
     def forward(self, features: Sequence[dict[str, Tensor]], labels: Tensor | None = None) -> Tensor:
-        return self.compute_loss_from_embeddings([self.encoder(column) for column in features], labels)
+        return self.compute_loss_from_embeddings(self.embed(features), labels)
+
+    def embed(self, features: Sequence[dict[str, Tensor]]) -> list[Tensor]:
+        """One embedding tensor [batch, dim] per column (a cached loss embeds in mini-batches)."""
+        return [self.encoder(column) for column in features]
 
     @abstractmethod
     def compute_loss_from_embeddings(self, embeddings: Sequence[Tensor], labels: Tensor | None) -> Tensor:
         """The scalar loss for one embedding tensor [batch, dim] per column."""
+
+    def prepare_for_dims(self, dims: Sequence[int]) -> None:
+        """MatryoshkaLoss calls this with every embedding size the formula will see; a loss whose parameters
+        depend on that size (SoftmaxLoss's classifier) creates them here, before the optimizer is built."""
 
     def _columns(self, embeddings: Sequence[Tensor], expected: int) -> Sequence[Tensor]:
         if len(embeddings) != expected:

@@ -2,18 +2,21 @@
 
 Adding an objective is one loss module (a subclass of ``EncoderLoss`` declaring the records it trains on) plus one
 line here. Config validation, record checks, user-file reading and loss construction all read this table; a
-stage's ``loss:`` mapping holds the keyword settings of the class's constructor.
+stage's ``loss:`` mapping holds the keyword settings of the class's constructor. A stage's ``matryoshka_dims``
+wraps whichever objective it names (``MatryoshkaLoss``), so it is a stage key, not an objective.
 """
 
 from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sbert_ray.losses.base import EncoderLoss
+from sbert_ray.losses.cached_multiple_negatives_ranking import CachedMultipleNegativesRankingLoss
 from sbert_ray.losses.cosine_similarity import CosineSimilarityLoss
+from sbert_ray.losses.matryoshka import MatryoshkaLoss
 from sbert_ray.losses.multiple_negatives_ranking import MultipleNegativesRankingLoss
 from sbert_ray.losses.softmax import SoftmaxLoss
 from sbert_ray.losses.triplet import TripletLoss
@@ -24,6 +27,7 @@ OBJECTIVES: dict[str, type[EncoderLoss]] = {
     "regression": CosineSimilarityLoss,
     "triplet": TripletLoss,
     "mnrl": MultipleNegativesRankingLoss,
+    "cached_mnrl": CachedMultipleNegativesRankingLoss,
 }
 
 
@@ -35,6 +39,14 @@ def loss_settings(objective: str) -> dict[str, tuple[Any, Any]]:
     return {p.name: (hints[p.name], p.default) for p in parameters}
 
 
-def build_loss(objective: str, encoder: SentenceEncoder, settings: Mapping[str, Any]) -> EncoderLoss:
-    """The loss module of a stage; it owns the encoder (and a head such as softmax's), so DDP wraps it whole."""
-    return OBJECTIVES[objective](encoder, **settings)
+def build_loss(
+    objective: str,
+    encoder: SentenceEncoder,
+    settings: Mapping[str, Any],
+    matryoshka_dims: Sequence[int] | None = None,
+    matryoshka_weights: Sequence[float] | None = None,
+) -> EncoderLoss:
+    """The loss module of a stage; it owns the encoder (and a head such as softmax's), so DDP wraps it whole.
+    With ``matryoshka_dims`` the objective is trained at each of those embedding sizes (``MatryoshkaLoss``)."""
+    loss = OBJECTIVES[objective](encoder, **settings)
+    return MatryoshkaLoss(loss, matryoshka_dims, matryoshka_weights) if matryoshka_dims else loss

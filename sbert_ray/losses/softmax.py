@@ -46,8 +46,20 @@ class SoftmaxLoss(EncoderLoss):
             raise ValueError(f"concat must be distinct names from {list(CONCAT_FEATURES)}, got {list(concat)}")
         self.concat = tuple(concat)
         self.classifier = nn.Linear(len(self.concat) * encoder.embedding_dim, num_labels, device=encoder.device)
+        self.prefix_classifiers = nn.ModuleDict()  # by embedding size, under MatryoshkaLoss
+
+    def prepare_for_dims(self, dims: Sequence[int]) -> None:
+        # One classifier per embedding size, as Matryoshka representation learning trains its classification
+        # heads; the full size keeps `classifier`.
+        for dim in dims:
+            if dim != self.encoder.embedding_dim:
+                self.prefix_classifiers[str(dim)] = nn.Linear(
+                    len(self.concat) * dim, self.classifier.out_features, device=self.encoder.device
+                )
 
     def compute_loss_from_embeddings(self, embeddings: Sequence[Tensor], labels: Tensor | None) -> Tensor:
         u, v = self._columns(embeddings, 2)
         features = torch.cat([CONCAT_FEATURES[name](u, v) for name in self.concat], dim=1)
-        return F.cross_entropy(self.classifier(features), self._labels(labels))
+        size = str(u.shape[1])
+        classifier = self.prefix_classifiers[size] if size in self.prefix_classifiers else self.classifier
+        return F.cross_entropy(classifier(features), self._labels(labels))

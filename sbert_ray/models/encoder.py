@@ -15,13 +15,17 @@ from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTo
 
 from sbert_ray.models.pooling import Pooling, PoolingMode
 from sbert_ray.models.resolve import resolve_model_ref
-from sbert_ray.models.st_layout import StLayout, read_st_layout, write_st_layout
+from sbert_ray.models.st_layout import ModelError, StLayout, check_weights, read_st_layout, write_st_layout
 
 DEFAULT_MAX_SEQ_LENGTH = 128
 
 
 class SentenceEncoder(nn.Module):
-    """Maps sentences to fixed-size vectors: transformer -> pooling -> optional L2 normalisation."""
+    """Maps sentences to fixed-size vectors: transformer -> pooling -> optional L2 normalisation.
+
+    With `truncate_dim`, `encode` returns the first truncate_dim values of each embedding (after normalisation,
+    as sentence-transformers truncates); `forward`, what training sees, stays full size.
+    """
 
     def __init__(
         self,
@@ -30,6 +34,7 @@ class SentenceEncoder(nn.Module):
         pooling: PoolingMode = "mean",
         max_seq_length: int = DEFAULT_MAX_SEQ_LENGTH,
         normalize: bool = False,
+        truncate_dim: int | None = None,
     ) -> None:
         super().__init__()
         self.transformer = transformer
@@ -37,6 +42,7 @@ class SentenceEncoder(nn.Module):
         self.pooling = Pooling(pooling)
         self.max_seq_length = max_seq_length
         self.normalize = normalize
+        self.truncate_dim = truncate_dim
         # BERT-style models carry a [CLS] pooler head that sentence pooling never uses. Frozen, it is still
         # saved (so reloading warns about nothing) but DDP does not wait for gradients it never gets.
         pooler = getattr(transformer, "pooler", None)
@@ -50,25 +56,42 @@ class SentenceEncoder(nn.Module):
         pooling: PoolingMode | None = None,
         max_seq_length: int | None = None,
         normalize: bool | None = None,
+        allow_unsafe_weights: bool = False,
+        truncate_dim: int | None = None,
     ) -> SentenceEncoder:
         """Load a sentence-transformers folder, a plain Hugging Face model (mean pooling) or a Hub id.
 
         Arguments that are not None override what the saved model says. Like `from_pretrained`, the
-        result is in eval mode; call `.train()` before training.
+        result is in eval mode; call `.train()` before training. Weights load from safetensors files only,
+        unless ``allow_unsafe_weights`` (pickled PyTorch files can run code); the model's own code never runs.
         """
         resolved = resolve_model_ref(ref)
         layout = read_st_layout(resolved)
         subfolder = layout.transformer_subfolder if layout else ""
-        transformer = AutoModel.from_pretrained(resolved, subfolder=subfolder)
-        tokenizer = AutoTokenizer.from_pretrained(resolved, subfolder=subfolder)
+        if Path(resolved).is_dir():  # a bad file is named here, not as a bare SafetensorError from transformers
+            check_weights(Path(resolved) / subfolder, allow_pickle=allow_unsafe_weights)
+        transformer = AutoModel.from_pretrained(
+            resolved,
+            subfolder=subfolder,
+            use_safetensors=None if allow_unsafe_weights else True,
+            trust_remote_code=False,
+        )
+        tokenizer = AutoTokenizer.from_pretrained(resolved, subfolder=subfolder, trust_remote_code=False)
         if max_seq_length is None:
             max_seq_length = _saved_max_seq_length(layout, tokenizer, transformer)
+        limit = position_limit(tokenizer, transformer.config)
+        if limit is not None and max_seq_length > limit:
+            raise ModelError(f"{ref}: max_seq_length {max_seq_length} is beyond the model's {limit} positions")
+        truncate_dim, size = truncate_dim or (layout.truncate_dim if layout else None), transformer.config.hidden_size
+        if truncate_dim is not None and truncate_dim > size:
+            raise ModelError(f"{ref}: truncate_dim {truncate_dim} is beyond the model's {size} dimensions")
         encoder = cls(
             transformer,
             tokenizer,
             pooling=pooling or (layout.pooling if layout else "mean"),
             max_seq_length=max_seq_length,
             normalize=normalize if normalize is not None else bool(layout and layout.normalize),
+            truncate_dim=truncate_dim,
         )
         return encoder.eval()
 
@@ -78,11 +101,29 @@ class SentenceEncoder(nn.Module):
         path.mkdir(parents=True, exist_ok=True)
         self.transformer.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
-        write_st_layout(path, self.pooling.mode, self.embedding_dim, self.max_seq_length, self.normalize)
+        write_st_layout(
+            path, self.pooling.mode, self.embedding_dim, self.max_seq_length, self.normalize, self.truncate_dim
+        )
 
     @property
     def embedding_dim(self) -> int:
+        """The full size of the embeddings `forward` computes."""
         return self.transformer.config.hidden_size
+
+    @property
+    def truncate_dim(self) -> int | None:
+        return self._truncate_dim
+
+    @truncate_dim.setter
+    def truncate_dim(self, dim: int | None) -> None:
+        if dim is not None and not 0 < dim <= self.embedding_dim:
+            raise ValueError(f"truncate_dim must be in 1..{self.embedding_dim} (the model's size), got {dim}")
+        self._truncate_dim = dim
+
+    @property
+    def output_dim(self) -> int:
+        """The size of the embeddings `encode` returns."""
+        return self.truncate_dim or self.embedding_dim
 
     @property
     def device(self) -> torch.device:
@@ -112,7 +153,7 @@ class SentenceEncoder(nn.Module):
         batch_size: int = 32,
         convert_to: Literal["numpy", "torch"] = "numpy",
     ) -> np.ndarray | Tensor:
-        """Embeddings [len(sentences), embedding_dim] in the caller's order, computed without autograd.
+        """Embeddings [len(sentences), output_dim] in the caller's order, computed without autograd.
 
         Smart batching (paper Table 7): sentences are sorted by token count, longest first, so each batch
         pads only to its own longest member. Token count rather than character count (as
@@ -123,7 +164,9 @@ class SentenceEncoder(nn.Module):
             raise TypeError("encode expects a sequence of sentences, not a single string")
         if convert_to not in ("numpy", "torch"):
             raise ValueError(f"convert_to must be 'numpy' or 'torch', not {convert_to!r}")
-        embeddings = torch.empty(len(sentences), self.embedding_dim, device=self.device)
+        if batch_size < 1:  # range(0, n, -1) is empty: the result would be uninitialised memory
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        embeddings = torch.empty(len(sentences), self.output_dim, device=self.device)
         if len(sentences) > 0:
             was_training = self.training
             self.eval()
@@ -140,7 +183,7 @@ class SentenceEncoder(nn.Module):
         for start in range(0, len(order), batch_size):
             indices = order[start : start + batch_size]
             batch = self.tokenizer.pad([{k: encodings[k][i] for k in encodings} for i in indices], return_tensors="pt")
-            out[indices] = self({k: v.to(self.device) for k, v in batch.items()}).float()
+            out[indices] = self({k: v.to(self.device) for k, v in batch.items()})[:, : self.output_dim].float()
 
 
 def _saved_max_seq_length(
@@ -154,3 +197,17 @@ def _saved_max_seq_length(
         return int(layout.max_seq_length)
     limits = [tokenizer.model_max_length, getattr(transformer.config, "max_position_embeddings", None)]
     return int(min(limit for limit in limits if limit is not None))
+
+
+def position_limit(tokenizer: PreTrainedTokenizerBase, config) -> int | None:
+    """The longest input the model's position embeddings hold; None when the config has none (relative positions).
+
+    RoBERTa-style models (XLM-R, MPNet, ...) number positions from after the padding index, so their 514
+    embeddings hold 512 tokens, which their tokenizer's model_max_length says. A model_max_length further below
+    is a saved default (sentence-transformers >= 6 keeps max_seq_length there), not a limit.
+    """
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is None:
+        return None
+    tokens = tokenizer.model_max_length
+    return tokens if positions - 2 <= tokens < positions else positions

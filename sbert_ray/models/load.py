@@ -15,10 +15,11 @@ def load_encoder(
     max_seq_length: int | None = None,
     normalize: bool | None = None,
     seed: int = 0,
+    allow_unsafe_weights: bool = False,
 ) -> SentenceEncoder:
     """``name`` as ``SentenceEncoder.load`` reads it, or for ``random:<shape>`` a freshly initialised BERT (the
     same weights for the same seed, so every data-parallel worker starts equal). Arguments that are not None
-    override what a saved model says."""
+    override what a saved model says; ``allow_unsafe_weights`` also loads pickled PyTorch weights."""
     if name.startswith(RANDOM_PREFIX):
         return random_bert(
             name.removeprefix(RANDOM_PREFIX),
@@ -27,4 +28,10 @@ def load_encoder(
             max_seq_length=max_seq_length or DEFAULT_MAX_SEQ_LENGTH,
             normalize=bool(normalize),
         )
-    return SentenceEncoder.load(name, pooling=pooling, max_seq_length=max_seq_length, normalize=normalize)
+    return SentenceEncoder.load(
+        name,
+        pooling=pooling,
+        max_seq_length=max_seq_length,
+        normalize=normalize,
+        allow_unsafe_weights=allow_unsafe_weights,
+    )

@@ -68,7 +68,7 @@ def write_model_card(model_dir: str | os.PathLike[str], info: ModelCardInfo) -> 
     layout = read_st_layout(str(model_dir))
     if layout is None:
         raise ValueError(f"{model_dir}: not a sentence-transformers folder (no modules.json)")
-    config = AutoConfig.from_pretrained(model_dir, subfolder=layout.transformer_subfolder)
+    config = AutoConfig.from_pretrained(model_dir, subfolder=layout.transformer_subfolder, trust_remote_code=False)
     hub_base_model = _hub_id(info.base_model)
     card_data = ModelCardData(
         base_model=hub_base_model,

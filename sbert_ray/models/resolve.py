@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from sbert_ray.data.hub import hub_reachable
+from sbert_ray.models.st_layout import ModelError
 
 # Hub ids (and their short aliases) that have an installed offline copy: id -> package exposing MODEL_DIR.
 PACKAGED_MODELS: dict[str, str] = {
@@ -25,12 +26,12 @@ def resolve_model_ref(ref: str | os.PathLike[str]) -> str:
         return str(path.resolve())
     ref = str(ref)
     if path.is_absolute() or ref.startswith((".", "~")) or path.exists():
-        raise FileNotFoundError(f"model reference {ref!r} looks like a path but is not a folder")
+        raise ModelError(f"model reference {ref!r} looks like a path but is not a folder")
     if hub_reachable():
         return ref
     if ref in PACKAGED_MODELS:
         return str(packaged_model_dir(ref))
-    raise FileNotFoundError(
+    raise ModelError(
         f"cannot resolve model reference {ref!r}: it is not a local folder, the Hugging Face Hub is "
         f"unreachable (or HF_HUB_OFFLINE is set), and only {sorted(PACKAGED_MODELS)} are available offline"
     )
@@ -42,7 +43,7 @@ def packaged_model_dir(ref: str) -> Path:
     try:
         module = importlib.import_module(package)
     except ImportError as error:
-        raise FileNotFoundError(
+        raise ModelError(
             f"{ref!r} needs the package {package!r} offline; install it with `pip install 'sbert-ray[models]'`"
         ) from error
     return Path(module.MODEL_DIR)

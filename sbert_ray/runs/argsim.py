@@ -17,13 +17,14 @@ from pathlib import Path
 
 import ray
 
-from sbert_ray.config import TrainConfig, flatten, load_config
+from sbert_ray.config import ConfigError, TrainConfig, flatten, load_config
 from sbert_ray.data.records import TopicPair
 from sbert_ray.evaluation import argsim
 from sbert_ray.evaluation.tasks import ArgsimTask, Results
 from sbert_ray.runs.cluster import connect_ray, runs_that_fit
 from sbert_ray.runs.training import run_training
 from sbert_ray.tracking.mlflow_run import RunTracker, resolve_tracking_uri
+from sbert_ray.training.storage import is_remote
 
 FOLD_TEST_ENTRY = "test"  # the fold's held-out pairs, scored as the final task pairs:<run dir>/test.jsonl
 
@@ -35,7 +36,13 @@ def finetune_config(model_ref: str, data_dir=None, pooling: str | None = None, o
     base = [f"model.name={model_ref}", "stages.0.objective=regression"]
     base += [f"model.pooling={pooling}"] if pooling else []
     base += [f"data_dir={data_dir}"] if data_dir else []
-    return load_config(None, [*base, *overrides])
+    config = load_config(None, [*base, *overrides])
+    if is_remote(config.checkpoint.storage_path):
+        raise ConfigError(
+            f"checkpoint.storage_path={config.checkpoint.storage_path}: fine-tuning writes each fold's pairs under "
+            "it for the workers to read, so it must be a local or shared folder (e.g. NFS), not object storage"
+        )
+    return config
 
 
 def finetune_argsim(task: ArgsimTask, train_config: TrainConfig, data_dir=None) -> Results:

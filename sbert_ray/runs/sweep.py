@@ -26,11 +26,14 @@ from ray.tune.search.optuna import OptunaSearch
 from sbert_ray.config import ConfigError, TrainConfig, dump_yaml, flatten, to_dict
 from sbert_ray.data.readers import resolve_data_dir
 from sbert_ray.runs.cluster import connect_ray, runs_that_fit
+from sbert_ray.runs.progress import SweepProgress
 from sbert_ray.runs.training import TrainResult, prepare, run_training
 from sbert_ray.tracking.mlflow_run import environment_tags, resolve_tracking_uri
 from sbert_ray.tracking.model_registry import register_run_model
 from sbert_ray.tracking.sweep import SweepTracker
+from sbert_ray.training.storage import is_remote, resolve_storage
 from sbert_ray.tuning import results
+from sbert_ray.tuning.placement_groups import RemoveOrphanedPlacementGroups, release_trial_placement_groups
 from sbert_ray.tuning.results import TrialRow
 from sbert_ray.tuning.space import METRIC, SearchSpace, SweepConfig
 
@@ -59,7 +62,7 @@ def run_trial(sampled: dict, context: TrialContext) -> None:
             config.tracking, run_name=f"trial {trial_id}", registered_model_name=None, alias=None
         ),
     )
-    result = run_training(config, parent_run_id=context.parent_run_id, callbacks=[TuneReportCallback()])
+    result = run_training(config, parent_run_id=context.parent_run_id, callbacks=[TuneReportCallback()], progress=False)
     # "finished", not "done": Tune reads a reported "done" as the end of the trial and stops it on the spot.
     final = {f"final_{entry}": value for entry, (_, value) in result.headlines.items()}
     tune.report({**result.metrics, **final, "finished": True})
@@ -69,7 +72,8 @@ def run_trial(sampled: dict, context: TrialContext) -> None:
 class SweepResult:
     run_id: str  # the parent MLflow run
     tracking_uri: str
-    path: Path  # the Tune experiment; summary/ holds the files also logged to the parent run
+    path: str  # the Tune experiment: a local folder or a storage URI (s3://...)
+    summary: Path  # results table, plot and best config on this machine, also logged to the parent run
     rows: list[TrialRow]
     best: TrialRow | None
     retrained: TrainResult | None
@@ -81,7 +85,9 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
     space = SearchSpace(base, sweep.search_space)
     corners = list(space.corner_configs())
     _check_data(corners)
-    path = Path(base.checkpoint.storage_path) / sweep.name
+    path = f"{base.checkpoint.storage_path}/{sweep.name}"
+    # Tune's files go to storage; the summary is written here (and logged to MLflow) when storage is remote.
+    summary = Path(f"~/sbert-ray/sweeps/{sweep.name}" if is_remote(path) else path).expanduser() / "summary"
     if tune.Tuner.can_restore(path) != resume:
         raise ConfigError(
             f"sweep {sweep.name!r} already exists at {path}: pass --resume to continue it, or choose another name"
@@ -89,7 +95,7 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
             else f"--resume: no sweep to continue at {path}"
         )
     tracking = base.tracking
-    with SweepTracker(tracking.tracking_uri, tracking.experiment, sweep.name, resume_key=str(path)) as tracker:
+    with SweepTracker(tracking.tracking_uri, tracking.experiment, sweep.name, resume_key=path) as tracker:
         print(f"MLflow: {tracking.tracking_uri}  sweep run {tracker.run_id}{' (resumed)' * tracker.resumed}")
         # One param per searched key (option names may hold characters MLflow refuses in param names).
         settings = flatten(to_dict(dataclasses.replace(sweep, base=base, search_space={})))
@@ -97,27 +103,28 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
         tracker.set_tags(environment_tags())
         tracker.log_text(dump_yaml(dataclasses.replace(sweep, base=base)), "sweep.yaml")
         connect_ray()
-        context = TrialContext(space, str(path / "trials"), tracker.run_id)
+        context = TrialContext(space, f"{path}/trials", tracker.run_id)
         trainable = tune.with_resources(tune.with_parameters(run_trial, context=context), {"cpu": TRIAL_CPU})
         start = time.perf_counter()
         if resume:  # finished and failed trials stay as they are; interrupted ones restart and resume training
-            tuner = tune.Tuner.restore(str(path), trainable=trainable)
+            tuner = tune.Tuner.restore(path, trainable=trainable)
         else:
-            tuner = _new_tuner(sweep, space, corners, trainable, path)
+            tuner = _new_tuner(sweep, space, corners, trainable)
         grid = tuner.fit()
+        release_trial_placement_groups()  # what stopped trials reserved, before retrain_best needs it
         tracker.log_metrics({"sweep/wall_s": time.perf_counter() - start})
         rows = results.trial_rows(grid, space)
-        _close_trial_runs(tracker, rows, path / "trials")
-        best = _summarize(tracker, sweep, space, rows, path / "summary")
+        _close_trial_runs(tracker, rows, f"{path}/trials")
+        best = _summarize(tracker, sweep, space, rows, summary)
         retrained = None
         if sweep.retrain_best and best is not None:  # the retrained run registers its model itself
             retrained = run_training(_retrain_config(best.config, sweep.name, path), parent_run_id=tracker.run_id)
         elif best is not None and tracking.registered_model_name:
             register_run_model(tracking.tracking_uri, best.run_id, tracking.registered_model_name, tracking.alias)
-        return SweepResult(tracker.run_id, tracking.tracking_uri, path, rows, best, retrained)
+        return SweepResult(tracker.run_id, tracking.tracking_uri, path, summary, rows, best, retrained)
 
 
-def _new_tuner(sweep: SweepConfig, space: SearchSpace, corners: list[TrainConfig], trainable, path: Path) -> tune.Tuner:
+def _new_tuner(sweep: SweepConfig, space: SearchSpace, corners: list[TrainConfig], trainable) -> tune.Tuner:
     # Each searcher limits concurrency itself: Tune ignores max_concurrent_trials for BasicVariantGenerator.
     concurrency = sweep.max_concurrent_trials or max_concurrent_trials(corners)
     searcher = (
@@ -146,9 +153,11 @@ def _new_tuner(sweep: SweepConfig, space: SearchSpace, corners: list[TrainConfig
             trial_dirname_creator=_trial_dirname,
         ),
         run_config=tune.RunConfig(
-            name=path.name,
-            storage_path=str(path.parent),
+            name=sweep.name,
+            storage_path=sweep.base.checkpoint.storage_path,
             failure_config=tune.FailureConfig(max_failures=0),  # Ray Train already restarts failed workers
+            # Stopped trials' Train groups (see placement_groups.py); a bar of trials done / running / pending.
+            callbacks=[RemoveOrphanedPlacementGroups(), SweepProgress(sweep.num_samples * space.grid_size())],
         ),
     )
 
@@ -169,9 +178,7 @@ def _absolute(config: TrainConfig) -> TrainConfig:
     return dataclasses.replace(
         config,
         data_dir=str(data_dir) if data_dir else None,
-        checkpoint=dataclasses.replace(
-            config.checkpoint, storage_path=str(Path(config.checkpoint.storage_path).expanduser().resolve())
-        ),
+        checkpoint=dataclasses.replace(config.checkpoint, storage_path=resolve_storage(config.checkpoint.storage_path)),
         tracking=dataclasses.replace(config.tracking, tracking_uri=resolve_tracking_uri(config.tracking.tracking_uri)),
     )
 
@@ -187,7 +194,7 @@ def _check_data(corners: list[TrainConfig]) -> None:
             prepare(config)
 
 
-def _close_trial_runs(tracker: SweepTracker, rows: list[TrialRow], trials_dir: Path) -> None:
+def _close_trial_runs(tracker: SweepTracker, rows: list[TrialRow], trials_dir: str) -> None:
     """Note each trial's MLflow run in its row; end the runs of trials that were stopped or died (still RUNNING)."""
     children = tracker.child_runs()
     for row in rows:
@@ -218,7 +225,7 @@ def _summarize(
     return best
 
 
-def _retrain_config(best: TrainConfig, sweep_name: str, path: Path) -> TrainConfig:
+def _retrain_config(best: TrainConfig, sweep_name: str, path: str) -> TrainConfig:
     """The best trial's config on all of its training data (no limit, no step cap), scored on the STS suite."""
     return dataclasses.replace(
         best,
@@ -226,6 +233,6 @@ def _retrain_config(best: TrainConfig, sweep_name: str, path: Path) -> TrainConf
         output_dir=None,
         stages=[dataclasses.replace(s, limit=None, max_steps=None) for s in best.stages],
         evaluation=dataclasses.replace(best.evaluation, final_tasks=["sts"]),
-        checkpoint=dataclasses.replace(best.checkpoint, storage_path=str(path)),
+        checkpoint=dataclasses.replace(best.checkpoint, storage_path=path),
         tracking=dataclasses.replace(best.tracking, run_name=f"{sweep_name} best, retrained"),
     )

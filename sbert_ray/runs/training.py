@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import os
 import shutil
 import tempfile
@@ -35,9 +34,11 @@ from sbert_ray.data.readers import check_available, resolve_data_dir
 from sbert_ray.data.records import DataError
 from sbert_ray.evaluation.results import nest
 from sbert_ray.evaluation.tasks import EvalTask, Results, check_tasks, headlines, parse_tasks
-from sbert_ray.models import SentenceEncoder, load_encoder, resolve_model_ref
+from sbert_ray.models import SentenceEncoder, check_model, load_encoder
 from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_card
+from sbert_ray.progress import quiet
 from sbert_ray.runs.cluster import connect_ray
+from sbert_ray.runs.progress import TrainingProgress
 from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags, plot_curves, resolve_tracking_uri
 from sbert_ray.tracking.model_registry import log_sentence_transformer, model_uri
 from sbert_ray.training.batches import (
@@ -48,9 +49,9 @@ from sbert_ray.training.batches import (
     tokenize_stage,
 )
 from sbert_ray.training.state import MODEL_DIR
+from sbert_ray.training.storage import is_remote, resolve_storage
 from sbert_ray.training.worker import train_loop_per_worker
 
-logger = logging.getLogger(__name__)
 StageExamples = tuple[list[list[str]], torch.Tensor | None]  # a stage's text columns and labels, as read
 
 
@@ -72,15 +73,23 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, list[StageExamples]]:
     if config.data_dir and not Path(config.data_dir).is_dir():
         raise ConfigError(f"data_dir: {config.data_dir} is not a directory")
     data_dir = resolve_data_dir(config.data_dir)
-    storage = Path(config.checkpoint.storage_path).expanduser().resolve()
+    storage = resolve_storage(config.checkpoint.storage_path)
+    # The final model is copied here from the last checkpoint (a download when storage is remote).
+    output_dir = config.output_dir or (
+        f"~/sbert-ray/models/{config.name}" if is_remote(storage) else f"{storage}/{config.name}/final-model"
+    )
     config = dataclasses.replace(
         config,
         data_dir=str(data_dir) if data_dir else None,  # workers may run with another environment and directory
-        checkpoint=dataclasses.replace(config.checkpoint, storage_path=str(storage)),
-        output_dir=str(Path(config.output_dir or storage / config.name / "final-model").expanduser().resolve()),
+        checkpoint=dataclasses.replace(config.checkpoint, storage_path=storage),
+        output_dir=str(Path(output_dir).expanduser().resolve()),
     )
-    if not config.model.name.startswith("random:"):
-        resolve_model_ref(config.model.name)  # a missing folder or unknown id fails here
+    model_size = check_model(config.model.name, config.model.max_seq_length, config.model.allow_unsafe_weights)
+    for i, stage in enumerate(config.stages):
+        if stage.matryoshka_dims and max(stage.matryoshka_dims) > model_size:
+            raise ConfigError(
+                f"stages.{i}.matryoshka_dims: {max(stage.matryoshka_dims)} exceeds the model's {model_size}"
+            )
     # Cheap checks first (is every dataset there?), then the training data read in full.
     for key in ("before_tasks", "final_tasks"):
         check_tasks(parse_tasks(getattr(config.evaluation, key)), data_dir, f"evaluation.{key}")
@@ -109,21 +118,15 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, list[StageExamples]]:
 def tokenize_stages(config: TrainConfig, stages: list[StageExamples]) -> tuple[list[ray.ObjectRef], dict[str, int]]:
     """Tokenise each stage's examples once for the whole cluster, in a Ray task of its own: the result stays in
     the object store (lineage rebuilds it if its node dies) and every worker reads it zero-copy on its node.
-    Returns one reference per stage, and the sentences truncated to max_seq_length (counted, logged) per stage."""
+    Returns one reference per stage, and per stage the texts truncated to max_seq_length (an MLflow metric; the
+    worker logs them with what else training will not see)."""
     task = ray.remote(num_cpus=1, num_returns=2)(tokenize_stage).options(
         scheduling_strategy="DEFAULT"  # never inside a Tune trial's placement group
     )
     submitted = [task.remote(config.model, columns, labels) for columns, labels in stages]
     truncated = {}
     for i, (_, counts) in enumerate(submitted):
-        sentences, truncated[f"data/stages.{i}/truncated_sentences"] = ray.get(counts)
-        logger.info(
-            "stages.%d: %d of %d sentences truncated to max_seq_length %d",
-            i,
-            truncated[f"data/stages.{i}/truncated_sentences"],
-            sentences,
-            config.model.max_seq_length,
-        )
+        truncated[f"data/stages.{i}/truncated_texts"] = ray.get(counts)
     return [data for data, _ in submitted], truncated
 
 
@@ -140,7 +143,10 @@ def build_trainer(
         train_loop_per_worker,
         train_loop_config={"config": config, "stage_data": stage_data, "tracking_uri": tracking_uri, "run_id": run_id},
         scaling_config=ray.train.ScalingConfig(
-            num_workers=scaling.num_workers, use_gpu=scaling.use_gpu, resources_per_worker=resources
+            num_workers=scaling.num_workers,
+            use_gpu=scaling.use_gpu,
+            resources_per_worker=resources,
+            placement_strategy=scaling.placement_strategy,
         ),
         run_config=ray.train.RunConfig(
             # Same name + storage = same run: a resubmitted job resumes from its latest checkpoint.
@@ -157,11 +163,21 @@ def build_trainer(
     )
 
 
-def run_training(config: TrainConfig, parent_run_id: str | None = None, callbacks: list | None = None) -> TrainResult:
+def run_training(
+    config: TrainConfig, parent_run_id: str | None = None, callbacks: list | None = None, progress: bool = True
+) -> TrainResult:
     """Run one training job. Under a sweep, ``parent_run_id`` nests the MLflow run under the sweep's run and
-    ``callbacks`` (e.g. Tune's ``TuneReportCallback``) go to the ``TorchTrainer``."""
+    ``callbacks`` (e.g. Tune's ``TuneReportCallback``) go to the ``TorchTrainer``. ``progress`` prints a line per
+    report point (off under --quiet)."""
     config, stages = prepare(config)
     examples = [len(columns[0]) for columns, _ in stages]
+    callbacks = list(callbacks or [])
+    if progress and not quiet():
+        steps = [
+            stage_steps(n, stage, config.scaling.num_workers)[1]
+            for stage, n in zip(config.stages, examples, strict=True)
+        ]
+        callbacks.append(TrainingProgress(steps))
     evaluation = config.evaluation
     before_tasks, final_tasks = parse_tasks(evaluation.before_tasks), parse_tasks(evaluation.final_tasks)
     tracking_uri = resolve_tracking_uri(config.tracking.tracking_uri)

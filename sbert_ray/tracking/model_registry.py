@@ -53,7 +53,7 @@ def log_sentence_transformer(
     if alias and not registered_model_name:
         raise ValueError("an alias needs a registered model name")
     # local_files_only also keeps the card generator (for a folder without a card) from asking the Hub about it.
-    model = SentenceTransformer(os.fspath(model_dir), device="cpu", local_files_only=True)
+    model = SentenceTransformer(os.fspath(model_dir), device="cpu", local_files_only=True, trust_remote_code=False)
     client = MlflowClient(tracking_uri)
     # Created here rather than by log_model, which puts a model logged to a run that is not the fluent active run
     # into the Default experiment instead of the run's.

@@ -45,12 +45,18 @@ def is_user_file(stage: StageConfig) -> bool:
 
 
 def load_training_records(stage: StageConfig, data_dir) -> Records:
-    """A registered dataset by name, or the user's own csv/tsv/jsonl file read with ``stage.columns``."""
+    """A registered dataset by name, or the user's own csv/tsv/jsonl file read with ``stage.columns`` (its scores
+    must lie in [0, score_max], the scale score targets are divided by)."""
     if is_user_file(stage):
-        kind = OBJECTIVES[stage.objective].user_file_kind
-        records = read_user_file(stage.dataset, kind, stage.columns, errors=stage.errors)
+        loss = OBJECTIVES[stage.objective]
+        score_range = (0.0, stage.score_max) if loss.label_field == "score" else None
+        records = read_user_file(
+            stage.dataset, loss.user_file_kind, stage.columns, errors=stage.errors, score_range=score_range
+        )
     else:
         records = load_records(stage.dataset, stage.split, data_dir, errors=stage.errors)
+    if stage.limit and stage.limit < len(records):
+        logger.info("%s: training on the first %d of %d examples (limit)", stage.dataset, stage.limit, len(records))
     return Records(records[: stage.limit], records.skipped, records.dropped) if stage.limit else records
 
 
@@ -108,11 +114,7 @@ class TokenizedColumn:
             chunk = batch["input_ids"]
             ids.append(np.fromiter(itertools.chain.from_iterable(chunk), dtype=np.int32))
             lengths.append(np.fromiter(map(len, chunk), dtype=np.int64, count=len(chunk)))
-            # A fast tokenizer keeps what truncation cut off; without one, a sentence at the limit counts as cut.
-            if batch.encodings is not None:
-                truncated += sum(bool(encoding.overflowing) for encoding in batch.encodings)
-            else:
-                truncated += int((lengths[-1] >= max_seq_length).sum())
+            truncated += count_truncated(tokenizer, sentences[start : start + TOKENIZE_CHUNK], chunk, max_seq_length)
         offsets = np.zeros(len(sentences) + 1, dtype=np.int64)
         np.cumsum(np.concatenate(lengths), out=offsets[1:])
         return cls(np.concatenate(ids), offsets), truncated
@@ -149,7 +151,7 @@ class TokenizedColumns:
     labels: np.ndarray | None  # int64 class labels, float32 scaled scores, or None
     pad_token_id: int
     pad_left: bool
-    sentences: int  # over all columns
+    texts: int  # over all columns
     truncated: int  # of those, cut to max_seq_length
 
     @classmethod
@@ -163,7 +165,7 @@ class TokenizedColumns:
             labels=None if labels is None else labels.numpy(),
             pad_token_id=tokenizer.pad_token_id,
             pad_left=tokenizer.padding_side == "left",
-            sentences=sum(len(column) for column in columns),
+            texts=sum(len(column) for column in columns),
             truncated=sum(truncated for _, truncated in tokenized),
         )
 
@@ -189,9 +191,35 @@ class TokenizedColumns:
 
 def tokenize_stage(
     model: ModelConfig, columns: list[list[str]], labels: torch.Tensor | None
-) -> tuple[TokenizedColumns, tuple[int, int]]:
-    """A stage's examples tokenised with the model's tokenizer, and apart from them (sentences, truncated), which a
-    caller can read without fetching the arrays."""
+) -> tuple[TokenizedColumns, int]:
+    """A stage's examples tokenised with the model's tokenizer, and apart from them how many texts were truncated,
+    which a caller can read without fetching the arrays."""
     encoder = load_encoder(**dataclasses.asdict(model))  # its tokenizer (the same for every seed)
     data = TokenizedColumns.tokenize(columns, labels, encoder.tokenizer, encoder.max_seq_length)
-    return data, (data.sentences, data.truncated)
+    return data, data.truncated
+
+
+def count_truncated(tokenizer, texts: Sequence[str], input_ids: Sequence[Sequence[int]], max_length: int) -> int:
+    """How many of ``texts`` lost tokens when tokenised to ``input_ids`` with ``max_length``. Only those that came
+    out exactly max_length long can have, so only they are tokenised again, in full."""
+    full_length = [texts[i] for i, ids in enumerate(input_ids) if len(ids) >= max_length]
+    if not full_length:
+        return 0
+    lengths = tokenizer(full_length, return_attention_mask=False, verbose=False)["input_ids"]
+    return sum(len(ids) > max_length for ids in lengths)
+
+
+def log_coverage(stage_index: int, data: TokenizedColumns, sampler: SmartBatchSampler, batches_per_epoch: int) -> None:
+    """One line per stage on what training will not see: texts cut to max_seq_length, and the examples of an
+    epoch whose micro-batches are left over after the last whole optimizer step (gradient accumulation)."""
+    unseen = sampler.unseen(batches_per_epoch)
+    if data.truncated or unseen:
+        logger.warning(
+            "stage %d: %d of %d texts truncated to max_seq_length; %d of %d examples of epoch 0 fall in "
+            "micro-batches left over after the last whole optimizer step",
+            stage_index,
+            data.truncated,
+            data.texts,
+            unseen,
+            len(data),
+        )

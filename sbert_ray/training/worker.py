@@ -29,7 +29,7 @@ from sbert_ray.losses.registry import build_loss
 from sbert_ray.models import SentenceEncoder, load_encoder
 from sbert_ray.models.model_card import describe_hardware
 from sbert_ray.tracking.mlflow_run import RunLogger
-from sbert_ray.training.batches import TokenizedColumns, local_batch_size, stage_steps
+from sbert_ray.training.batches import TokenizedColumns, local_batch_size, log_coverage, stage_steps
 from sbert_ray.training.state import MODEL_DIR, TrainState, restore_training, save_checkpoint
 
 LOG_EVERY = 10  # optimizer steps between MLflow metric points
@@ -80,6 +80,7 @@ class _Worker:
         self.config, self.stage, self.encoder, self.device = config, stage, encoder, device
         self.rank, self.world_size, self.logger, self.dev_pairs = rank, world_size, logger, dev_pairs
         self.use_bf16 = device.type == "cuda"
+        self.last_window: dict[str, float] = {}  # rank 0's latest logged loss and rate, for the driver's progress
 
     def run_stage(self, state: TrainState, data: TokenizedColumns, resume_from: Path | None) -> TrainState:
         stage, world_size = self.stage, self.world_size
@@ -91,8 +92,12 @@ class _Worker:
             seed=self.config.seed + state.stage,
         )
         steps_per_epoch, total_steps = stage_steps(len(data), stage, world_size)  # prepare() checked both are > 0
+        if self.rank == 0:
+            log_coverage(state.stage, data, sampler, steps_per_epoch * stage.grad_accum_steps)
 
-        objective = build_loss(stage.objective, self.encoder, stage.loss)
+        objective = build_loss(
+            stage.objective, self.encoder, stage.loss, stage.matryoshka_dims, stage.matryoshka_weights
+        )
         optimizer = torch.optim.AdamW(
             _parameter_groups(objective, stage.weight_decay), lr=stage.learning_rate, eps=stage.adam_eps
         )
@@ -129,11 +134,15 @@ class _Worker:
                 if self.logger and (state.step % LOG_EVERY == 0 or last):
                     steps_in_window = max(1, state.step % LOG_EVERY or LOG_EVERY)
                     elapsed = time.perf_counter() - window_start
+                    self.last_window = {
+                        "train_loss": window_loss / steps_in_window,
+                        "pairs_per_s": window_examples / elapsed,
+                    }
                     self.logger.log_metrics(
                         {
-                            "train/loss": window_loss / steps_in_window,
+                            "train/loss": self.last_window["train_loss"],
                             "train/learning_rate": scheduler.get_last_lr()[0],
-                            "train/pairs_per_s": window_examples / elapsed,
+                            "train/pairs_per_s": self.last_window["pairs_per_s"],
                             "train/epoch": state.epoch + micro / (steps_per_epoch * stage.grad_accum_steps),
                         },
                         step=state.global_step,
@@ -156,6 +165,7 @@ class _Worker:
             ray.train.report(metrics)
             return
         metrics["hardware"] = describe_hardware(self.device)  # for the model card
+        metrics |= self.last_window
         dev = evaluate_pairs(self.encoder, self.dev_pairs, batch_size=self.config.evaluation.batch_size)
         metrics["dev_spearman"] = state.dev_spearman = dev["spearman_cosine"]
         self.logger.log_metrics({"dev/spearman_cosine": dev["spearman_cosine"]}, step=state.global_step)

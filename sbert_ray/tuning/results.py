@@ -43,12 +43,13 @@ def trial_rows(grid: ResultGrid, space: SearchSpace) -> list[TrialRow]:
     for result in grid:
         metrics = result.metrics or {}
         # params.json: what Tune sampled, also for a trial that failed before its first report (then no config)
-        sampled = json.loads((Path(result.path) / "params.json").read_text())
+        with result.filesystem.open_input_stream(f"{result.path}/params.json") as f:  # local or object storage
+            sampled = json.loads(f.read())
         status = "error" if result.error else "finished" if metrics.get("finished") else "stopped"
         dev = metrics.get(METRIC)
         rows.append(
             TrialRow(
-                trial_id=Path(result.path).name,  # the sweep names trial folders by trial id
+                trial_id=result.path.rstrip("/").rsplit("/", 1)[-1],  # the sweep names trial folders by trial id
                 status=status,
                 sampled=sampled,
                 config=space.config(sampled),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,6 +139,10 @@ class SearchSpace:
         config = from_dict(TrainConfig, raw)
         config.validate()
         return config
+
+    def grid_size(self) -> int:
+        """Points of the grid keys crossed: the trials of one sample (num_samples repeats them)."""
+        return math.prod(len(p.options) for p in self.params if p.kind == "grid")
 
     def corner_configs(self) -> Iterator[TrainConfig]:
         """The config of every combination of corners (checks all options and sizes the trials before Ray runs)."""

@@ -1,0 +1,64 @@
+"""Multiple-negatives ranking with gradient caching (GradCache, Gao et al. 2021): the global batch's in-batch
+negatives at the memory cost of one mini-batch, with the same loss and gradients as the uncached loss."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from sbert_ray.losses.multiple_negatives_ranking import MultipleNegativesRankingLoss
+from sbert_ray.models.encoder import SentenceEncoder
+
+
+class CachedMultipleNegativesRankingLoss(MultipleNegativesRankingLoss):
+    """MultipleNegativesRankingLoss whose encoder runs over `mini_batch_size` rows at a time.
+
+    GradCache's three steps are what autograd does with each mini-batch wrapped in (non-reentrant) activation
+    checkpointing: (1) the forward pass embeds every mini-batch and keeps only its embeddings, never its
+    activations; (2) backward computes the loss's gradient w.r.t. all embeddings of the global batch (candidates
+    gathered across workers exactly as the uncached loss does): the cache; (3) for each mini-batch in turn it
+    re-runs the encoder, with the RNG state (dropout masks) and autocast state of step 1, and back-propagates
+    that mini-batch's cached gradient. The engine finishes one mini-batch's backward before it re-runs the next
+    (tests/test_losses.py checks the order), so activations of one mini-batch are alive at a time.
+
+    Because this is one ordinary backward pass, each parameter's gradient is summed over the mini-batches before
+    its gradient hook fires, once: DDP synchronises exactly as for the uncached loss, and the training loop's
+    plain `loss.backward()`, `no_sync` accumulation and loss scaling all work unchanged.
+    """
+
+    def __init__(
+        self,
+        encoder: SentenceEncoder,
+        scale: float = 20.0,
+        gather_across_workers: bool = True,
+        mini_batch_size: int = 32,
+    ) -> None:
+        super().__init__(encoder, scale=scale, gather_across_workers=gather_across_workers)
+        if mini_batch_size < 1:
+            raise ValueError(f"mini_batch_size must be >= 1, got {mini_batch_size}")
+        self.mini_batch_size = mini_batch_size
+
+    def embed(self, features: Sequence[dict[str, Tensor]]) -> list[Tensor]:
+        return [
+            torch.cat(
+                [
+                    checkpoint(self.encoder, mini_batch, use_reentrant=False)
+                    for mini_batch in _mini_batches(column, self.mini_batch_size)
+                ]
+            )
+            for column in features
+        ]
+
+
+def _mini_batches(features: dict[str, Tensor], size: int) -> Iterator[dict[str, Tensor]]:
+    """Consecutive row slices of a padded batch without the padding columns at the end that none of their rows
+    uses (padding is masked out anyway, and a mini-batch of short sentences should not pay for the batch's
+    longest; a left-padded batch keeps its width)."""
+    rows = features["attention_mask"].shape[0]
+    for start in range(0, rows, size):
+        used_columns = features["attention_mask"][start : start + size].any(dim=0)
+        width = int(used_columns.nonzero().max()) + 1
+        yield {name: tensor[start : start + size, :width] for name, tensor in features.items()}

@@ -1,0 +1,68 @@
+"""Matryoshka representation learning (Kusupati et al. 2022): any objective trained at several embedding sizes at
+once, so that the first k values of an embedding are a good embedding on their own."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import Tensor
+from torch.nn import functional as F
+
+from sbert_ray.losses.base import EncoderLoss
+
+logger = logging.getLogger(__name__)
+
+
+class MatryoshkaLoss(EncoderLoss):
+    """The weighted sum of the wrapped loss's formula over prefixes of the embeddings.
+
+    Embeddings are computed once, by the wrapped loss (so a cached loss still embeds in mini-batches); its
+    `compute_loss_from_embeddings` then sees e[:, :d] for each d in `matryoshka_dims`, which is what a model saved
+    with `truncate_dim=d` encodes. A prefix is L2-normalised again when the encoder normalises its output, so the
+    formula sees unit vectors at every size iff it does at full size. (sentence-transformers' MatryoshkaLoss
+    normalises every prefix whatever the model: the same for cosine-based losses, but for a Euclidean triplet
+    loss on an unnormalised model it changes even the full-size term.) SoftmaxLoss gets one classifier per size.
+    """
+
+    def __init__(
+        self,
+        loss: EncoderLoss,
+        matryoshka_dims: Sequence[int],
+        matryoshka_weights: Sequence[float] | None = None,
+    ) -> None:
+        super().__init__(loss.encoder)
+        full = loss.encoder.embedding_dim
+        dims, weights = list(matryoshka_dims), list(matryoshka_weights or [1.0] * len(matryoshka_dims))
+        if not dims or len(set(dims)) != len(dims) or any(not 0 < d <= full for d in dims):
+            raise ValueError(f"matryoshka_dims must be distinct sizes in 1..{full} (the model's), got {dims}")
+        if len(weights) != len(dims):
+            raise ValueError(f"matryoshka_weights needs one weight per size in {dims}, got {weights}")
+        if full not in dims:
+            logger.warning("matryoshka_dims %s leaves out the model's full size %d: it is not trained", dims, full)
+        loss.prepare_for_dims(dims)
+        self.loss = loss
+        self.matryoshka_dims, self.matryoshka_weights = dims, weights
+
+    def embed(self, features: Sequence[dict[str, Tensor]]) -> list[Tensor]:
+        return self.loss.embed(features)
+
+    def compute_loss_from_embeddings(self, embeddings: Sequence[Tensor], labels: Tensor | None) -> Tensor:
+        total = 0.0
+        for dim, weight in zip(self.matryoshka_dims, self.matryoshka_weights, strict=True):
+            prefixes = [self._prefix(embedding, dim) for embedding in embeddings]
+            total = total + weight * self.loss.compute_loss_from_embeddings(prefixes, labels)
+        return total
+
+    def _prefix(self, embedding: Tensor, dim: int) -> Tensor:
+        prefix = embedding[:, :dim]
+        return F.normalize(prefix, p=2, dim=1) if self.encoder.normalize else prefix
+
+    # The state is the wrapped loss's, under its own names: a checkpoint's objective head holds the wrapped
+    # loss's parameters once (not a second copy of the encoder under "loss.encoder.").
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return self.loss.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
+        return self.loss.load_state_dict(state_dict, strict=strict, assign=assign)

@@ -1,0 +1,61 @@
+"""Session-wide real servers and one token-authenticated Ray cluster, started as scripts/local_cluster.py does:
+an S3-compatible object store (moto's server), an `mlflow server` with its artifacts in that store, and a Ray
+head started with README's own job-submission commands in a fresh HOME. Tests that need a second node add it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import local_cluster
+import pytest
+import ray
+from ray._raylet import AuthenticationTokenLoader, Config
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory) -> Iterator[local_cluster.S3Server]:
+    server = local_cluster.start_s3(tmp_path_factory.mktemp("s3"))
+    yield server
+    local_cluster.stop(server.process)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory, s3_server) -> Iterator[str]:
+    """The tracking URI of an `mlflow server` on 127.0.0.1 whose artifacts live in the object store."""
+    process, uri = local_cluster.start_mlflow(tmp_path_factory.mktemp("mlflow-server"), s3_server)
+    yield uri
+    local_cluster.stop(process)
+
+
+@pytest.fixture(scope="session")
+def token_head(tmp_path_factory, s3_server) -> Iterator[local_cluster.Head]:
+    """A 2-CPU head started by README's recipe (token generated in a fresh HOME, dashboard on 127.0.0.1); its
+    processes reach the object store, as cloud nodes reach S3."""
+    head = local_cluster.start_head(tmp_path_factory.mktemp("ray-head"), s3_server.env, cpus=2)
+    yield head
+    local_cluster.stop_cluster(head)
+
+
+@pytest.fixture
+def connect(token_head, monkeypatch) -> Iterator[local_cluster.Head]:
+    """This process as a driver of ``token_head``, presenting its token (as `ray job submit`'s jobs do)."""
+    ray.shutdown()
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token_head.token_path))
+    refresh_auth_settings()
+    ray.init(address=token_head.gcs)
+    yield token_head
+    ray.shutdown()
+    monkeypatch.undo()
+    refresh_auth_settings()
+
+
+def refresh_auth_settings() -> None:
+    """Ray reads RAY_AUTH_MODE and the token once per process; re-read them after changing the environment (an
+    earlier local cluster in this process may have cached its own token)."""
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+def live_placement_groups() -> dict[str, dict]:
+    return {pg_id: pg for pg_id, pg in ray.util.placement_group_table().items() if pg["state"] != "REMOVED"}
