@@ -32,6 +32,7 @@ from sbert_ray.config import ConfigError
 from sbert_ray.data.corpus import SCHEMA, Corpus, open_corpus
 from sbert_ray.evaluation.distributed import EncoderReplica, shareable
 from sbert_ray.models import load_encoder
+from sbert_ray.progress import quiet
 from sbert_ray.runs.cluster import connect_ray
 
 BLOCK_BYTES = 1 << 20  # rows read into one block (~10k sentences), encoded (ordered by length) in one actor call
@@ -82,11 +83,12 @@ def encode_corpus(
     # smaller ones let the actors share the work. A repartition would be a task of one CPU, which the actors may
     # all hold: a deadlock on a full cluster. The context is sealed into the dataset when it is created.
     context = ray.data.DataContext.get_current()
-    default_block_bytes, context.target_max_block_size = context.target_max_block_size, block_bytes
+    defaults = context.target_max_block_size, context.enable_progress_bars
+    context.target_max_block_size, context.enable_progress_bars = block_bytes, defaults[1] and not quiet()
     try:
         rows = ray.data.read_datasource(_CorpusSource(corpus), override_num_blocks=1, num_cpus=0, label_selector=here)
     finally:
-        context.target_max_block_size = default_block_bytes
+        context.target_max_block_size, context.enable_progress_bars = defaults
     embedded = rows.map_batches(
         _EmbedRows,
         fn_constructor_args=(shareable(encoder), "cuda" if use_gpu else "cpu", batch_size),
