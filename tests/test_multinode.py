@@ -11,14 +11,21 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 
 import local_cluster
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import yaml
 from local_cluster import BIN, BUCKET, REPO
 from mlflow.tracking import MlflowClient
 from sentence_transformers import SentenceTransformer
+
+from sbert_ray.data.readers import load_records
+from sbert_ray.models.encoder import SentenceEncoder
+from sbert_ray.runs.encode import encode_corpus
 
 STEPS = 400  # 3200 pairs / global batch 8: long enough that the node dies mid-training
 EVAL_EVERY = 50
@@ -33,15 +40,45 @@ def second_node(token_head, tmp_path_factory):
     token_head.nodes.remove(node)
 
 
-def train_workers(head: local_cluster.Head) -> list[dict]:
-    """The live Ray Train workers, from the head's state API (with the cluster token)."""
-    query = "filter_keys=class_name&filter_predicates=%3D&filter_values=RayTrainWorker&detail=1"
+def actors(head: local_cluster.Head, class_name: str) -> list[dict]:
+    """The actors of this class, live or dead, from the head's state API (with the cluster token)."""
+    query = f"filter_keys=class_name&filter_predicates=%3D&filter_values={urllib.parse.quote(class_name)}&detail=1"
     request = urllib.request.Request(
         f"{head.dashboard}/api/v0/actors?{query}", headers={"Authorization": f"Bearer {head.token_path.read_text()}"}
     )
     with urllib.request.urlopen(request, timeout=10) as response:
-        actors = json.load(response)["data"]["result"]["result"]
-    return [actor for actor in actors if actor["state"] == "ALIVE"]
+        return json.load(response)["data"]["result"]["result"]
+
+
+def train_workers(head: local_cluster.Head) -> list[dict]:
+    """The live Ray Train workers."""
+    return [actor for actor in actors(head, "RayTrainWorker") if actor["state"] == "ALIVE"]
+
+
+def test_encode_spreads_over_two_nodes_and_writes_every_row_once(
+    connect, second_node, tiny_model_dir, data_dir, tmp_path
+):
+    """`sbert-ray encode` over STSb and SICK sentences with 3 encoder actors on the head's 2 CPUs and the second
+    node's 1: every input line comes back once, with SentenceEncoder.encode's vector. Runs before the training
+    test below, which kills the second node."""
+    texts = [
+        text
+        for name, split in (("stsb", "test"), ("sickr", "trial"))
+        for pair in load_records(name, split, data_dir)
+        for text in (pair.sentence1, pair.sentence2)
+    ]
+    corpus = tmp_path / "stsb-sick.txt"
+    corpus.write_text("\n".join(texts) + "\n")
+    result = encode_corpus(str(tiny_model_dir), str(corpus), tmp_path / "out", workers=3, block_bytes=1 << 15)
+    encoders = actors(connect, "MapWorker(MapBatches(_EmbedRows))")  # Ray Data's actors, one per encoder
+    assert len({actor["node_id"] for actor in encoders}) == 2, encoders
+
+    table = pq.read_table(tmp_path / "out").sort_by("id")
+    assert result.rows == table.num_rows == len(texts)
+    assert table.column("id").to_pylist() == list(range(len(texts)))  # every row exactly once
+    assert table.column("text").to_pylist() == texts
+    vectors = np.array(table.column("vector").to_pylist(), dtype=np.float32)
+    np.testing.assert_allclose(vectors, SentenceEncoder.load(str(tiny_model_dir)).encode(texts), atol=1e-5)
 
 
 def test_job_spreads_over_two_nodes_checkpoints_to_s3_and_survives_losing_a_node(

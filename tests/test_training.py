@@ -22,8 +22,11 @@ from mlflow.tracking import MlflowClient
 from sentence_transformers import SentenceTransformer
 
 from sbert_ray.config import ConfigError, load_config
+from sbert_ray.data import SmartBatchSampler
+from sbert_ray.models import load_encoder
 from sbert_ray.models.encoder import SentenceEncoder
-from sbert_ray.runs.training import TrainingDiverged, prepare, run_training
+from sbert_ray.runs.training import TrainingDiverged, prepare, run_training, tokenize_stages
+from sbert_ray.training.batches import local_batch_size
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +92,59 @@ def test_training_run_is_complete_in_mlflow(local_ray, tiny_train_config, tmp_pa
 
     # Best-k checkpoints by dev Spearman (k=2), plus the latest one, which Ray always keeps for resuming.
     assert 2 <= len(list((Path(config.checkpoint.storage_path) / "tiny").glob("checkpoint_*"))) <= 3
+
+
+def batches_as_before(columns, labels, tokenizer, max_seq_length, sampler_args, epoch):
+    """What a worker trained on before tokenisation moved to the run layer: Python lists of ids per worker,
+    lengths from them, ``tokenizer.pad`` per column (the reference the new batches must equal)."""
+    encodings = [
+        tokenizer(column, truncation=True, max_length=max_seq_length, return_attention_mask=False)["input_ids"]
+        for column in columns
+    ]
+    lengths = [max(lens) for lens in zip(*([len(ids) for ids in enc] for enc in encodings), strict=True)]
+    sampler = SmartBatchSampler(lengths, *sampler_args)
+    sampler.set_epoch(epoch)
+    for indices in sampler:
+        features = [tokenizer.pad({"input_ids": [enc[i] for i in indices]}, return_tensors="pt") for enc in encodings]
+        yield indices, features, None if labels is None else labels[indices]
+
+
+def test_stages_are_tokenised_once_into_the_object_store_with_unchanged_batches(local_ray, tiny_train_config):
+    """Regression (float targets), softmax (class labels) and triplet (three columns) stages, tokenised by the
+    run layer's Ray task with truncation at 16 tokens: every rank's micro-batches over two epochs hold the token
+    ids, masks and labels the per-worker tokenisation gave, from arrays read zero-copy out of the object store."""
+    stages = [
+        "stages.1.dataset=nli-offline", "stages.1.objective=softmax", "stages.1.limit=300",
+        "stages.2.dataset=nli-triplets", "stages.2.split=test", "stages.2.objective=triplet", "stages.2.limit=300",
+    ]  # fmt: skip
+    config, examples = prepare(load_config(tiny_train_config(limit=300), ["model.max_seq_length=16", *stages]))
+    refs, truncated = tokenize_stages(config, examples)
+    tokenizer = load_encoder("random:tiny").tokenizer
+    world_size = config.scaling.num_workers
+    for i, ((columns, labels), ref) in enumerate(zip(examples, refs, strict=True)):
+        data = ray.get(ref)
+        assert not data.columns[0].ids.flags.writeable  # a view of the object store, not a copy
+        assert data.columns[0].ids.dtype == np.int32 and data.columns[0].offsets.dtype == np.int64
+        full = [len(ids) for column in columns for ids in tokenizer(column)["input_ids"]]
+        assert truncated[f"data/stages.{i}/truncated_texts"] == data.truncated == sum(n > 16 for n in full) > 0
+        batch_size = local_batch_size(config.stages[i], world_size)
+        for rank in range(world_size):
+            sampler_args = (batch_size, world_size, rank, config.seed + i)
+            sampler = SmartBatchSampler(data.lengths, *sampler_args)
+            for epoch in (0, 1):
+                sampler.set_epoch(epoch)
+                before = list(batches_as_before(columns, labels, tokenizer, 16, sampler_args, epoch))
+                after = list(sampler)
+                assert [indices for indices, _, _ in before] == after
+                for (indices, features, batch_labels), _ in zip(before, after, strict=True):
+                    new_features, new_labels = data.collate(indices, torch.device("cpu"))
+                    for old, new in zip(features, new_features, strict=True):
+                        assert set(new) == set(old)
+                        for key in old:
+                            assert new[key].dtype == old[key].dtype and torch.equal(new[key], old[key])
+                    assert (new_labels is None) == (batch_labels is None)
+                    if batch_labels is not None:
+                        assert new_labels.dtype == batch_labels.dtype and torch.equal(new_labels, batch_labels)
 
 
 def test_resubmitted_run_resumes(tiny_train_config):

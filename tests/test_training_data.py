@@ -46,7 +46,7 @@ def test_truncated_texts_are_counted(tokenizer) -> None:
     for max_length, expected in ((5, 1), (4, 2), (8, 0)):
         ids = tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
         assert count_truncated(tokenizer, texts, ids, max_length) == expected
-    data = TokenizedColumns([texts, ["x " * 10] * 4], None, tokenizer, max_seq_length=5)
+    data = TokenizedColumns.tokenize([texts, ["x " * 10] * 4], None, tokenizer, max_seq_length=5)
     assert (data.texts, data.truncated) == (8, 1 + 4)
 
 
@@ -63,7 +63,7 @@ def test_leftover_micro_batches_are_counted_from_the_sampler() -> None:
 
 
 def test_coverage_is_logged_once_per_stage(tokenizer, caplog) -> None:
-    data = TokenizedColumns([["a b c d e f"] * 10, ["a"] * 10], None, tokenizer, max_seq_length=5)
+    data = TokenizedColumns.tokenize([["a b c d e f"] * 10, ["a"] * 10], None, tokenizer, max_seq_length=5)
     sampler = SmartBatchSampler(data.lengths, batch_size=2)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         log_coverage(0, data, sampler, batches_per_epoch=4)

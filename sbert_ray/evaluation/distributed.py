@@ -4,6 +4,11 @@
 same as a single process computes: the sentences are ordered exactly as ``SentenceEncoder.encode`` orders them
 (token count, longest first, stable), cut into the same batches, and whole batches are dealt round-robin to the
 workers. Each worker's share is then already in encode's order, so it forms the very same padded batches.
+
+Batch embedding of a corpus (``sbert-ray encode``, ``sbert_ray.runs.encode``) runs the same ``EncoderReplica`` in a
+Ray Data actor pool. Evaluation keeps actors of its own: its numbers must equal one process's bit for bit, which
+needs batches cut from one global length order (Ray Data orders sentences within each block), and an evaluation
+encodes many small sets in turn, which long-lived actors serve without loading the model again for each set.
 """
 
 from __future__ import annotations
@@ -19,15 +24,25 @@ import torch
 from sbert_ray.models.encoder import SentenceEncoder, smart_batches
 
 
-@ray.remote
-class _EncodeWorker:
-    def __init__(self, encoder: SentenceEncoder, device: str, threads: int):
+class EncoderReplica:
+    """One copy of an encoder on a Ray actor's device (its GPU, or ``threads`` CPU threads): what the actors of
+    ``RayEncoder`` and of batch embedding (``sbert_ray.runs.encode``) hold. ``encoder`` may be a reference to a
+    CPU copy in the object store, which every actor on a node reads once."""
+
+    def __init__(self, encoder: SentenceEncoder | ray.ObjectRef, device: str, threads: int):
         torch.set_num_threads(threads)
+        encoder = ray.get(encoder) if isinstance(encoder, ray.ObjectRef) else encoder
         # Re-cast on the worker's own device: "bf16" weights become float16 on GPUs without bfloat16.
         self.encoder = encoder.to(device).to_precision(encoder.precision)
 
     def encode(self, sentences: list[str], batch_size: int) -> np.ndarray:
         return self.encoder.encode(sentences, batch_size=batch_size, convert_to="numpy")
+
+
+def shareable(encoder: SentenceEncoder) -> ray.ObjectRef:
+    """A CPU copy of ``encoder`` in the object store for actors to load onto their own device; the caller's
+    encoder stays where it is."""
+    return ray.put(encoder if encoder.device.type == "cpu" else copy.deepcopy(encoder).cpu())
 
 
 class RayEncoder:
@@ -43,13 +58,10 @@ class RayEncoder:
             # RAY_ADDRESS's cluster, else a fresh local one (as the driver): never a stale address file on the machine
             ray.init(address=os.environ.get("RAY_ADDRESS") or "local")
         self.encoder = encoder  # kept for tokenisation (the batch order) and its attributes
-        # Workers get a CPU copy and move it to their own device; the caller's encoder stays where it is.
-        shared = ray.put(encoder if encoder.device.type == "cpu" else copy.deepcopy(encoder).cpu())
-        options = {"num_cpus": cpus_per_worker, "num_gpus": 1 if use_gpu else 0}
+        shared = shareable(encoder)
+        actor = ray.remote(EncoderReplica).options(num_cpus=cpus_per_worker, num_gpus=1 if use_gpu else 0)
         device = "cuda" if use_gpu else "cpu"
-        self.workers = [
-            _EncodeWorker.options(**options).remote(shared, device, cpus_per_worker) for _ in range(num_workers)
-        ]
+        self.workers = [actor.remote(shared, device, cpus_per_worker) for _ in range(num_workers)]
 
     def batches(self, sentences: Sequence[str], batch_size: int) -> list[list[int]]:
         """Index batches in the order ``SentenceEncoder.encode`` would form them."""

@@ -5,6 +5,7 @@ argument-similarity fold run through ``run_training``.
     config (validated) -> paths made absolute; the run's record (runs.record): new, resumed, finished or refused
       -> prepare: tracking store reachable; data, model, evaluation tasks checked          (no Ray, no MLflow yet)
       -> MLflow run (params, tags, config.yaml; the tracking URI masked everywhere), record written
+      -> each stage's data tokenised once for the cluster: a Ray task, numpy arrays in the object store
       -> "before" tasks: a Ray task on a worker's resources, on the configured model
       -> TorchTrainer(train_loop_per_worker, the config itself) .fit() -> Result (last checkpoint = final model)
       -> final model copied to output_dir and logged; final tasks: a Ray task, on the checkpoint's model
@@ -55,13 +56,20 @@ from sbert_ray.tracking.mlflow_run import (
 )
 from sbert_ray.tracking.model_registry import log_sentence_transformer, model_uri
 from sbert_ray.tracking.store import check_reachable, redact_uri, warn_if_password
-from sbert_ray.training.batches import is_user_file, load_training_records, stage_steps, texts_and_labels
+from sbert_ray.training.batches import (
+    is_user_file,
+    load_training_records,
+    stage_steps,
+    texts_and_labels,
+    tokenize_stage,
+)
 from sbert_ray.training.state import MODEL_DIR
 from sbert_ray.training.storage import is_remote, resolve_storage
 from sbert_ray.training.trainer import torch_trainer
 
 logger = logging.getLogger(__name__)
 METRICS_SPOOL = "mlflow_pending_metrics.jsonl"  # in the run folder: metrics waiting for the tracking store
+StageExamples = tuple[list[list[str]], torch.Tensor | None]  # a stage's text columns and labels, as read
 
 
 @dataclass
@@ -116,9 +124,10 @@ def shown(config: TrainConfig) -> TrainConfig:
     return dataclasses.replace(config, tracking=dataclasses.replace(tracking, tracking_uri=uri))
 
 
-def prepare(config: TrainConfig) -> tuple[TrainConfig, list[int]]:
+def prepare(config: TrainConfig) -> tuple[TrainConfig, list[StageExamples]]:
     """Fill in what depends on where the run lives, and check the tracking store, data, model and evaluation tasks
-    before Ray starts. Returns the config and the number of training examples of each stage."""
+    before Ray starts. Returns the config and each stage's training examples (read once, here; tokenised later on
+    the cluster)."""
     config = absolute_paths(config)
     storage = config.checkpoint.storage_path
     # The final model is copied here from the last checkpoint (a download when storage is remote).
@@ -148,19 +157,35 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, list[int]]:
             check_available(name, split, data_dir)
         except DataError as err:
             raise ConfigError(f"{key}: {err}") from None
-    examples = []
+    stages = []
     for i, stage in enumerate(config.stages):  # reading validates every row and the objective/record match
         try:
-            columns, _ = texts_and_labels(load_training_records(stage, data_dir), stage)
+            columns, labels = texts_and_labels(load_training_records(stage, data_dir), stage)
         except ValueError as err:
             raise ConfigError(f"stages.{i}: {err}") from None
-        examples.append(len(columns[0]))
-        if stage_steps(examples[-1], stage, config.scaling.num_workers)[1] == 0:
+        stages.append((columns, labels))
+        if stage_steps(len(columns[0]), stage, config.scaling.num_workers)[1] == 0:
             raise ConfigError(
-                f"stages.{i}: {examples[-1]} examples give no optimizer step of global batch {stage.batch_size} "
+                f"stages.{i}: {len(columns[0])} examples give no optimizer step of global batch {stage.batch_size} "
                 f"over {config.scaling.num_workers} workers"
             )
-    return config, examples
+    return config, stages
+
+
+def tokenize_stages(config: TrainConfig, stages: list[StageExamples]) -> tuple[list[ray.ObjectRef], dict[str, int]]:
+    """Tokenise each stage's examples once for the whole cluster, in a Ray task of its own: the result stays in
+    the object store (lineage rebuilds it if its node dies) and every worker reads it zero-copy on its node.
+    Returns one reference per stage, and per stage the texts truncated to max_seq_length (an MLflow metric; the
+    worker logs them with what else training will not see)."""
+    task = ray.remote(num_returns=2)(tokenize_stage).options(
+        # No CPU reserved: it runs before this run's workers start, and a reservation could wait behind the CPUs
+        # a sweep's other trials hold. Never inside a Tune trial's placement group either.
+        num_cpus=0,
+        scheduling_strategy="DEFAULT",
+    )
+    submitted = [task.remote(config.model, columns, labels) for columns, labels in stages]
+    truncated = {f"data/stages.{i}/truncated_texts": ray.get(counts) for i, (_, counts) in enumerate(submitted)}
+    return [data for data, _ in submitted], truncated
 
 
 def metrics_spool(config: TrainConfig, run_id: str) -> str:
@@ -172,9 +197,12 @@ def metrics_spool(config: TrainConfig, run_id: str) -> str:
     return f"{storage}/{config.name}/{METRICS_SPOOL}"
 
 
-def build_trainer(config: TrainConfig, tracking_uri: str, run_id: str, callbacks: list | None = None) -> TorchTrainer:
+def build_trainer(
+    config: TrainConfig, stage_data: list[ray.ObjectRef], tracking_uri: str, run_id: str, callbacks: list | None = None
+) -> TorchTrainer:
     return torch_trainer(
         config,
+        stage_data,
         ray.train.RunConfig(
             # Same name + storage = same run: a resubmitted job resumes from its latest checkpoint.
             name=config.name,
@@ -231,7 +259,8 @@ def run_training(
     if previous is not None and previous.status == "finished" and not restart:
         saved = previous.result | {"headlines": {k: tuple(v) for k, v in previous.result["headlines"].items()}}
         return TrainResult(**saved | {"already_finished": True})
-    config, examples = prepare(config)
+    config, stages = prepare(config)
+    examples = [len(columns[0]) for columns, _ in stages]
     if restart:
         _replace_previous(run_dir, previous, tracking_uri)
         previous = None
@@ -266,6 +295,9 @@ def run_training(
             tracker.set_tags(environment_tags() | {NAME_TAG: run_dir})
             tracker.log_text(dump_yaml(shown(config)), "config.yaml")
             connect_ray()
+            stage_data, truncated = tokenize_stages(config, stages)
+            tracker.log_metrics(truncated)
+            del stages  # the driver's copy of the texts is no longer needed
 
             def evaluate(load, tasks) -> Results:
                 return evaluate_on_worker_resources(load, tasks, config.data_dir, evaluation.batch_size, config.scaling)
@@ -277,7 +309,7 @@ def run_training(
                 tracker.log_metrics({f"before/{key}": value for key, value in before.items()})
 
             start = time.perf_counter()
-            result = build_trainer(config, tracking_uri, tracker.run_id, callbacks).fit()
+            result = build_trainer(config, stage_data, tracking_uri, tracker.run_id, callbacks).fit()
             train_seconds = time.perf_counter() - start
             try:
                 check_diverged(result)

@@ -6,19 +6,24 @@ user-file kind, the label field and which records it keeps.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import logging
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
-from sbert_ray.config import StageConfig
+from sbert_ray.config import ModelConfig, StageConfig
 from sbert_ray.data.readers import load_records, read_user_file
 from sbert_ray.data.records import TEXT_FIELDS, Records
 from sbert_ray.data.sampler import SmartBatchSampler
 from sbert_ray.losses.registry import OBJECTIVES
+from sbert_ray.models import load_encoder
 
 logger = logging.getLogger(__name__)
 USER_FILE_SUFFIXES = (".csv", ".tsv", ".jsonl")
+TOKENIZE_CHUNK = 10_000  # sentences per tokenizer call: bounds the Python lists of ids alive at once
 
 
 def local_batch_size(stage: StageConfig, num_workers: int) -> int:
@@ -87,34 +92,111 @@ def texts_and_labels(records: Sequence, stage: StageConfig) -> tuple[list[list[s
     return columns, None
 
 
-class TokenizedColumns:
-    """Every text column tokenised once up front; batches are padded per batch (smart batching)."""
+@dataclasses.dataclass(frozen=True)
+class TokenizedColumn:
+    """One text column's token ids, back to back: sentence i is ``ids[offsets[i]:offsets[i + 1]]``."""
 
-    def __init__(self, columns: list[list[str]], labels: torch.Tensor | None, tokenizer, max_seq_length: int):
-        self.tokenizer = tokenizer
-        self.labels = labels
-        self.encodings = [
-            tokenizer(column, truncation=True, max_length=max_seq_length, return_attention_mask=False)["input_ids"]
-            for column in columns
-        ]
-        self.texts = sum(len(column) for column in columns)
-        self.truncated = sum(
-            count_truncated(tokenizer, column, ids, max_seq_length)
-            for column, ids in zip(columns, self.encodings, strict=True)
+    ids: np.ndarray  # int32
+    offsets: np.ndarray  # int64, one more than there are sentences
+
+    @classmethod
+    def tokenize(cls, sentences: Sequence[str], tokenizer, max_seq_length: int) -> tuple[TokenizedColumn, int]:
+        """The column tokenised and truncated to ``max_seq_length``, and how many sentences were truncated."""
+        ids, lengths, truncated = [], [], 0
+        for start in range(0, len(sentences), TOKENIZE_CHUNK):
+            batch = tokenizer(
+                list(sentences[start : start + TOKENIZE_CHUNK]),
+                truncation=True,
+                max_length=max_seq_length,
+                return_attention_mask=False,
+                return_token_type_ids=False,
+            )
+            chunk = batch["input_ids"]
+            ids.append(np.fromiter(itertools.chain.from_iterable(chunk), dtype=np.int32))
+            lengths.append(np.fromiter(map(len, chunk), dtype=np.int64, count=len(chunk)))
+            truncated += count_truncated(tokenizer, sentences[start : start + TOKENIZE_CHUNK], chunk, max_seq_length)
+        offsets = np.zeros(len(sentences) + 1, dtype=np.int64)
+        np.cumsum(np.concatenate(lengths), out=offsets[1:])
+        return cls(np.concatenate(ids), offsets), truncated
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def pad(self, indices: np.ndarray, pad_token_id: int, pad_left: bool, pin: bool) -> torch.Tensor:
+        """input_ids and attention_mask of these sentences, stacked [2, batch, longest], padded with numpy into one
+        (pinned, with ``pin``) host buffer, as ``tokenizer.pad`` pads them."""
+        starts, lengths = self.offsets[indices], self.offsets[indices + 1] - self.offsets[indices]
+        width = int(lengths.max())
+        buffer = torch.empty((2, len(indices), width), dtype=torch.long, pin_memory=pin)
+        input_ids, attention_mask = buffer.numpy()
+        positions = np.arange(width)
+        filled = positions >= width - lengths[:, None] if pad_left else positions < lengths[:, None]
+        # Source position of every real token, row after row: the order boolean indexing fills `filled`.
+        first_of_row = np.repeat(np.cumsum(lengths) - lengths, lengths)
+        source = np.repeat(starts, lengths) + np.arange(lengths.sum()) - first_of_row
+        input_ids.fill(pad_token_id)
+        input_ids[filled] = self.ids[source]
+        np.copyto(attention_mask, filled)
+        return buffer
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizedColumns:
+    """A stage's examples tokenised once for the whole cluster: compact numpy arrays that a worker reads zero-copy
+    from Ray's object store, padded per batch (smart batching) when collated."""
+
+    columns: list[TokenizedColumn]  # one per siamese branch
+    lengths: np.ndarray  # int64, per example: its longest sentence, which sets the padded width of its batch
+    labels: np.ndarray | None  # int64 class labels, float32 scaled scores, or None
+    pad_token_id: int
+    pad_left: bool
+    texts: int  # over all columns
+    truncated: int  # of those, cut to max_seq_length
+
+    @classmethod
+    def tokenize(
+        cls, columns: list[list[str]], labels: torch.Tensor | None, tokenizer, max_seq_length: int
+    ) -> TokenizedColumns:
+        tokenized = [TokenizedColumn.tokenize(column, tokenizer, max_seq_length) for column in columns]
+        return cls(
+            columns=[column for column, _ in tokenized],
+            lengths=np.max([column.lengths for column, _ in tokenized], axis=0),
+            labels=None if labels is None else labels.numpy(),
+            pad_token_id=tokenizer.pad_token_id,
+            pad_left=tokenizer.padding_side == "left",
+            texts=sum(len(column) for column in columns),
+            truncated=sum(truncated for _, truncated in tokenized),
         )
-        # An example is as long as its longest sentence: that is what sets the padded width of its batch.
-        self.lengths = [max(lens) for lens in zip(*([len(ids) for ids in enc] for enc in self.encodings), strict=True)]
 
     def __len__(self) -> int:
         return len(self.lengths)
 
     def collate(self, indices: Sequence[int], device: torch.device) -> tuple[list[dict], torch.Tensor | None]:
+        """The batch's features per column and its labels on ``device``; on CUDA from pinned host memory, copied
+        without blocking the host."""
+        index = np.asarray(indices, dtype=np.int64)
+        pin = device.type == "cuda"
         features = []
-        for encoding in self.encodings:
-            padded = self.tokenizer.pad({"input_ids": [encoding[i] for i in indices]}, return_tensors="pt")
-            features.append({k: v.to(device) for k, v in padded.items()})
-        labels = self.labels[list(indices)].to(device) if self.labels is not None else None
-        return features, labels
+        for column in self.columns:
+            input_ids, attention_mask = column.pad(index, self.pad_token_id, self.pad_left, pin).to(
+                device, non_blocking=True
+            )
+            features.append({"input_ids": input_ids, "attention_mask": attention_mask})
+        if self.labels is None:
+            return features, None
+        labels = torch.from_numpy(self.labels[index])
+        return features, (labels.pin_memory() if pin else labels).to(device, non_blocking=True)
+
+
+def tokenize_stage(
+    model: ModelConfig, columns: list[list[str]], labels: torch.Tensor | None
+) -> tuple[TokenizedColumns, int]:
+    """A stage's examples tokenised with the model's tokenizer, and apart from them how many texts were truncated,
+    which a caller can read without fetching the arrays."""
+    encoder = load_encoder(**dataclasses.asdict(model))  # its tokenizer (the same for every seed)
+    data = TokenizedColumns.tokenize(columns, labels, encoder.tokenizer, encoder.max_seq_length)
+    return data, data.truncated
 
 
 def count_truncated(tokenizer, texts: Sequence[str], input_ids: Sequence[Sequence[int]], max_length: int) -> int:

@@ -12,9 +12,14 @@ from sbert_ray.training.worker import train_loop_per_worker
 
 
 def torch_trainer(
-    config: TrainConfig, run_config: ray.train.RunConfig, tracking: dict | None = None, local: bool = False
+    config: TrainConfig,
+    stage_data: list,
+    run_config: ray.train.RunConfig,
+    tracking: dict | None = None,
+    local: bool = False,
 ) -> TorchTrainer:
-    """``config.scaling.num_workers`` workers with their CPUs (and GPUs); rank 0 logs to the MLflow run ``tracking``
+    """``config.scaling.num_workers`` workers with their CPUs (and GPUs), training on ``stage_data`` (each stage's
+    ``TokenizedColumns``, or an object-store reference to them); rank 0 logs to the MLflow run ``tracking``
     names (``RunLogger``'s arguments: tracking URI, run id, spool file for metrics during outages) when one is given.
     ``local``: Ray Train's local mode, one worker in this process and no cluster (benchmarks on one GPU).
     Call ``fit()`` right away: the workers time their first optimizer step from now."""
@@ -24,6 +29,7 @@ def torch_trainer(
         train_loop_per_worker,
         train_loop_config={
             "config": config,
+            "stage_data": stage_data,
             "tracking": tracking,
             "fit_started": time.time(),  # wall clock: workers may be other processes on other nodes
         },

@@ -23,6 +23,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
+import ray
 import ray.train
 import ray.train.torch
 import torch
@@ -39,14 +40,7 @@ from sbert_ray.losses.registry import build_loss
 from sbert_ray.models import SentenceEncoder, load_encoder
 from sbert_ray.models.model_card import describe_hardware
 from sbert_ray.tracking.mlflow_run import RunLogger
-from sbert_ray.training.batches import (
-    TokenizedColumns,
-    load_training_records,
-    local_batch_size,
-    log_coverage,
-    stage_steps,
-    texts_and_labels,
-)
+from sbert_ray.training.batches import TokenizedColumns, local_batch_size, log_coverage, stage_steps
 from sbert_ray.training.precision import autocast, grad_scaler, resolve_precision
 from sbert_ray.training.state import (
     MODEL_DIR,
@@ -124,7 +118,10 @@ def train_loop_per_worker(loop_config: dict) -> dict:
                 if index > state.stage:
                     state = TrainState(stage=index, global_step=state.global_step)
                 resume_from = restored if (restored is not None and index == state.stage and state.step) else None
-                state = worker.run_stage(stage, state, data_dir, resume_from)
+                # Tokenised once for the cluster; read zero-copy from the object store on this node.
+                data = loop_config["stage_data"][index]
+                data: TokenizedColumns = ray.get(data) if isinstance(data, ray.ObjectRef) else data
+                state = worker.run_stage(stage, state, data, resume_from)
         except Diverged as diverged:
             return worker.summary(diverged)
     return worker.summary()
@@ -159,11 +156,10 @@ class _Worker:
         self.window_steps, self.window_pairs, self.window_start = 0, 0, time.perf_counter()
         self.last_window: dict[str, float] = {}  # rank 0's latest loss and rate, for the driver's progress
 
-    def run_stage(self, stage: StageConfig, state: TrainState, data_dir, resume_from: Path | None) -> TrainState:
+    def run_stage(
+        self, stage: StageConfig, state: TrainState, data: TokenizedColumns, resume_from: Path | None
+    ) -> TrainState:
         world_size = self.world_size
-        records = load_training_records(stage, data_dir)
-        columns, labels = texts_and_labels(records, stage)
-        data = TokenizedColumns(columns, labels, self.encoder.tokenizer, self.encoder.max_seq_length)
         sampler = SmartBatchSampler(
             data.lengths,
             local_batch_size(stage, world_size),
