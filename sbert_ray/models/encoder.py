@@ -18,6 +18,7 @@ from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTo
 from sbert_ray.models.pooling import Pooling, PoolingMode
 from sbert_ray.models.resolve import resolve_model_ref
 from sbert_ray.models.st_layout import ModelError, StLayout, check_weights, read_st_layout, write_st_layout
+from sbert_ray.progress import progress_bar
 
 DEFAULT_MAX_SEQ_LENGTH = 128
 Precision = Literal["fp32", "bf16"]
@@ -231,7 +232,7 @@ class SentenceEncoder(nn.Module):
         order = [i for batch in batches for i in batch]
         in_batch_order = torch.empty_like(out)
         start = 0
-        for batch in batches:
+        for batch in progress_bar(batches, desc="encode", unit="batch"):
             features = self._padded(ids, batch, [lengths[i] for i in batch])
             in_batch_order[start : start + len(batch)] = self(features)[:, : self.output_dim]
             start += len(batch)

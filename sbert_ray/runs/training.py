@@ -41,7 +41,7 @@ from sbert_ray.evaluation.results import nest
 from sbert_ray.evaluation.tasks import EvalTask, Results, check_tasks, headlines, parse_tasks
 from sbert_ray.models import SentenceEncoder, check_model, load_encoder
 from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_card
-from sbert_ray.progress import quiet
+from sbert_ray.progress import progress_bar, quiet
 from sbert_ray.runs import record
 from sbert_ray.runs.cluster import connect_ray
 from sbert_ray.runs.progress import TrainingProgress
@@ -158,7 +158,8 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, list[StageExamples]]:
         except DataError as err:
             raise ConfigError(f"{key}: {err}") from None
     stages = []
-    for i, stage in enumerate(config.stages):  # reading validates every row and the objective/record match
+    reading = progress_bar(config.stages, desc="reading training data", unit="stage")
+    for i, stage in enumerate(reading):  # reading validates every row and the objective/record match
         try:
             columns, labels = texts_and_labels(load_training_records(stage, data_dir), stage)
         except ValueError as err:
