@@ -1,18 +1,23 @@
-"""A sweep on the token-authenticated head, with its Tune results and checkpoints on object storage, leaves no
-placement group behind, even when ASHA stops a trial and Ray Train's own cleaner cannot find the cluster (see
+"""An ASHA sweep on the token-authenticated head, with its Tune results and checkpoints on object storage: ASHA
+stops the weak trial, the sweep's rows, MLflow parent and child runs and summary files say so, and no placement
+group is left behind, even when Ray Train's own cleaner cannot find the cluster (see
 sbert_ray/tuning/placement_groups.py)."""
 
 from __future__ import annotations
 
+import csv
 import socket
 
+import pytest
 import yaml
 from cluster_fixtures import live_placement_groups
 from local_cluster import BUCKET
+from mlflow.tracking import MlflowClient
 
 from sbert_ray.config import load_config
 from sbert_ray.runs.sweep import run_sweep
 from sbert_ray.tuning import SweepConfig
+from sbert_ray.tuning.space import METRIC
 
 
 def dead_address() -> str:
@@ -50,7 +55,6 @@ def test_asha_sweep_on_token_head_leaves_no_placement_group(
     finally:
         address_file.write_text(own_address)
 
-    assert {r.sampled["model.pooling"]: r.status for r in result.rows} == {"mean": "finished", "cls": "stopped"}
     assert live_placement_groups() == {}
 
     stored = {o["Key"] for o in s3_server.client().list_objects_v2(Bucket=BUCKET, Prefix="sweeps/")["Contents"]}
@@ -59,3 +63,42 @@ def test_asha_sweep_on_token_head_leaves_no_placement_group(
         assert any(key.startswith(f"sweeps/pg-cleanup/trials/{row.trial_id}/checkpoint_") for key in stored)
     assert result.path == f"s3://{BUCKET}/sweeps/pg-cleanup"
     assert (result.summary / "best_config.yaml").exists() and result.summary.is_relative_to(tmp_path)
+
+    # The sweep's results: rows, the MLflow parent run and one child run per trial, the summary files.
+    rows = {r.sampled["model.pooling"]: r for r in result.rows}
+    assert {k: r.status for k, r in rows.items()} == {"mean": "finished", "cls": "stopped"}
+    assert rows["mean"].global_step == 96 // 8 and rows["cls"].global_step < 96 // 8
+    assert result.best is rows["mean"]
+
+    client = MlflowClient(result.tracking_uri)
+    parent = client.get_run(result.run_id)
+    assert parent.info.status == "FINISHED"
+    assert parent.data.metrics["sweep/trials_stopped"] == 1 and parent.data.metrics["sweep/trials_finished"] == 1
+    assert parent.data.metrics[f"best/{METRIC}"] == pytest.approx(rows["mean"].dev_spearman)
+    artifacts = {a.path for a in client.list_artifacts(result.run_id)}
+    assert {
+        "sweep.yaml",
+        "results.csv",
+        "results.md",
+        "dev_spearman_vs_learning_rate.png",
+        "best_config.yaml",
+    } <= artifacts
+
+    children = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{result.run_id}'"
+    )
+    by_id = {run.info.run_id: run for run in children}
+    assert sorted(by_id) == sorted(r.run_id for r in result.rows)  # one child run per trial
+    assert {k: by_id[r.run_id].info.status for k, r in rows.items()} == {"mean": "FINISHED", "cls": "KILLED"}
+    assert by_id[rows["mean"].run_id].info.end_time <= by_id[rows["cls"].run_id].info.start_time  # one at a time
+    finished = by_id[rows["mean"].run_id]
+    assert finished.data.params["model.pooling"] == "mean"
+    assert [m.step for m in client.get_metric_history(finished.info.run_id, "dev/spearman_cosine")] == [4, 8, 12]
+    assert finished.data.metrics["final/stsb/spearman_cosine"] == pytest.approx(rows["mean"].final["stsb"])
+
+    best_config = load_config(result.summary / "best_config.yaml")
+    assert best_config.model.pooling == "mean" and best_config.stages[0].limit == 96
+    with (result.summary / "results.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert [(row["model.pooling"], row["status"]) for row in table] == [("mean", "finished"), ("cls", "stopped")]
+    assert {"dev_spearman", "final stsb", "mlflow_run", "error"} <= set(table[0])

@@ -149,7 +149,7 @@ def test_stages_are_tokenised_once_into_the_object_store_with_unchanged_batches(
 
 def test_resubmitted_run_resumes(tiny_train_config):
     """A driver killed mid-run (as a cancelled job): running the same config again continues the same run."""
-    path = tiny_train_config(name="resubmit", limit=1600, eval_every=20)
+    path = tiny_train_config(name="resubmit", limit=800, eval_every=20)
     config = load_config(path)
     command = [sys.executable, "-m", "sbert_ray.cli", "train", str(path)]
     first = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import re
@@ -19,7 +18,7 @@ from mlflow.tracking import MlflowClient
 from ray.tune.search.optuna import OptunaSearch
 
 from sbert_ray.config import ConfigError, TrainConfig, load_config
-from sbert_ray.runs.sweep import max_concurrent_trials, run_sweep
+from sbert_ray.runs.sweep import max_concurrent_trials
 from sbert_ray.tuning import SearchSpace, SweepConfig
 from sbert_ray.tuning.space import METRIC
 
@@ -138,56 +137,6 @@ def test_concurrency_follows_cluster_and_trial_size(local_ray):
 
 
 # ---------------------------------------------------------------------------------- sweeps on Ray
-
-
-def test_sweep_with_asha(local_ray, write_sweep):
-    path = write_sweep(
-        "asha",
-        # One trial at a time, in grid order, so ASHA's decision is fixed: at step 4 "cls" is far behind "mean".
-        search_space={"model.pooling": {"grid": ["mean", "cls"]}},
-        scheduler="asha",
-        asha={"grace_period": 4, "reduction_factor": 2},
-        max_concurrent_trials=1,
-    )
-    result = run_sweep(load_config(path, cls=SweepConfig))
-
-    rows = {r.sampled["model.pooling"]: r for r in result.rows}
-    assert {k: r.status for k, r in rows.items()} == {"mean": "finished", "cls": "stopped"}
-    assert rows["mean"].global_step == 96 // 8 and rows["cls"].global_step < 96 // 8
-    assert result.best is rows["mean"]
-
-    client = MlflowClient(result.tracking_uri)
-    parent = client.get_run(result.run_id)
-    assert parent.info.status == "FINISHED"
-    assert parent.data.metrics["sweep/trials_stopped"] == 1 and parent.data.metrics["sweep/trials_finished"] == 1
-    assert parent.data.metrics[f"best/{METRIC}"] == pytest.approx(rows["mean"].dev_spearman)
-    artifacts = {a.path for a in client.list_artifacts(result.run_id)}
-    assert {
-        "sweep.yaml",
-        "results.csv",
-        "results.md",
-        "dev_spearman_vs_learning_rate.png",
-        "best_config.yaml",
-    } <= artifacts
-
-    children = client.search_runs(
-        [parent.info.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{result.run_id}'"
-    )
-    by_id = {run.info.run_id: run for run in children}
-    assert sorted(by_id) == sorted(r.run_id for r in result.rows)  # one child run per trial
-    assert {k: by_id[r.run_id].info.status for k, r in rows.items()} == {"mean": "FINISHED", "cls": "KILLED"}
-    assert by_id[rows["mean"].run_id].info.end_time <= by_id[rows["cls"].run_id].info.start_time  # one at a time
-    finished = by_id[rows["mean"].run_id]
-    assert finished.data.params["model.pooling"] == "mean"
-    assert [m.step for m in client.get_metric_history(finished.info.run_id, "dev/spearman_cosine")] == [4, 8, 12]
-    assert finished.data.metrics["final/stsb/spearman_cosine"] == pytest.approx(rows["mean"].final["stsb"])
-
-    best_config = load_config(result.summary / "best_config.yaml")
-    assert best_config.model.pooling == "mean" and best_config.stages[0].limit == 96
-    with (result.summary / "results.csv").open() as f:
-        table = list(csv.DictReader(f))
-    assert [(row["model.pooling"], row["status"]) for row in table] == [("mean", "finished"), ("cls", "stopped")]
-    assert {"dev_spearman", "final stsb", "mlflow_run", "error"} <= set(table[0])
 
 
 def trial_statuses(sweep_dir: Path) -> list[str]:

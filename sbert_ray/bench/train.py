@@ -213,7 +213,9 @@ def reference_trainer_run(settings: TrainBenchSettings, threads: int) -> dict:
             step_ends.append(time.time())
 
     with tempfile.TemporaryDirectory(prefix="sbert-ray-bench-st-") as output_dir:
-        st_model = SentenceTransformer(model_folder(settings.model, Path(output_dir), settings.seed), device=device)
+        st_model = SentenceTransformer(
+            model_folder(settings.model, Path(output_dir), settings.seed), device=device, trust_remote_code=False
+        )
         st_model.max_seq_length = settings.max_seq_length
         args = SentenceTransformerTrainingArguments(
             output_dir=output_dir,
