@@ -11,6 +11,22 @@ import pytest
 import ray
 from ray._raylet import AuthenticationTokenLoader, Config
 
+# Ray Train's PlacementGroupCleaner asks the state API whether its controller still lives. A test cluster has no
+# dashboard, and several clusters run on this machine, so the lookup would go to whichever one Ray finds first and
+# hang until it times out (12 s added to the end of every fit). Pointed at a closed port, it fails at once.
+NO_STATE_API = {"RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9"}
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    """A 2-CPU local cluster for this module, or the one already connected."""
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, runtime_env={"env_vars": NO_STATE_API})
+    yield
+    if started:
+        ray.shutdown()
+
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory) -> Iterator[local_cluster.S3Server]:

@@ -11,7 +11,6 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
-import ray
 
 from sbert_ray.cli import main
 from sbert_ray.data.corpus import open_corpus
@@ -22,16 +21,6 @@ from sbert_ray.runs.encode import encode_corpus
 
 # Quotes, commas, a line break inside a value, non-ASCII text: what CSV quoting and the readers must keep intact.
 AWKWARD = ['He said "hello", then left.', "line one\nline two", "Café, naïve, 東京", "   padded   "]
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False)
-    yield
-    if started:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")

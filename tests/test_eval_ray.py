@@ -5,23 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import ray
 
 from sbert_ray.data.readers import load_records
 from sbert_ray.evaluation import argsim, triplets
 from sbert_ray.evaluation.distributed import RayEncoder
 from sbert_ray.models.encoder import SentenceEncoder
 from sbert_ray.runs.argsim import finetune_config, finetune_folds
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False)  # our own, not a running cluster
-    yield
-    if started:
-        ray.shutdown()
 
 
 def test_ray_workers_reproduce_single_process_encoding(local_ray, tiny_model_dir, data_dir):

@@ -18,6 +18,7 @@ import psutil
 import pytest
 import ray
 import torch
+from cluster_fixtures import NO_STATE_API
 from mlflow.tracking import MlflowClient
 from sentence_transformers import SentenceTransformer
 
@@ -27,13 +28,6 @@ from sbert_ray.models import load_encoder
 from sbert_ray.models.encoder import SentenceEncoder
 from sbert_ray.runs.training import TrainingDiverged, prepare, run_training, tokenize_stages
 from sbert_ray.training.batches import local_batch_size
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 def only_run(tracking_uri: str):
@@ -152,7 +146,10 @@ def test_resubmitted_run_resumes(tiny_train_config):
     path = tiny_train_config(name="resubmit", limit=800, eval_every=20)
     config = load_config(path)
     command = [sys.executable, "-m", "sbert_ray.cli", "train", str(path)]
-    first = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {**os.environ, **NO_STATE_API}
+    first = subprocess.Popen(
+        command, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         wait_for_registered_checkpoint(Path(config.checkpoint.storage_path) / config.name)
     finally:
@@ -161,7 +158,7 @@ def test_resubmitted_run_resumes(tiny_train_config):
     client, run = only_run(config.tracking.tracking_uri)
     assert run.info.status == "RUNNING"  # killed without a chance to close it
 
-    second = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "(resumed)" in second.stdout
     client, run_after = only_run(config.tracking.tracking_uri)

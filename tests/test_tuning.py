@@ -12,11 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
-import ray
 import yaml
+from cluster_fixtures import NO_STATE_API
 from mlflow.tracking import MlflowClient
 from ray.tune.search.optuna import OptunaSearch
 
+from sbert_ray.cli import main
 from sbert_ray.config import ConfigError, TrainConfig, load_config
 from sbert_ray.runs.sweep import max_concurrent_trials
 from sbert_ray.tuning import SearchSpace, SweepConfig
@@ -26,13 +27,6 @@ STAGE_OPTIONS = {
     "regression-stsb": {"dataset": "stsb", "objective": "regression"},
     "softmax-nli": {"dataset": "nli-offline", "objective": "softmax", "loss": {"concat": ["u", "v"]}, "limit": 100},
 }
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture
@@ -151,7 +145,7 @@ def trial_statuses(sweep_dir: Path) -> list[str]:
     return [json.loads(trial)["status"] for trial, _ in trials]
 
 
-def test_killed_sweep_resumes_without_rerunning_finished_trials(write_sweep):
+def test_killed_sweep_resumes_without_rerunning_finished_trials(write_sweep, capsys):
     """Killed after its first trial, the sweep continues with --resume: the finished trial is not run again, the
     interrupted one runs to the end and the sweep ends with its summary."""
     path = write_sweep(
@@ -165,7 +159,7 @@ def test_killed_sweep_resumes_without_rerunning_finished_trials(write_sweep):
     command = [sys.executable, "-m", "sbert_ray.cli", "tune", str(path)]
     # A fresh local cluster per driver, never someone else's; Tune saves its state each second, so the kill
     # right after the first trial catches the second one in flight.
-    env = {**os.environ, "RAY_ADDRESS": "local", "TUNE_GLOBAL_CHECKPOINT_S": "1"}
+    env = {**os.environ, "RAY_ADDRESS": "local", "TUNE_GLOBAL_CHECKPOINT_S": "1", **NO_STATE_API}
     first = subprocess.Popen(
         command, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -181,8 +175,8 @@ def test_killed_sweep_resumes_without_rerunning_finished_trials(write_sweep):
     experiment_id = client.get_experiment_by_name(sweep.base.tracking.experiment).experiment_id
     (finished,) = client.search_runs([experiment_id], "attributes.status = 'FINISHED'")
 
-    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 2 and "pass --resume" in again.stderr  # a second start never mixes two sweeps
+    # A second start never mixes two sweeps; refused before Ray starts, so it can run in this process.
+    assert main(["tune", str(path)]) == 2 and "pass --resume" in capsys.readouterr().err
     resumed = subprocess.run([*command, "--resume"], env=env, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "(resumed)" in resumed.stdout
