@@ -121,7 +121,7 @@ def test_optuna_samples_every_kind_of_key():
         assert config.stages[0].objective in ("regression", "softmax")
 
 
-def test_concurrency_follows_cluster_and_trial_size(local_ray):
+def test_concurrency_follows_cluster_and_trial_size(connect):  # the session's 2-CPU head
     def corners(num_workers: list[int]) -> list[TrainConfig]:
         base = load_config(None, ["scaling.cpus_per_worker=0.5", "stages.0.batch_size=16"])
         return list(SearchSpace(base, {"scaling.num_workers": {"grid": num_workers}}).corner_configs())
