@@ -4,6 +4,8 @@ and inside functions alike): dependencies point down, no import circles, Ray and
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -95,3 +97,11 @@ def test_ray_and_mlflow_only_where_they_belong(library, allowed):
         and not name.removeprefix("sbert_ray.").startswith(allowed)
     ]
     assert not offenders, f"{library} imported in {offenders}"
+
+
+def test_the_config_imports_no_model_code():
+    """Ray Train's controller unpickles the TrainConfig (and the CLI imports it before any command): loading
+    transformers' model code there cost ~3 s of every fit's start-up. Model classes load where a model is built."""
+    probe = "import sys, sbert_ray.config; print(sorted(m for m in sys.modules if m.endswith('modeling_utils')))"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]", result.stdout

@@ -7,18 +7,20 @@ import itertools
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
-from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from sbert_ray.models.pooling import Pooling, PoolingMode
 from sbert_ray.models.resolve import resolve_model_ref
 from sbert_ray.models.st_layout import ModelError, StLayout, check_weights, read_st_layout, write_st_layout
 from sbert_ray.progress import progress_bar
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 DEFAULT_MAX_SEQ_LENGTH = 128
 Precision = Literal["fp32", "bf16"]
@@ -70,6 +72,8 @@ class SentenceEncoder(nn.Module):
         result is in eval mode; call `.train()` before training. Weights load from safetensors files only,
         unless ``allow_unsafe_weights`` (pickled PyTorch files can run code); the model's own code never runs.
         """
+        from transformers import AutoModel, AutoTokenizer  # here: importing the package must not load model code
+
         resolved = resolve_model_ref(ref)
         layout = read_st_layout(resolved)
         subfolder = layout.transformer_subfolder if layout else ""

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import torch
-from transformers import BertConfig, BertModel, BertTokenizer
+from transformers import BertConfig
 
 from sbert_ray.models.encoder import DEFAULT_MAX_SEQ_LENGTH, SentenceEncoder
 from sbert_ray.models.pooling import PoolingMode
@@ -49,6 +49,8 @@ def random_bert(
     The vocabulary is `vocab_file` (one WordPiece per line, lower-cased input) or, by default, the
     bert-base-uncased vocabulary shipped with the offline all-MiniLM-L6-v2 package.
     """
+    from transformers import BertModel, BertTokenizer  # here: importing the package must not load model code
+
     if shape not in BERT_SHAPES:
         raise ValueError(f"unknown BERT shape {shape!r}; expected one of {sorted(BERT_SHAPES)}")
     if vocab_file is None:
