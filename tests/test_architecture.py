@@ -4,6 +4,7 @@ and inside functions alike): dependencies point down, no import circles, Ray and
 from __future__ import annotations
 
 import ast
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -100,8 +101,20 @@ def test_ray_and_mlflow_only_where_they_belong(library, allowed):
 
 
 def test_the_config_imports_no_model_code():
-    """Ray Train's controller unpickles the TrainConfig (and the CLI imports it before any command): loading
-    transformers' model code there cost ~3 s of every fit's start-up. Model classes load where a model is built."""
+    """Every CLI command imports the config first: loading transformers' model code there cost ~3 s of each
+    command's start-up. Model classes load where a model is built."""
     probe = "import sys, sbert_ray.config; print(sorted(m for m in sys.modules if m.endswith('modeling_utils')))"
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_ray_trains_controller_unpickles_no_code_of_ours(tmp_path):
+    """The controller unpickles the loop config (the loop function only reaches the workers): a TrainConfig there
+    made it import this package and torch, ~3 s of CPU beside the starting workers on every fit."""
+    import ray.train
+
+    from sbert_ray.config import TrainConfig
+    from sbert_ray.training.trainer import torch_trainer
+
+    trainer = torch_trainer(TrainConfig(), [], ray.train.RunConfig(storage_path=str(tmp_path)))
+    assert b"sbert_ray" not in pickle.dumps(trainer.train_loop_config)

@@ -7,7 +7,7 @@ import time
 import ray.train
 from ray.train.torch import TorchTrainer
 
-from sbert_ray.config import TrainConfig
+from sbert_ray.config import TrainConfig, to_dict
 from sbert_ray.training.worker import train_loop_per_worker
 
 
@@ -28,7 +28,9 @@ def torch_trainer(
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
-            "config": config,
+            # A plain dict: Ray Train's controller unpickles this config too, and a TrainConfig would make it
+            # import this package (and torch) while the worker processes start beside it.
+            "config": to_dict(config),
             "stage_data": stage_data,
             "tracking": tracking,
             "fit_started": time.time(),  # wall clock: workers may be other processes on other nodes

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from transformers import get_linear_schedule_with_warmup
 
-from sbert_ray.config import StageConfig, TrainConfig
+from sbert_ray.config import StageConfig, TrainConfig, from_dict
 from sbert_ray.data.readers import load_records, resolve_data_dir
 from sbert_ray.data.sampler import SmartBatchSampler
 from sbert_ray.evaluation.sts import evaluate_pairs
@@ -73,7 +73,7 @@ class Diverged(Exception):
 def train_loop_per_worker(loop_config: dict) -> dict:
     """Train every stage; returns rank 0's summary (``Result.return_value``): throughput, time to the first step,
     and ``diverged`` when a NaN/inf loss stopped the run."""
-    config: TrainConfig = loop_config["config"]
+    config = from_dict(TrainConfig, loop_config["config"])
     fit_started = loop_config["fit_started"]
     started = time.time() - fit_started  # Ray Train's start-up: controller, worker processes, imports
     context = ray.train.get_context()
