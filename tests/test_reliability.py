@@ -188,9 +188,10 @@ def test_training_survives_an_mlflow_outage_and_never_shows_the_password(
     """The server is stopped once rank 0's first steps are logged and started again a little later: training goes on,
     rank 0 keeps its metrics in the run folder meanwhile, and the run ends FINISHED with every logged step. A
     password in the tracking URI appears nowhere: output, logs, run files, checkpoints, model card, MLflow."""
-    # 600 steps: long enough that training is still going when the server stops, even on a loaded machine.
+    # 3 epochs of 600 steps (~30 s here): training is still going when the server stops, even on a fast machine.
     path = tiny_train_config(name="outage", limit=4800, eval_every=100, tracking_uri=auth_server.uri)
     config = yaml.safe_load(path.read_text())
+    config["stages"][0]["epochs"] = 3
     config["tracking"]["experiment"] = "outage"
     config["evaluation"]["final_tasks"] = []
     path.write_text(yaml.safe_dump(config))
@@ -227,7 +228,7 @@ def test_training_survives_an_mlflow_outage_and_never_shows_the_password(
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
     steps = {m.step: m.timestamp for m in client.get_metric_history(run_id, "train/loss")}
-    assert sorted(steps) == list(range(10, 4800 // 8 + 1, 10))  # every step rank 0 logged, none lost
+    assert sorted(steps) == list(range(10, 3 * 4800 // 8 + 1, 10))  # every step rank 0 logged, none lost
     assert any(down_since <= t <= back_since for t in steps.values())  # logged while the server was down
     assert not spool.exists()  # everything buffered went out
     assert "does not answer" in out + err  # the outage was reported (masked)

@@ -42,6 +42,7 @@ from sbert_ray.models.model_card import describe_hardware
 from sbert_ray.tracking.mlflow_run import RunLogger
 from sbert_ray.training.batches import TokenizedColumns, local_batch_size, log_coverage, stage_steps
 from sbert_ray.training.precision import autocast, grad_scaler, resolve_precision
+from sbert_ray.training.sparse_embeddings import densify, sparse_embedding_gradients
 from sbert_ray.training.state import (
     MODEL_DIR,
     TrainState,
@@ -182,6 +183,7 @@ class _Worker:
         )
         if resume_from is not None and self.logger:
             self.logger.log_metrics({"train/resumed_from_step": state.step}, step=state.global_step)
+        sparse_embeddings = sparse_embedding_gradients(self.encoder, self.device, world_size)
         model = ray.train.torch.prepare_model(
             objective, move_to_device=False, parallel_strategy_kwargs=ddp_options(self.device)
         )
@@ -206,6 +208,8 @@ class _Worker:
                 self.window_pairs += len(indices) * world_size
                 if not syncs:
                     continue
+                if sparse_embeddings is not None:
+                    densify(sparse_embeddings)
                 if scaler:
                     scaler.unscale_(optimizer)
                 torch.nn.utils.clip_grad_norm_(model.parameters(), stage.max_grad_norm)
@@ -215,6 +219,8 @@ class _Worker:
                 else:
                     optimizer.step()
                 scheduler.step()
+                if sparse_embeddings is not None:
+                    sparse_embeddings.grad = None  # a sparse gradient cannot accumulate into a dense one
                 optimizer.zero_grad(set_to_none=world_size == 1)  # DDP's gradients are views into its buckets
                 state.step, state.global_step, state.batch = state.step + 1, state.global_step + 1, micro
                 self.window_steps += 1
