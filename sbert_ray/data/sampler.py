@@ -2,10 +2,12 @@
 
 Each epoch, from (seed, epoch): shuffle all indices, cut them into mega-batches of
 batch_size * num_replicas * MEGA_BATCH_FACTOR, sort each mega-batch by length and cut it into batches (so a
-batch holds examples of similar length and pads little), shuffle the batch order, then deal the batches to the
-ranks round-robin. Every rank gets the same number of batches, so no DDP worker waits for a missing step: the last
-short batch is kept and the batch list is padded by repeating batches from its start, so a few examples are seen
-twice per epoch (like DistributedSampler's padding).
+batch holds examples of similar length and pads little), group neighbouring batches into rounds of num_replicas,
+shuffle the rounds, then deal each round's batches to the ranks: the batches of one step have similar lengths, so
+no worker idles at the gradient all-reduce while another finishes a long batch. Every rank gets the same number
+of batches, so no DDP worker waits for a missing step: the last short batch is kept and the batch list is padded
+by repeating batches from its start, so a few examples are seen twice per epoch (like DistributedSampler's
+padding).
 """
 
 from __future__ import annotations
@@ -61,7 +63,11 @@ class SmartBatchSampler(Sampler[list[int]]):
             chunk = order[start : start + mega]
             chunk = chunk[np.argsort(self.lengths[chunk], kind="stable")]
             batches.extend(chunk[i : i + self.batch_size] for i in range(0, len(chunk), self.batch_size))
-        batches = [batches[i] for i in rng.permutation(len(batches))]
+        # The ranks' batches of one step are neighbours in length order, shuffled as a unit, so no rank's
+        # all-reduce waits long for another's longer batch. The last, short round (if any) stays at the end.
+        whole = len(batches) // self.num_replicas * self.num_replicas
+        rounds = [batches[i : i + self.num_replicas] for i in range(0, whole, self.num_replicas)]
+        batches = [batch for i in rng.permutation(len(rounds)) for batch in rounds[i]] + batches[whole:]
         needed = self.num_batches * self.num_replicas
         return [batches[i % len(batches)] for i in range(needed)]
 
