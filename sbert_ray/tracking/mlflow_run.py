@@ -6,6 +6,7 @@ rank 0 of the training workers logs metrics and artifacts to that run by id thro
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -97,11 +98,16 @@ class RunLogger:
 
     def __init__(self, tracking_uri: str, run_id: str, spool: str | Path | None = None, wait_s: float = 0.0):
         self.tracking_uri = tracking_uri
-        self.client = MlflowClient(tracking_uri)
         self.run_id = run_id
         self.spool = Path(spool).expanduser() if spool else None
         self.wait_s = wait_s
         self._retry_at = 0.0  # while the store is away: when to try it again
+
+    @functools.cached_property
+    def client(self) -> MlflowClient:
+        """Made on first use: opening a sqlite store takes ~0.6 s, which a training worker spends after its first
+        optimizer step, when it has something to log, rather than before."""
+        return MlflowClient(self.tracking_uri)
 
     def call(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``function(*args, **kwargs)``, an MLflow call, waiting out an outage for up to ``wait_s``."""
