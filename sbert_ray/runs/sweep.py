@@ -192,12 +192,14 @@ def _check_data(corners: list[TrainConfig]) -> None:
 
 
 def _close_trial_runs(tracker: SweepTracker, rows: list[TrialRow], trials_dir: str) -> None:
-    """Note each trial's MLflow run in its row; end the runs of trials that were stopped or died (still RUNNING)."""
+    """Note each trial's MLflow run in its row; end the runs of trials that were stopped or died (still RUNNING).
+    A stopped trial's run may also have ended FAILED: while Tune tears the trial down, its Train controller dies
+    under the running fit, which then raises before the trial's process exits. The scheduler stopped it: KILLED."""
     children = tracker.child_runs()
     for row in rows:
         run_id, status = children.get(f"{trials_dir}/{row.trial_id}", ("", ""))
         row.run_id = run_id
-        if status == "RUNNING":
+        if status == "RUNNING" or (row.status == "stopped" and status == "FAILED"):
             tracker.close_child(run_id, stopped=row.status == "stopped")
 
 
