@@ -22,6 +22,7 @@ def _eval(args: argparse.Namespace) -> int:
     from sbert_ray.runs.evaluation import evaluate_model
     from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
 
+    _refuse_protected(args, "--output")
     tasks = parse_tasks(args.tasks, args.similarities.split(","))  # fail on a typo before loading anything
     if args.baseline == "tfidf" and (args.mode == "finetune" or not all(isinstance(t, ArgsimTask) for t in tasks)):
         raise ConfigError("--baseline tfidf scores argument-similarity tasks (afs, ukp-aspect, bws) unsupervised only")
@@ -60,6 +61,16 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refuse_protected(args: argparse.Namespace, option: str) -> None:
+    """A file or folder option that names /, HOME, the working directory or a folder above them is refused before
+    any work (``runs.owned_paths``)."""
+    from sbert_ray.runs.owned_paths import refuse_protected
+
+    value = getattr(args, option.removeprefix("--").replace("-", "_"))
+    if value:
+        refuse_protected(value, option)
+
+
 def _encode(args: argparse.Namespace) -> int:
     from sbert_ray.runs.encode import encode_corpus
 
@@ -85,6 +96,7 @@ def _report(args: argparse.Namespace) -> int:
     from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
     from sbert_ray.tracking.store import redact_uri
 
+    _refuse_protected(args, "--out")
     # Only when MLflow is used: resolving the default creates its folder.
     tracking_uri = resolve_tracking_uri(args.tracking_uri) if args.run or not args.no_mlflow else None
     result_sets = [report.read_results_file(spec) for spec in args.results]
@@ -153,6 +165,7 @@ def _bench_encode(args: argparse.Namespace) -> int:
     from sbert_ray.bench.encode import run_encode_bench
     from sbert_ray.data.readers import resolve_data_dir
 
+    _refuse_protected(args, "--output")
     _set_threads(args.threads)
     options = {
         "model": args.model,
@@ -212,6 +225,7 @@ def _bench_train(args: argparse.Namespace) -> int:
     from sbert_ray.runs.cluster import connect_ray
     from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
 
+    _refuse_protected(args, "--output")
     workers = args.workers or ([1] if args.local else [1, 2])
     threads = args.threads_per_worker or [args.threads or 1]
     if len(threads) not in (1, len(workers)):

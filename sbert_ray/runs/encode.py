@@ -15,8 +15,6 @@ only the encoding, which is what takes the time, spreads over the cluster.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +31,7 @@ from sbert_ray.data.corpus import SCHEMA, Corpus, open_corpus
 from sbert_ray.evaluation.distributed import EncoderReplica, shareable
 from sbert_ray.models import load_encoder
 from sbert_ray.progress import quiet
+from sbert_ray.runs import owned_paths
 from sbert_ray.runs.cluster import connect_ray
 
 BLOCK_BYTES = 1 << 20  # rows read into one block (~10k sentences), encoded (ordered by length) in one actor call
@@ -67,10 +66,11 @@ def encode_corpus(
         raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {workers}")
-    corpus = open_corpus(input_spec, column, data_dir)
     output = Path(output).expanduser().resolve()
+    owned_paths.refuse_protected(output, "--output")
     if output.exists():
         raise ConfigError(f"--output {output} already exists; name a new folder")
+    corpus = open_corpus(input_spec, column, data_dir)
     encoder = load_encoder(model_ref)
 
     start = time.perf_counter()
@@ -98,19 +98,15 @@ def encode_corpus(
         num_cpus=1,
         num_gpus=1 if use_gpu else 0,
     )
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=output.parent))
-    try:
+    with owned_paths.staging_beside(output) as staging:
         embedded.write_parquet(
-            str(staging),
+            str(staging / "embeddings"),
             min_rows_per_file=ROWS_PER_FILE,
             concurrency=IO_TASKS,
             ray_remote_args={"num_cpus": 0, "label_selector": here},
         )
-        written = sum(pq.ParquetFile(path).metadata.num_rows for path in staging.glob("*.parquet"))
-        os.replace(staging, output)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        written = sum(pq.ParquetFile(path).metadata.num_rows for path in (staging / "embeddings").glob("*.parquet"))
+        os.replace(staging / "embeddings", output)
     return EncodeResult(str(output), written, encoder.embedding_dim, time.perf_counter() - start)
 
 

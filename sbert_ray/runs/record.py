@@ -32,6 +32,7 @@ from typing import Any
 from pyarrow import fs
 
 from sbert_ray.config import ConfigError, TrainConfig, flatten, to_dict
+from sbert_ray.runs import owned_paths
 
 RECORD_FILE = "sbert_ray_run.json"
 NOT_FINGERPRINTED = (
@@ -158,18 +159,37 @@ def changed_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 def _has_checkpoints(run_dir: str) -> bool:
+    return any(name.startswith("checkpoint_") for name in _entry_names(run_dir))
+
+
+def _entry_names(run_dir: str) -> set[str]:
     filesystem, path = fs.FileSystem.from_uri(run_dir)
-    entries = filesystem.get_file_info(fs.FileSelector(path, allow_not_found=True))
-    return any(entry.base_name.startswith("checkpoint_") for entry in entries)
+    return {entry.base_name for entry in filesystem.get_file_info(fs.FileSelector(path, allow_not_found=True))}
+
+
+def _is_run_folder(run_dir: str) -> bool:
+    """Ours to move: a folder with our run record or Ray Train checkpoints (a run of an earlier sbert-ray), or an
+    empty one. A file or any other folder is not."""
+    filesystem, path = fs.FileSystem.from_uri(run_dir)
+    if filesystem.get_file_info(path).type != fs.FileType.Directory:
+        return False
+    names = _entry_names(run_dir)
+    return not names or RECORD_FILE in names or _has_checkpoints(run_dir)
 
 
 def archive(run_dir: str) -> str | None:
     """Move the run folder aside (``<name>.replaced-<UTC time>``) so a restarted run begins empty; the old
     checkpoints, final model (when inside it) and record stay there. Object storage has no folder rename: the
-    files are copied, then deleted."""
+    files are copied, then deleted. Raises ``ConfigError`` for a folder that is not a run (``owned_paths``)."""
+    owned_paths.refuse_protected(run_dir, "checkpoint.storage_path")
     filesystem, path = fs.FileSystem.from_uri(run_dir)
     if filesystem.get_file_info(path).type == fs.FileType.NotFound:
         return None
+    if not _is_run_folder(run_dir):
+        raise ConfigError(
+            f"--restart: {run_dir} is not a run folder of sbert-ray (no {RECORD_FILE}, no checkpoints), so it is "
+            "not moved aside: choose another name, or move the folder yourself"
+        )
     suffix = f".replaced-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     if isinstance(filesystem, fs.LocalFileSystem):
         filesystem.move(path, path + suffix)

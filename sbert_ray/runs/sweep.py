@@ -24,6 +24,7 @@ from ray.tune.search.basic_variant import BasicVariantGenerator
 from ray.tune.search.optuna import OptunaSearch
 
 from sbert_ray.config import ConfigError, TrainConfig, dump_yaml, flatten, to_dict
+from sbert_ray.runs import owned_paths
 from sbert_ray.runs.cluster import connect_ray, runs_that_fit
 from sbert_ray.runs.progress import SweepProgress
 from sbert_ray.runs.training import TrainResult, absolute_paths, prepare, run_training, shown
@@ -85,10 +86,13 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
     # Trials run in their own working directories, and Tune takes its storage from the base config.
     sweep = dataclasses.replace(sweep, base=absolute_paths(sweep.base))
     base = sweep.base
+    path = f"{base.checkpoint.storage_path}/{sweep.name}"
+    owned_paths.refuse_protected(path, "base.checkpoint.storage_path")  # the sweep's folder
+    if base.output_dir:  # each trial's final model goes into a folder of its own under it
+        owned_paths.refuse_protected(base.output_dir, "base.output_dir")
     space = SearchSpace(base, sweep.search_space)
     corners = list(space.corner_configs())
     _check_data(corners)
-    path = f"{base.checkpoint.storage_path}/{sweep.name}"
     # Tune's files go to storage; the summary is written here (and logged to MLflow) when storage is remote.
     summary = Path(f"~/sbert-ray/sweeps/{sweep.name}" if is_remote(path) else path).expanduser() / "summary"
     if tune.Tuner.can_restore(path) != resume:

@@ -21,9 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,7 +40,7 @@ from sbert_ray.evaluation.tasks import EvalTask, Results, check_tasks, headlines
 from sbert_ray.models import SentenceEncoder, check_model, load_encoder
 from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_card
 from sbert_ray.progress import progress_bar, quiet
-from sbert_ray.runs import record
+from sbert_ray.runs import owned_paths, record
 from sbert_ray.runs.cluster import connect_ray
 from sbert_ray.runs.progress import TrainingProgress
 from sbert_ray.tracking.errors import TrackingError
@@ -135,6 +133,7 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, list[StageExamples]]:
         _absolute(f"~/sbert-ray/models/{config.name}") if is_remote(storage) else f"{storage}/{config.name}/final-model"
     )
     config = dataclasses.replace(config, output_dir=output_dir)
+    owned_paths.refuse_protected(f"{storage}/{config.name}", "checkpoint.storage_path")  # the run folder
     warn_if_password(config.tracking.tracking_uri)
     try:
         check_reachable(config.tracking.tracking_uri)
@@ -261,6 +260,8 @@ def run_training(
         saved = previous.result | {"headlines": {k: tuple(v) for k, v in previous.result["headlines"].items()}}
         return TrainResult(**saved | {"already_finished": True})
     config, stages = prepare(config)
+    # Here, not in prepare: a sweep checks its base config there, whose output_dir holds one model per trial.
+    owned_paths.check_model_folder(config.output_dir, leaving=run_dir if restart else None)
     examples = [len(columns[0]) for columns, _ in stages]
     if restart:
         _replace_previous(run_dir, previous, tracking_uri)
@@ -317,7 +318,13 @@ def run_training(
             except TrainingDiverged as err:
                 record.diverged(run_record, str(err), run_dir)
                 raise
-            save_final_model(result.checkpoint, Path(config.output_dir))
+            save_final_model(
+                result.checkpoint,
+                Path(config.output_dir),
+                run=config.name,
+                run_dir=run_dir,
+                mlflow_run_id=tracker.run_id,
+            )
             trained = True
             final = {}
             if final_tasks:
@@ -362,12 +369,13 @@ def run_training(
 
 
 def _replace_previous(run_dir: str, previous: record.RunRecord | None, tracking_uri: str) -> None:
-    """--restart: close the old MLflow run if a crash left it running, and keep the old run folder aside."""
-    if previous is not None and previous.status != "finished" and previous.tracking_uri == redact_uri(tracking_uri):
-        RunLogger(tracking_uri, previous.mlflow_run_id).close_if_running("KILLED")
-    moved = record.archive(run_dir)
+    """--restart: keep the old run folder aside (refused when it is not a run), and close the old MLflow run if a
+    crash left it running."""
+    moved = record.archive(run_dir)  # first: it refuses a folder that is not a run
     if moved is not None:
         print(f"--restart: the previous run folder is kept at {moved}", flush=True)
+    if previous is not None and previous.status != "finished" and previous.tracking_uri == redact_uri(tracking_uri):
+        RunLogger(tracking_uri, previous.mlflow_run_id).close_if_running("KILLED")
 
 
 def model_card_info(
@@ -455,16 +463,12 @@ def evaluate_on_worker_resources(
     return ray.get(task.remote(load, list(tasks), data_dir, batch_size, device, scaling.threads_per_worker()))
 
 
-def save_final_model(checkpoint: ray.train.Checkpoint, output_dir: Path) -> None:
-    """Copy the model of the last checkpoint to ``output_dir`` through a temporary folder and a rename, so a crash
-    never leaves a folder that looks like a complete model."""
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}-", dir=output_dir.parent))
-    try:
+def save_final_model(checkpoint: ray.train.Checkpoint, output_dir: Path, **run: str) -> None:
+    """Copy the model of the last checkpoint into a staging folder beside ``output_dir``, mark it as ours (naming
+    ``run``: name, folder, MLflow run) and swap it in: a crash never leaves a partial folder at ``output_dir``, and
+    our previous model there stays until the new one is in place (``owned_paths.replace_model``)."""
+    with owned_paths.staging_beside(output_dir) as staging:
         with checkpoint.as_directory() as directory:
             shutil.copytree(Path(directory) / MODEL_DIR, staging / MODEL_DIR)
-        if output_dir.exists():  # a rerun replaces the previous final model
-            shutil.rmtree(output_dir)
-        os.replace(staging / MODEL_DIR, output_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        owned_paths.write_model_marker(staging / MODEL_DIR, **run)
+        owned_paths.replace_model(staging / MODEL_DIR, output_dir, staging)

@@ -1,0 +1,132 @@
+"""What sbert-ray may write, replace, move aside or delete: only what it created. Every such path goes through here.
+
+- Never the root folder, the home folder, the working directory or a folder above one of them (``refuse_protected``):
+  not as a final model, a run folder, an ``encode`` output or a results file.
+- A final model folder carries ``MODEL_MARKER`` (a small JSON manifest naming the run that wrote it; the folder stays
+  in sentence-transformers' layout). A folder at ``output_dir`` is replaced only when it carries the marker or is
+  empty; anything else is refused before any work (``check_model_folder``).
+- Our own previous model is swapped out, never deleted first (``replace_model``).
+- Staging folders are made here with unique names (``staging_beside``) and only they are removed.
+
+A run folder (``--restart``) is ours when it holds a run record or Ray Train checkpoints: ``runs.record.archive``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import metadata
+from pathlib import Path
+
+from sbert_ray.config import ConfigError
+from sbert_ray.training.storage import is_remote
+
+MODEL_MARKER = "sbert_ray_model.json"
+
+
+def refuse_protected(path: str | os.PathLike[str], key: str) -> None:
+    """Raise ``ConfigError`` naming ``key`` when the local ``path`` is /, $HOME, the working directory or one of
+    their parents (symbolic links followed): a folder sbert-ray would write into, replace or delete there holds
+    everything else. Object storage URIs pass."""
+    if is_remote(str(path)):
+        return
+    resolved = Path(path).expanduser().resolve()
+    places = (
+        (Path(resolved.anchor), "the root folder"),
+        (Path.home(), "your home folder"),
+        (Path.cwd(), "the working directory"),
+    )
+    for place, what in places:
+        place = place.resolve()
+        if resolved == place or resolved in place.parents:
+            where = what if resolved == place else f"a folder above {what} ({place})"
+            raise ConfigError(
+                f"{key}: {resolved} is {where}; sbert-ray never writes, replaces or deletes there: choose a folder "
+                "of its own"
+            )
+
+
+def is_our_model(folder: Path) -> bool:
+    return (folder / MODEL_MARKER).is_file()
+
+
+def check_model_folder(output_dir: str, key: str = "output_dir", leaving: str | None = None) -> None:
+    """Preflight for a final model's folder: refuse a protected path, a regular file, or an existing folder that is
+    neither empty nor one of our models. ``leaving``: a run folder --restart moves aside before training (a model
+    inside it goes along, whoever wrote it). First puts back the model an interrupted swap left aside."""
+    refuse_protected(output_dir, key)
+    path = Path(output_dir)
+    restore_interrupted_swap(path)
+    if path.is_file():
+        raise ConfigError(f"{key}: {path} is a file, not a folder: choose a folder path for the final model")
+    if not path.is_dir() or is_our_model(path) or not any(path.iterdir()):
+        return
+    if leaving is not None and path.is_relative_to(leaving):
+        return
+    raise ConfigError(
+        f"{key}: {path} exists and is not a model sbert-ray wrote (no {MODEL_MARKER}); it would be replaced by "
+        "the final model: choose another path, or remove the folder yourself"
+    )
+
+
+def write_model_marker(folder: Path, **run: str) -> None:
+    """Mark ``folder`` as a final model of ours, naming the run that wrote it (run name, run folder, MLflow run)."""
+    manifest = {"written_by": f"sbert-ray {metadata.version('sbert-ray')}", **run, "written": _now()}
+    (folder / MODEL_MARKER).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def _kept(output_dir: Path) -> Path:
+    """Where the previous model waits while the new one is renamed in."""
+    return output_dir.with_name(f".{output_dir.name}.previous")
+
+
+def replace_model(new: Path, output_dir: Path, staging: Path) -> None:
+    """Put the complete, marked model folder ``new`` at ``output_dir``. A previous model there (ours: checked
+    again, hours may have passed since preflight) is renamed aside, the new one renamed in, and only then the old
+    one moved into ``staging`` (removed with it).
+
+    Two renames rather than one exchange (Linux ``renameat2(RENAME_EXCHANGE)``): that call is Linux-only and
+    refused by filesystems such as NFS, where checkpoints and models often live, so a fallback would be needed
+    anyway. A crash between the renames leaves the old model complete aside; ``restore_interrupted_swap`` (the
+    next run's preflight, or the next swap) puts it back."""
+    restore_interrupted_swap(output_dir, staging)
+    check_model_folder(str(output_dir))
+    kept = _kept(output_dir)
+    if output_dir.exists():
+        os.rename(output_dir, kept)
+    os.rename(new, output_dir)
+    if kept.exists():
+        os.rename(kept, staging / "previous")
+
+
+def restore_interrupted_swap(output_dir: Path, staging: Path | None = None) -> None:
+    """A previous model left aside by a swap that did not finish: put back when ``output_dir`` is missing (the
+    crash came between the renames); otherwise the swap had finished, and it goes into ``staging`` for removal."""
+    kept = _kept(output_dir)
+    if not is_our_model(kept):
+        return
+    if not output_dir.exists():
+        os.rename(kept, output_dir)
+    elif staging is not None:
+        os.rename(kept, staging / "stale")
+
+
+@contextmanager
+def staging_beside(path: Path) -> Iterator[Path]:
+    """A new hidden folder with a unique name beside ``path`` (same filesystem, so a rename moves its contents to
+    ``path``); it and whatever is left in it are removed on exit. Nothing else is ever removed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-", dir=path.parent))
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -1,0 +1,147 @@
+"""sbert-ray never destroys what it did not create: root, HOME, the working directory and their parents are refused
+as any path it writes, replaces or moves; a folder at ``output_dir`` is replaced only when it is one of our models,
+a run folder moved aside by --restart only when it is one of our runs. Every refusal comes before Ray starts, and
+every file that was there before is there after."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import ray
+import yaml
+
+from sbert_ray.cli import main
+from sbert_ray.config import ConfigError, load_config
+from sbert_ray.runs import record
+from sbert_ray.runs.owned_paths import MODEL_MARKER, check_model_folder, refuse_protected
+from sbert_ray.runs.training import run_training
+
+
+def test_root_home_the_working_directory_and_their_parents_are_refused(tmp_path, monkeypatch):
+    home, work = tmp_path / "home", tmp_path / "home" / "work" / "project"
+    work.mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    for path, where in [
+        ("/", "the root folder"),
+        ("~", "your home folder"),
+        (str(tmp_path), f"a folder above your home folder \\({home}\\)"),
+        (".", "the working directory"),
+        ("..", f"a folder above the working directory \\({work}\\)"),
+    ]:
+        with pytest.raises(ConfigError, match=f"^--output: .* is {where}; sbert-ray never writes, replaces or deletes"):
+            refuse_protected(path, "--output")
+    (home / "link").symlink_to(home)
+    with pytest.raises(ConfigError, match="your home folder"):  # a link is followed
+        check_model_folder(str(home / "link"))
+    for allowed in ("~/sbert-ray/models/x", "models", "s3://bucket/runs"):
+        refuse_protected(allowed, "output_dir")
+
+
+def test_restart_moves_aside_only_a_run_folder(tmp_path):
+    foreign, run, empty = tmp_path / "photos", tmp_path / "run", tmp_path / "empty"
+    foreign.mkdir()
+    (foreign / "cat.jpg").write_text("meow")
+    with pytest.raises(ConfigError, match=rf"^--restart: {foreign} is not a run folder of sbert-ray"):
+        record.archive(str(foreign))
+    (tmp_path / "a-file").write_text("keep")
+    with pytest.raises(ConfigError, match="is not a run folder"):
+        record.archive(str(tmp_path / "a-file"))
+    assert (foreign / "cat.jpg").read_text() == "meow" and (tmp_path / "a-file").read_text() == "keep"
+
+    (run / "checkpoint_000001").mkdir(parents=True)  # a run of an earlier sbert-ray: checkpoints, no record
+    empty.mkdir()
+    kept = [Path(record.archive(str(folder))) for folder in (run, empty)]
+    assert not run.exists() and not empty.exists()
+    assert kept[0].name.startswith("run.replaced-") and (kept[0] / "checkpoint_000001").is_dir()
+    assert kept[1].name.startswith("empty.replaced-")
+
+
+# ------------------------------------------------------------------------------------ sentinels
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def sentinels(tmp_path, monkeypatch, tiny_train_config):
+    """A fake HOME with keys in it, the working directory inside it, a folder of someone else's models beside where
+    ours would go, notes in the checkpoint storage (a parent of every run folder), a folder there that is not a
+    run, a regular file: each with a sentinel file. Returns the paths and the training config."""
+    home = tmp_path / "home"
+    work = home / "work"
+    files = {
+        home / ".ssh" / "id_ed25519": "private key",
+        home / ".ray" / "auth_token": "token",
+        work / "notes.txt": "work in progress",
+        tmp_path / "models" / "other-model" / "config.json": "someone else's model",
+        tmp_path / "runs" / "notes.txt": "about my runs",
+        tmp_path / "runs" / "not-a-run" / "data.txt": "not a run",
+        tmp_path / "a-file": "a file",
+    }
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    config = tiny_train_config(name="mine")
+    base = yaml.safe_load(config.read_text())
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({"name": "sweep", "base": base, "search_space": {}}))
+    return tmp_path, home, work, config, sweep
+
+
+def test_every_sentinel_survives_every_command(sentinels, data_dir, capsys):
+    root, home, work, config, sweep = sentinels
+    before = snapshot(root)
+    models, runs = root / "models", root / "runs"
+    encode = ["encode", "--model", "random:tiny", "--input", "stsb", "--data-dir", data_dir]
+    cases = [  # argv -> a path the one-line error names
+        (["train", config, f"output_dir={models}"], f"output_dir: {models} exists and is not a model"),
+        (["train", config, f"output_dir={runs}"], f"output_dir: {runs} exists and is not a model"),  # run's parent
+        (["train", config, "output_dir=~/"], f"output_dir: {home} is your home folder"),
+        (["train", config, "output_dir=."], f"output_dir: {work} is the working directory"),
+        (["train", config, "output_dir=/"], "output_dir: / is the root folder"),
+        (["train", config, f"output_dir={root}"], f"output_dir: {root} is a folder above your home folder"),
+        (["train", config, f"output_dir={root / 'a-file'}"], f"output_dir: {root / 'a-file'} is a file"),
+        (["train", config, f"checkpoint.storage_path={root}", "name=home"], f"storage_path: {home} is your home"),
+        (["train", config, "checkpoint.storage_path=~/", "name=work"], f"storage_path: {work} is the working dir"),
+        (["train", config, "name=not-a-run", "--restart"], f"--restart: {runs / 'not-a-run'} is not a run folder"),
+        (["tune", sweep, "base.output_dir=~/"], f"base.output_dir: {home} is your home folder"),
+        (["tune", sweep, f"base.checkpoint.storage_path={root}", "name=home"], f"storage_path: {home} is your"),
+        ([*encode, "--output", "~"], f"--output: {home} is your home folder"),
+        ([*encode, "--output", models], f"--output {models} already exists"),
+        (["eval", "--model", "random:tiny", "--output", "."], f"--output: {work} is the working directory"),
+        (["eval", "--model", "random:tiny", "--output", "~"], f"--output: {home} is your home folder"),
+        (["bench", "encode", "--model", "random:tiny", "--no-mlflow", "--output", "."], f"--output: {work} is the"),
+        (["bench", "train", "--model", "random:tiny", "--no-mlflow", "--output", "~/"], f"--output: {home} is your"),
+        (["report", "--no-mlflow", "--out", ".."], f"--out: {home} is your home folder"),
+    ]
+    for argv, message in cases:
+        assert main([str(arg) for arg in argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert f"sbert-ray {argv[0]}: error: " in err and message in err and len(err.splitlines()) == 1, (argv, err)
+        assert not ray.is_initialized()  # refused before any Ray (or MLflow) work
+    assert snapshot(root) == before  # every file is still there, unchanged, and nothing was added
+
+
+@pytest.mark.cluster
+def test_a_rerun_replaces_only_its_own_final_model(local_ray, tiny_train_config, tmp_path):
+    """A real tiny training run writes its marked final model beside someone else's; trained again (--restart) it
+    swaps its own model for the new one, and the neighbour's files survive both."""
+    output, neighbour = tmp_path / "models" / "mine", tmp_path / "models" / "other-model" / "config.json"
+    neighbour.parent.mkdir(parents=True)
+    neighbour.write_text("someone else's model")
+    path = tiny_train_config(name="mine", limit=48, eval_every=100)
+    overrides = [f"output_dir={output}", "evaluation.final_tasks=[]"]
+    first = run_training(load_config(path, overrides))
+    marker = json.loads((output / MODEL_MARKER).read_text())
+    assert (marker["run"], marker["mlflow_run_id"]) == ("mine", first.run_id)
+
+    second = run_training(load_config(path, overrides), restart=True)
+    assert json.loads((output / MODEL_MARKER).read_text())["mlflow_run_id"] == second.run_id != first.run_id
+    assert sorted(p.name for p in output.parent.iterdir()) == ["mine", "other-model"]  # no staging, no old model
+    assert neighbour.read_text() == "someone else's model"
