@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from sbert_ray.config import ConfigError
+from sbert_ray.config import ConfigError, parse_device
 from sbert_ray.data.records import DataError
 from sbert_ray.progress import QUIET_ENV
 from sbert_ray.tracking.errors import TrackingError
@@ -277,6 +277,18 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
+def _checked(parse):
+    """An argparse type from one of our parsers: its ConfigError becomes argparse's "argument --flag: ..." line."""
+
+    def convert(text: str):
+        try:
+            return parse(text)
+        except ConfigError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    return convert
+
+
 def _choices(*allowed: str):
     """An argparse type for a comma-separated subset of ``allowed``, e.g. fp32,bf16."""
 
@@ -303,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--output", help="write results as JSON here")
     ev.add_argument("--batch-size", type=_positive_int, default=64)
     ev.add_argument("--similarities", default="cosine", help="cosine,manhattan,euclidean,dot")
-    ev.add_argument("--device", help="e.g. cuda")
+    ev.add_argument("--device", type=_checked(parse_device), help="cpu, cuda, cuda:N or mps")
     ev.add_argument("--mlflow", action="store_true", help="log the evaluation as an MLflow run (params, metrics, JSON)")
     ev.add_argument("--tracking-uri", help="with --mlflow (default: $MLFLOW_TRACKING_URI, else ~/sbert-ray/mlflow)")
     ev.add_argument("--experiment", default="sbert-ray-eval", help="with --mlflow: the MLflow experiment")
@@ -366,7 +378,11 @@ def build_parser() -> argparse.ArgumentParser:
     en.add_argument(
         "--workers", type=_positive_int, default=1, help="encoder replicas (one GPU each with --device cuda)"
     )
-    en.add_argument("--device", help="cpu or cuda (one GPU per worker); default: cuda when the cluster has GPUs")
+    en.add_argument(
+        "--device",
+        type=_checked(parse_device),
+        help="cpu or cuda (one GPU per worker); default: cuda when the cluster has GPUs",
+    )
     en.add_argument("--data-dir", help="for a registered dataset: local data folder (default: $SBERT_RAY_DATA_DIR)")
     en.set_defaults(func=_encode)
 
@@ -413,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_common = argparse.ArgumentParser(add_help=False)
     bench_common.add_argument("--model", required=True, help="local folder, Hub id or random:<shape>")
     bench_common.add_argument("--data-dir", help="local data folder (default: $SBERT_RAY_DATA_DIR, else the Hub)")
-    bench_common.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    bench_common.add_argument("--device", type=_checked(parse_device), default="cpu", help="cpu or cuda (default: cpu)")
     bench_common.add_argument("--threads", type=_positive_int, help="torch intra-op threads (default: torch's choice)")
     bench_common.add_argument("--repeats", type=_positive_int, default=3, help="timed runs per variant, interleaved")
     bench_common.add_argument("--output", help="write the records as JSON here")

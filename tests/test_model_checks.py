@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
 from sbert_ray.cli import main
-from sbert_ray.config import load_config
+from sbert_ray.config import ConfigError, load_config, parse_device
 from sbert_ray.models import ModelError, SentenceEncoder, check_model
 from sbert_ray.models.encoder import position_limit
 from sbert_ray.runs.training import run_training
@@ -173,3 +173,40 @@ def test_eval_refuses_bad_sizes(tiny_model_dir: Path, capsys, arguments: list[st
     with pytest.raises(SystemExit) as exit_info:
         main(["eval", "--model", str(tiny_model_dir), "--tasks", "stsb", *arguments])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["cpu", "cuda", "cuda:1", "mps"])
+def test_device_forms_torch_accepts(text: str) -> None:
+    assert parse_device(text) == text
+
+
+@pytest.mark.parametrize("text", ["foo", "gpu", "cuda:x", "xla", "meta", "", "CUDA"])
+def test_unknown_devices_are_refused(text: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^'{text}' is not a device: use cpu, cuda, cuda:N or mps$"):
+        parse_device(text)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["eval", "--model", "random:tiny"],
+        ["encode", "--model", "random:tiny", "--input", "stsb", "--output", "unused"],
+        ["bench", "encode", "--model", "random:tiny"],
+        ["bench", "train", "--model", "random:tiny"],
+    ],
+)
+def test_every_device_flag_names_the_accepted_forms(capsys, command: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:  # was a torch RuntimeError traceback, or a silent CPU run
+        main([*command, "--device", "foo"])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_info.value.code == 2
+    assert error.endswith("error: argument --device: 'foo' is not a device: use cpu, cuda, cuda:N or mps")
+
+
+def test_eval_refuses_a_gpu_this_process_does_not_have(tiny_model_dir: Path, data_dir: Path, capsys) -> None:
+    missing = f"cuda:{torch.cuda.device_count()}"  # one past the last GPU torch sees (cuda:0 on a CPU machine)
+    code = main(
+        ["eval", "--model", str(tiny_model_dir), "--tasks", "stsb", "--data-dir", str(data_dir), "--device", missing]
+    )
+    assert code == 2
+    assert f"sbert-ray eval: error: --device {missing}: torch sees " in capsys.readouterr().err

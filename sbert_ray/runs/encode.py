@@ -67,6 +67,8 @@ def encode_corpus(
         raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {workers}")
+    if device and device.partition(":")[0] not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {device}: encoding runs on Ray actors, on cpu or cuda")
     corpus = open_corpus(input_spec, column, data_dir)
     output = Path(output).expanduser().resolve()
     if output.exists():
