@@ -121,7 +121,7 @@ def test_max_seq_length_beyond_the_position_embeddings(tiny_model_dir: Path, nam
     with pytest.raises(ModelError, match=r"^model.max_seq_length: 100000 is beyond the 512 positions of"):
         check_model(ref, 100_000)
     if name == "tiny folder":
-        with pytest.raises(ModelError, match="max_seq_length 100000 is beyond the model's 512 positions"):
+        with pytest.raises(ModelError, match="max_seq_length 100000 is beyond the 512 positions"):
             SentenceEncoder.load(ref, max_seq_length=100_000)
 
 
@@ -140,10 +140,30 @@ def test_position_limit(positions, tokenizer_limit, limit) -> None:
     assert position_limit(SimpleNamespace(model_max_length=tokenizer_limit), config) == limit
 
 
-def test_prepare_checks_max_seq_length(tiny_train_config) -> None:
-    config = load_config(tiny_train_config(), ["model.max_seq_length=100000"])
-    with pytest.raises(ModelError, match="model.max_seq_length: 100000 is beyond the 512 positions"):
+@pytest.mark.parametrize("name", ["random:tiny", "tiny folder"])
+@pytest.mark.parametrize("length", [1, 2])
+def test_max_seq_length_must_leave_room_for_text(tiny_model_dir: Path, name: str, length: int) -> None:
+    """BERT's tokenizer adds [CLS] and [SEP]: at 1 it cannot cut at all (a long text then overflowed the position
+    embeddings in a worker), at 2 every sentence became [CLS] [SEP], one embedding for all."""
+    ref = str(tiny_model_dir) if name == "tiny folder" else name
+    check_model(ref, 3)
+    message = f"{length} leaves no token for the text: {ref!r} adds 2 special tokens to every input; use at least 3"
+    with pytest.raises(ModelError) as err:
+        check_model(ref, length)
+    assert str(err.value) == f"model.max_seq_length: {message}"
+    if name == "tiny folder":
+        with pytest.raises(ModelError, match=f"^max_seq_length {length} leaves no token for the text"):
+            SentenceEncoder.load(ref, max_seq_length=length)
+
+
+@pytest.mark.parametrize(
+    "length, message", [(100000, "100000 is beyond the 512 positions"), (2, "2 leaves no token for the text")]
+)
+def test_prepare_checks_max_seq_length(tiny_train_config, tmp_path: Path, length: int, message: str) -> None:
+    config = load_config(tiny_train_config(), [f"model.max_seq_length={length}"])
+    with pytest.raises(ModelError, match=f"model.max_seq_length: {message}"):
         run_training(config)
+    assert not (tmp_path / "mlflow.db").exists()  # before any MLflow run
 
 
 def test_unknown_random_shape_is_a_config_error() -> None:
