@@ -34,7 +34,7 @@ import ray.train
 import torch
 from ray.train.torch import TorchTrainer
 
-from sbert_ray.config import ConfigError, ScalingConfig, TrainConfig, dump_yaml, flatten, to_dict
+from sbert_ray.config import ConfigError, EvalConfig, ScalingConfig, TrainConfig, dump_yaml, flatten, to_dict
 from sbert_ray.data.readers import check_available, resolve_data_dir
 from sbert_ray.data.records import DataError
 from sbert_ray.evaluation.results import nest
@@ -101,12 +101,17 @@ def absolute_paths(config: TrainConfig) -> TrainConfig:
         stages=[dataclasses.replace(s, dataset=_absolute(s.dataset)) if is_user_file(s) else s for s in config.stages],
         evaluation=dataclasses.replace(
             evaluation,
-            before_tasks=[task.absolute_spec() for task in parse_tasks(evaluation.before_tasks)],
-            final_tasks=[task.absolute_spec() for task in parse_tasks(evaluation.final_tasks)],
+            before_tasks=_absolute_tasks(evaluation, "before_tasks"),
+            final_tasks=_absolute_tasks(evaluation, "final_tasks"),
         ),
         checkpoint=dataclasses.replace(config.checkpoint, storage_path=resolve_storage(config.checkpoint.storage_path)),
         tracking=dataclasses.replace(config.tracking, tracking_uri=resolve_tracking_uri(config.tracking.tracking_uri)),
     )
+
+
+def _absolute_tasks(evaluation: EvalConfig, key: str) -> list[str]:
+    """``evaluation.<key>`` parsed (an unknown task is named with its key) and its files made absolute."""
+    return [task.absolute_spec() for task in parse_tasks(getattr(evaluation, key), key=f"evaluation.{key}")]
 
 
 def _absolute(path: str) -> str:
