@@ -39,6 +39,7 @@ from sbert_ray.data.readers import check_available, resolve_data_dir
 from sbert_ray.data.records import DataError
 from sbert_ray.evaluation.results import nest
 from sbert_ray.evaluation.tasks import EvalTask, Results, check_tasks, headlines, parse_tasks
+from sbert_ray.files import check_folder
 from sbert_ray.models import SentenceEncoder, check_model, load_encoder
 from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_card
 from sbert_ray.progress import progress_bar, quiet
@@ -130,9 +131,9 @@ def shown(config: TrainConfig) -> TrainConfig:
 
 
 def prepare(config: TrainConfig) -> tuple[TrainConfig, list[StageExamples]]:
-    """Fill in what depends on where the run lives, and check the tracking store, data, model and evaluation tasks
-    before Ray starts. Returns the config and each stage's training examples (read once, here; tokenised later on
-    the cluster)."""
+    """Fill in what depends on where the run lives, and check the storage and output folders, the tracking store,
+    data, model and evaluation tasks before Ray starts. Returns the config and each stage's training examples
+    (read once, here; tokenised later on the cluster)."""
     config = absolute_paths(config)
     storage = config.checkpoint.storage_path
     # The final model is copied here from the last checkpoint (a download when storage is remote).
@@ -140,6 +141,8 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, list[StageExamples]]:
         _absolute(f"~/sbert-ray/models/{config.name}") if is_remote(storage) else f"{storage}/{config.name}/final-model"
     )
     config = dataclasses.replace(config, output_dir=output_dir)
+    check_folder(storage, "checkpoint.storage_path")
+    check_folder(output_dir, "output_dir")
     warn_if_password(config.tracking.tracking_uri)
     try:
         check_reachable(config.tracking.tracking_uri)
