@@ -7,8 +7,9 @@ import logging
 import os
 import sys
 
-from sbert_ray.config import ConfigError
+from sbert_ray.config import ConfigError, parse_device
 from sbert_ray.data.records import DataError
+from sbert_ray.files import check_file, check_folder, write_json
 from sbert_ray.progress import QUIET_ENV
 from sbert_ray.tracking.errors import TrackingError
 
@@ -16,7 +17,7 @@ from sbert_ray.tracking.errors import TrackingError
 def _eval(args: argparse.Namespace) -> int:
     from sbert_ray.data.readers import resolve_data_dir
     from sbert_ray.evaluation.baselines import BASELINE_POOLING
-    from sbert_ray.evaluation.results import format_results, write_json
+    from sbert_ray.evaluation.results import format_results, nest
     from sbert_ray.evaluation.tasks import ArgsimTask, headlines, parse_tasks
     from sbert_ray.runs.argsim import finetune_config
     from sbert_ray.runs.evaluation import evaluate_model
@@ -56,7 +57,7 @@ def _eval(args: argparse.Namespace) -> int:
     )
     print(format_results(results, {entry: metric for entry, (metric, _) in headlines(tasks, results).items()}))
     if args.output:
-        write_json(results, args.output)
+        write_json(nest(results), args.output)
         print(f"wrote {args.output}")
     return 0
 
@@ -133,14 +134,19 @@ def _train(args: argparse.Namespace) -> int:
     if result.already_finished:
         print(f"run {config.name!r} already finished with this config: nothing to train (--restart trains it anew)")
     for entry, (metric, before) in headlines(parse_tasks(config.evaluation.before_tasks), result.before).items():
-        after = f"{final[entry][1]:.2f}" if entry in final else "not scored"
-        print(f"{entry} test {metric}: before {before:.2f} -> after {after}")
+        after = _score(final[entry][1]) if entry in final else "not scored"
+        print(f"{entry} test {metric}: before {_score(before)} -> after {after}")
     if final:
-        print("final model: " + ", ".join(f"{entry} {value:.2f}" for entry, (_, value) in final.items()))
+        print("final model: " + ", ".join(f"{entry} {_score(value)}" for entry, (_, value) in final.items()))
     print(f"model: {result.model_dir}")
     artifacts = redact_uri(result.artifact_uri)
     print(f"MLflow run {result.run_id} at {redact_uri(result.tracking_uri)} (artifacts: {artifacts})")
     return 0
+
+
+def _score(value: float | None) -> str:
+    """A headline score; undefined ones are NaN, or null in a finished run's record."""
+    return "undefined" if value is None or value != value else f"{value:.2f}"
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -196,7 +202,7 @@ def _bench_output(args: argparse.Namespace, kind: str, records: list[dict], para
 
     print(report.format_table(records))
     if args.output:
-        report.write_json(records, args.output)
+        write_json(records, args.output)
         print(f"wrote {args.output}")
     if not args.no_mlflow:
         tracking_uri = resolve_tracking_uri(args.tracking_uri)
@@ -217,11 +223,9 @@ def _positive_int(text: str) -> int:
 def _bench_train(args: argparse.Namespace) -> int:
     """Progress and the table go to stderr, the records as JSON to stdout (and --output): under `ray job submit`
     the job's log then ends with the JSON."""
-    import json
-    from pathlib import Path
-
     from sbert_ray.bench.train import TrainBenchSettings, check_inputs, format_table, log_records, run_train_bench
     from sbert_ray.data.readers import resolve_data_dir
+    from sbert_ray.files import json_text
     from sbert_ray.runs.cluster import connect_ray
     from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
 
@@ -260,14 +264,13 @@ def _bench_train(args: argparse.Namespace) -> int:
     )
     print(format_table(records), file=sys.stderr)
     if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps(records, indent=2) + "\n")
+        write_json(records, args.output)
         print(f"wrote {args.output}", file=sys.stderr)
     if tracking_uri:
         params = {**vars(settings), "layouts": layouts, "repeats": args.repeats, "local": args.local}
         run_id = log_records(records, params, tracking_uri, args.experiment)
         print(f"MLflow run {run_id} at {tracking_uri}", file=sys.stderr)
-    print(json.dumps(records, indent=2))
+    print(json_text(records))
     return 0
 
 
@@ -289,6 +292,18 @@ def _sizes(text: str) -> list[int]:
     if not sizes or len(set(sizes)) != len(sizes):
         raise argparse.ArgumentTypeError(f"expected distinct positive sizes like 384,128,64, got {text!r}")
     return sizes
+
+
+def _checked(parse):
+    """An argparse type from one of our parsers: its ConfigError becomes argparse's "argument --flag: ..." line."""
+
+    def convert(text: str):
+        try:
+            return parse(text)
+        except ConfigError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    return convert
 
 
 def _choices(*allowed: str):
@@ -314,10 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--model", required=True, help="local folder or Hub id")
     ev.add_argument("--tasks", default="sts", help="comma-separated tasks (default: sts)")
     ev.add_argument("--data-dir", help="local data folder (default: $SBERT_RAY_DATA_DIR, else the Hub)")
-    ev.add_argument("--output", help="write results as JSON here")
+    ev.add_argument("--output", type=_checked(check_file), help="write results as JSON here")
     ev.add_argument("--batch-size", type=_positive_int, default=64)
     ev.add_argument("--similarities", default="cosine", help="cosine,manhattan,euclidean,dot")
-    ev.add_argument("--device", help="e.g. cuda")
+    ev.add_argument("--device", type=_checked(parse_device), help="cpu, cuda, cuda:N or mps")
     ev.add_argument("--mlflow", action="store_true", help="log the evaluation as an MLflow run (params, metrics, JSON)")
     ev.add_argument("--tracking-uri", help="with --mlflow (default: $MLFLOW_TRACKING_URI, else ~/sbert-ray/mlflow)")
     ev.add_argument("--experiment", default="sbert-ray-eval", help="with --mlflow: the MLflow experiment")
@@ -380,7 +395,11 @@ def build_parser() -> argparse.ArgumentParser:
     en.add_argument(
         "--workers", type=_positive_int, default=1, help="encoder replicas (one GPU each with --device cuda)"
     )
-    en.add_argument("--device", help="cpu or cuda (one GPU per worker); default: cuda when the cluster has GPUs")
+    en.add_argument(
+        "--device",
+        type=_checked(parse_device),
+        help="cpu or cuda (one GPU per worker); default: cuda when the cluster has GPUs",
+    )
     en.add_argument("--data-dir", help="for a registered dataset: local data folder (default: $SBERT_RAY_DATA_DIR)")
     en.set_defaults(func=_encode)
 
@@ -427,10 +446,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench_common = argparse.ArgumentParser(add_help=False)
     bench_common.add_argument("--model", required=True, help="local folder, Hub id or random:<shape>")
     bench_common.add_argument("--data-dir", help="local data folder (default: $SBERT_RAY_DATA_DIR, else the Hub)")
-    bench_common.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    bench_common.add_argument("--device", type=_checked(parse_device), default="cpu", help="cpu or cuda (default: cpu)")
     bench_common.add_argument("--threads", type=_positive_int, help="torch intra-op threads (default: torch's choice)")
     bench_common.add_argument("--repeats", type=_positive_int, default=3, help="timed runs per variant, interleaved")
-    bench_common.add_argument("--output", help="write the records as JSON here")
+    bench_common.add_argument("--output", type=_checked(check_file), help="write the records as JSON here")
     bench_common.add_argument("--tracking-uri", help="MLflow (default: $MLFLOW_TRACKING_URI, else ~/sbert-ray/mlflow)")
     bench_common.add_argument("--experiment", default="sbert-ray-bench")
     bench_common.add_argument("--no-mlflow", action="store_true", help="print and write JSON only")
@@ -488,6 +507,7 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--no-reference", action="store_true", help="skip sentence-transformers' trainer")
     bt.add_argument(
         "--storage-path",
+        type=_checked(check_folder),
         help="checkpoint storage (default: a temporary folder on this node); on a multi-node cluster a shared one "
         "(s3://... or NFS), as checkpoint.storage_path",
     )

@@ -14,6 +14,7 @@ import math
 import re
 import types
 import typing
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -148,8 +149,7 @@ class TrainConfig:
         """Check what the types cannot say, naming the key; normalises each stage's ``loss`` settings to their declared
         types. Integer and positivity checks come before any arithmetic on the values (a zero worker count must be
         an error here, not a ZeroDivisionError further down)."""
-        if not self.name or "/" in self.name or self.name in (".", ".."):
-            raise ConfigError(f"name: {self.name!r} must be a folder name (checkpoints live in <storage_path>/<name>)")
+        check_folder_name("name", self.name, "checkpoints live in <storage_path>/<name>")
         if not 0 <= self.seed < 2**32:
             raise ConfigError(f"seed must be in [0, 2**32), got {self.seed}")
         _at_least("model.max_seq_length", self.model.max_seq_length, 1)
@@ -203,6 +203,61 @@ class TrainConfig:
             )
 
 
+MAX_NAME_BYTES = 200  # file names stop at 255 bytes; room for the suffixes added to a run's folder name
+
+
+def check_folder_name(key: str, name: str, why: str) -> None:
+    """``name`` is used as one folder name as it is: a ConfigError naming ``key`` for anything that is not."""
+    problem = _folder_name_problem(name)
+    if problem:
+        raise ConfigError(f"{key}: {name!r} must be a folder name: it {problem} ({why})")
+
+
+def _folder_name_problem(name: str) -> str | None:
+    if not name:
+        return "is empty"
+    if name in (".", ".."):
+        return "is '.' or '..'"
+    if "/" in name or "\\" in name:
+        return "holds a path separator"
+    if any(unicodedata.category(c) == "Cc" for c in name):  # NUL, newline, escape, ...
+        return "holds a control character"
+    try:
+        size = len(name.encode())
+    except UnicodeEncodeError:  # a lone surrogate, which YAML's "\ud800" escape gives
+        return "is not valid Unicode"
+    return f"is {size} bytes long (at most {MAX_NAME_BYTES})" if size > MAX_NAME_BYTES else None
+
+
+def parse_device(text: str) -> str:
+    """A ``--device`` value as torch reads it: cpu, cuda, cuda:N or mps; anything else is a ConfigError."""
+    import torch  # here: every command imports the config, most never need torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, TypeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"{text!r} is not a device: use cpu, cuda, cuda:N or mps")
+    return str(device)
+
+
+def check_device_here(device: str, key: str = "--device") -> None:
+    """``device`` (as ``parse_device`` returns it) exists in this process, or a ConfigError naming ``key``."""
+    import torch
+
+    parsed = torch.device(device)
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+            raise ConfigError(f"{key} {device}: torch sees no CUDA GPU here (torch {torch.__version__}, {build})")
+        if parsed.index is not None and parsed.index >= count:
+            raise ConfigError(f"{key} {device}: torch sees {count} CUDA GPU(s), numbered from 0")
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"{key} {device}: this machine has no Apple MPS device")
+
+
 def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, choices))}")
@@ -246,22 +301,73 @@ def _matryoshka(key: str, dims: list[int] | None, weights: list[float] | None) -
 # ---------------------------------------------------------------------------------------------- loading
 
 
+MAX_YAML_VALUES = 100_000  # a config holds hundreds; nested aliases can make a 2 KB file expand to billions
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """``yaml.safe_load``'s loader with two refusals: a key given twice in one mapping (YAML requires unique keys;
+    PyYAML silently keeps the last), and aliases that expand the document past MAX_YAML_VALUES values or into
+    themselves (PyYAML shares the aliased objects, but every walk over the config visits each use)."""
+
+    def get_single_node(self) -> yaml.Node | None:
+        node = super().get_single_node()
+        if node is not None:
+            _expanded_size(node, {})
+        return node
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                continue  # merged keys may be overridden; a non-scalar key is refused by PyYAML itself
+            key, line = self.construct_object(key_node), key_node.start_mark.line + 1
+            if key in first_line:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} given twice (first on line {first_line[key]})", key_node.start_mark
+                )
+            first_line[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int | None]) -> int:
+    """How many values ``node`` holds with every alias expanded; each node is counted once (``sizes``), so a bomb
+    is refused in time linear in the file."""
+    if id(node) in sizes:
+        if sizes[id(node)] is None:
+            raise yaml.composer.ComposerError(None, None, "an alias refers to a value that holds it", node.start_mark)
+        return sizes[id(node)]
+    sizes[id(node)] = None  # being counted: meeting it again below is a cycle
+    children = node.value if isinstance(node, yaml.SequenceNode) else ()
+    if isinstance(node, yaml.MappingNode):
+        children = [child for pair in node.value for child in pair]
+    size = 1 + sum(_expanded_size(child, sizes) for child in children)
+    if size > MAX_YAML_VALUES:
+        raise yaml.composer.ComposerError(
+            None, None, f"aliases expand this value past {MAX_YAML_VALUES:,} values", node.start_mark
+        )
+    sizes[id(node)] = size
+    return size
+
+
+def parse_yaml(text: str) -> Any:
+    """One YAML document read by ``ConfigLoader``."""
+    return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 (a SafeLoader)
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAML error on one line: what is wrong and at which line (PyYAML's own text spans several)."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return f"line {mark.line + 1}: {problem}" if mark else problem
+
+
 def load_config(path: str | Path | None, overrides: list[str] = (), cls: type = TrainConfig) -> Any:
     """Read ``path`` (YAML), apply ``key=value`` overrides (dotted keys, YAML values), build and validate."""
     raw: dict[str, Any] = {}
     source = "<overrides>"
     if path is not None:
         source = str(path)
-        try:
-            raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
-        except (OSError, UnicodeDecodeError) as err:
-            raise ConfigError(f"{path}: cannot read the config: {err}") from None
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: invalid YAML: {err}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of keys")
+        raw = _read_config_file(path)
     try:
         for item in overrides:
             apply_override(raw, item)
@@ -273,6 +379,24 @@ def load_config(path: str | Path | None, overrides: list[str] = (), cls: type = 
     return config
 
 
+def _read_config_file(path: str | Path) -> dict[str, Any]:
+    try:
+        raw = parse_yaml(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read the config: {err}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}, {_yaml_problem(err)}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid YAML: nested too deeply") from None
+    if raw is None:  # nothing but comments: training every default is never what was meant
+        raise ConfigError(f"{path}: the config is empty (no keys, only comments or nothing); give at least one key")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys")
+    return raw
+
+
 def apply_override(raw: dict[str, Any], item: str) -> None:
     """``a.b.0.c=value`` sets raw['a']['b'][0]['c'] = yaml(value). A list index must name an existing item, or
     the one just past the end (which appends: ``stages.1.dataset=...`` on a one-stage config adds a stage)."""
@@ -280,9 +404,11 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     if not sep or "" in key.split("."):
         raise ConfigError(f"override {item!r} is not of the form key=value (key: dotted names, e.g. model.pooling)")
     try:
-        parsed = yaml.safe_load(value) if value != "" else None
+        parsed = parse_yaml(value) if value != "" else None
     except yaml.YAMLError as err:
-        raise ConfigError(f"override {key!r}: {value!r} is not a YAML value ({err.__class__.__name__})") from None
+        raise ConfigError(f"override {key!r}: {value!r} is not a YAML value ({_yaml_problem(err)})") from None
+    except RecursionError:
+        raise ConfigError(f"override {key!r}: {value!r} is nested too deeply") from None
     parts = key.split(".")
     node: Any = raw
     for part, following in zip(parts, parts[1:], strict=False):

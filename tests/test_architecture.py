@@ -21,6 +21,7 @@ LAYERS = {
     "models": 1,
     "losses": 1,
     "config": 2,
+    "files": 2,  # path checks and JSON for every file a command writes
     "evaluation": 3,
     "training": 4,
     "tuning": 4,

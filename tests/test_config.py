@@ -1,6 +1,10 @@
+import re
+import time
+
 import pytest
 
-from sbert_ray.config import ConfigError, TrainConfig, apply_override, flatten, load_config, to_dict
+from sbert_ray.config import ConfigError, TrainConfig, apply_override, flatten, load_config, parse_yaml, to_dict
+from sbert_ray.tuning import SweepConfig
 
 
 def write(tmp_path, text):
@@ -51,7 +55,7 @@ def test_override_adds_a_stage():
     ],
 )
 def test_bad_configs_name_the_key_and_file(tmp_path, text, overrides, message):
-    path = write(tmp_path, text)
+    path = write(tmp_path, text) if text else None  # an empty file is an error of its own
     with pytest.raises(ConfigError, match=None) as err:
         load_config(path, overrides)
     assert message in str(err.value)
@@ -183,3 +187,97 @@ def test_mixed_type_unknown_keys_are_reported(tmp_path):
     path = write(tmp_path, "1: a\nzz: b\n")  # sorting int and str keys used to raise a TypeError
     with pytest.raises(ConfigError, match="unknown key '1'"):
         load_config(path)
+
+
+# --- config files that used to pass (issue 17) ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["", "# nothing but a comment\n\n# and another\n", "---\n", "~\n"])
+def test_an_empty_config_file_is_refused_not_trained_with_every_default(tmp_path, text):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=rf"^{path}: the config is empty"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="the config is empty"):  # overrides do not make the file right
+        load_config(path, ["name=x"])
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("name: a\nseed: 1\nname: b\n", "line 3: key 'name' given twice (first on line 1)"),
+        ("model:\n  name: a\n  pooling: mean\n  name: b\n", "line 4: key 'name' given twice (first on line 2)"),
+        ("stages:\n  - {dataset: stsb, epochs: 1, epochs: 2}\n", "line 2: key 'epochs' given twice (first on line 2)"),
+        ("scaling:\n  use_gpu: true\n  use_gpu: yes\n", "line 3: key 'use_gpu' given twice (first on line 2)"),
+    ],
+)
+def test_duplicate_keys_are_refused_with_file_and_line(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:  # PyYAML silently kept the last value
+        load_config(path)
+    assert str(err.value) == f"{path}, {message}"
+
+
+def test_duplicate_keys_in_an_override_value_are_refused():
+    with pytest.raises(ConfigError, match=r"override 'model': .* \(line 1: key 'name' given twice"):
+        load_config(None, ["model={name: random:tiny, name: random:mini}"])
+
+
+def test_merge_keys_may_still_override_what_they_merge():
+    assert parse_yaml("b: &b {x: 1, y: 2}\nc: {<<: *b, x: 3}\n")["c"] == {"x": 3, "y": 2}
+
+
+def alias_bomb(levels: int = 10, width: int = 10) -> str:
+    """The "billion laughs": each level lists the level below ``width`` times; 10 levels are 10**10 values."""
+    lines = [f"l0: &l0 [{', '.join(['lol'] * width)}]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\nname: *l9\n"
+
+
+def test_a_yaml_alias_bomb_fails_fast(tmp_path):
+    path = write(tmp_path, alias_bomb())
+    assert path.stat().st_size < 2048
+    start = time.perf_counter()
+    with pytest.raises(ConfigError) as err:  # used to hang: every walk over the config expanded every alias
+        load_config(path)
+    assert time.perf_counter() - start < 5  # the expanded size is counted once per node: milliseconds
+    assert str(err.value) == f"{path}, line 5: aliases expand this value past 100,000 values"
+    with pytest.raises(ConfigError, match="is not a YAML value .*aliases expand this value past"):
+        load_config(None, ["evaluation.final_tasks=" + alias_bomb().replace("\n", ", ").join("{}")])
+
+
+def test_a_recursive_alias_is_refused(tmp_path):
+    path = write(tmp_path, "name: x\nstages: &s\n  - dataset: stsb\n    loss: *s\n")
+    with pytest.raises(ConfigError, match=rf"^{path}, line 2: an alias refers to a value that holds it$"):
+        load_config(path)
+
+
+def test_invalid_yaml_is_one_line_with_the_line_number(tmp_path):
+    path = write(tmp_path, "name: x\nstages: [a\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value).startswith(f"{path}, line 3: ") and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "name, problem",
+    [
+        ("run\x00one", "holds a control character"),
+        ("run\none", "holds a control character"),
+        ("run\\one", "holds a path separator"),
+        ("a/b", "holds a path separator"),
+        ("..", "is '.' or '..'"),
+        ("", "is empty"),
+        ("x" * 201, "is 201 bytes long (at most 200)"),
+        ("é" * 101, "is 202 bytes long (at most 200)"),
+    ],
+)
+def test_names_must_be_usable_as_folder_names(name, problem):
+    for cls, key in ((TrainConfig, "name"), (SweepConfig, "name")):
+        config = cls(name=name)
+        with pytest.raises(ConfigError, match=f"^{key}: .* must be a folder name: it {re.escape(problem)} "):
+            config.validate()
+
+
+def test_a_name_with_spaces_and_accents_is_a_folder_name():
+    TrainConfig(name="café run 2").validate()
+    SweepConfig(name="x" * 200).validate()

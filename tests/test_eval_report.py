@@ -107,3 +107,29 @@ def test_task_spec_arguments():
         parse_tasks("stsb,nonsense")
     with pytest.raises(ValueError, match="unknown similarity"):
         parse_tasks("stsb", similarities=["foo"])
+
+
+@pytest.mark.parametrize(
+    "key, tasks, message",
+    [
+        ("final_tasks", "[sts, stsx]", "evaluation.final_tasks: unknown task 'stsx'; choose from sts, sts12"),
+        ("before_tasks", "[senteval:XX]", "evaluation.before_tasks: task 'senteval:XX': unknown SentEval task ['XX']"),
+        ("final_tasks", "['pairs:']", "evaluation.final_tasks: task 'pairs:': task 'pairs' needs a file"),
+    ],
+)
+def test_unknown_tasks_in_a_config_name_their_key(tiny_train_config, capsys, key, tasks, message):
+    code = main(["train", str(tiny_train_config()), f"evaluation.{key}={tasks}"])
+    assert code == 2  # was a ConfigError naming neither the key nor the file, from inside the run
+    assert capsys.readouterr().err.startswith(f"sbert-ray train: error: {message}")
+
+
+@pytest.mark.parametrize("rows", [0, 1])
+def test_a_pairs_file_needs_two_rows_before_the_model_loads(tmp_path, capsys, rows):
+    path = tmp_path / "few.csv"
+    path.write_text("sentence1,sentence2,score\n" + "a,b,1\n" * rows)
+    code = main(["eval", "--model", str(tmp_path / "no-model-here"), "--tasks", f"pairs:{path}"])
+    assert code == 2  # was a traceback from the correlation, after the model loaded
+    assert capsys.readouterr().err == (
+        f"sbert-ray eval: error: --tasks: task 'pairs:{path}': {path}: {rows} scored pair(s); "
+        "a correlation needs at least 2\n"
+    )

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
 from sbert_ray.cli import main
-from sbert_ray.config import load_config
+from sbert_ray.config import ConfigError, load_config, parse_device
 from sbert_ray.models import ModelError, SentenceEncoder, check_model
 from sbert_ray.models.encoder import position_limit
 from sbert_ray.runs.training import run_training
@@ -121,7 +121,7 @@ def test_max_seq_length_beyond_the_position_embeddings(tiny_model_dir: Path, nam
     with pytest.raises(ModelError, match=r"^model.max_seq_length: 100000 is beyond the 512 positions of"):
         check_model(ref, 100_000)
     if name == "tiny folder":
-        with pytest.raises(ModelError, match="max_seq_length 100000 is beyond the model's 512 positions"):
+        with pytest.raises(ModelError, match="max_seq_length 100000 is beyond the 512 positions"):
             SentenceEncoder.load(ref, max_seq_length=100_000)
 
 
@@ -140,10 +140,30 @@ def test_position_limit(positions, tokenizer_limit, limit) -> None:
     assert position_limit(SimpleNamespace(model_max_length=tokenizer_limit), config) == limit
 
 
-def test_prepare_checks_max_seq_length(tiny_train_config) -> None:
-    config = load_config(tiny_train_config(), ["model.max_seq_length=100000"])
-    with pytest.raises(ModelError, match="model.max_seq_length: 100000 is beyond the 512 positions"):
+@pytest.mark.parametrize("name", ["random:tiny", "tiny folder"])
+@pytest.mark.parametrize("length", [1, 2])
+def test_max_seq_length_must_leave_room_for_text(tiny_model_dir: Path, name: str, length: int) -> None:
+    """BERT's tokenizer adds [CLS] and [SEP]: at 1 it cannot cut at all (a long text then overflowed the position
+    embeddings in a worker), at 2 every sentence became [CLS] [SEP], one embedding for all."""
+    ref = str(tiny_model_dir) if name == "tiny folder" else name
+    check_model(ref, 3)
+    message = f"{length} leaves no token for the text: {ref!r} adds 2 special tokens to every input; use at least 3"
+    with pytest.raises(ModelError) as err:
+        check_model(ref, length)
+    assert str(err.value) == f"model.max_seq_length: {message}"
+    if name == "tiny folder":
+        with pytest.raises(ModelError, match=f"^max_seq_length {length} leaves no token for the text"):
+            SentenceEncoder.load(ref, max_seq_length=length)
+
+
+@pytest.mark.parametrize(
+    "length, message", [(100000, "100000 is beyond the 512 positions"), (2, "2 leaves no token for the text")]
+)
+def test_prepare_checks_max_seq_length(tiny_train_config, tmp_path: Path, length: int, message: str) -> None:
+    config = load_config(tiny_train_config(), [f"model.max_seq_length={length}"])
+    with pytest.raises(ModelError, match=f"model.max_seq_length: {message}"):
         run_training(config)
+    assert not (tmp_path / "mlflow.db").exists()  # before any MLflow run
 
 
 def test_unknown_random_shape_is_a_config_error() -> None:
@@ -173,3 +193,40 @@ def test_eval_refuses_bad_sizes(tiny_model_dir: Path, capsys, arguments: list[st
     with pytest.raises(SystemExit) as exit_info:
         main(["eval", "--model", str(tiny_model_dir), "--tasks", "stsb", *arguments])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["cpu", "cuda", "cuda:1", "mps"])
+def test_device_forms_torch_accepts(text: str) -> None:
+    assert parse_device(text) == text
+
+
+@pytest.mark.parametrize("text", ["foo", "gpu", "cuda:x", "xla", "meta", "", "CUDA"])
+def test_unknown_devices_are_refused(text: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^'{text}' is not a device: use cpu, cuda, cuda:N or mps$"):
+        parse_device(text)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["eval", "--model", "random:tiny"],
+        ["encode", "--model", "random:tiny", "--input", "stsb", "--output", "unused"],
+        ["bench", "encode", "--model", "random:tiny"],
+        ["bench", "train", "--model", "random:tiny"],
+    ],
+)
+def test_every_device_flag_names_the_accepted_forms(capsys, command: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:  # was a torch RuntimeError traceback, or a silent CPU run
+        main([*command, "--device", "foo"])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_info.value.code == 2
+    assert error.endswith("error: argument --device: 'foo' is not a device: use cpu, cuda, cuda:N or mps")
+
+
+def test_eval_refuses_a_gpu_this_process_does_not_have(tiny_model_dir: Path, data_dir: Path, capsys) -> None:
+    missing = f"cuda:{torch.cuda.device_count()}"  # one past the last GPU torch sees (cuda:0 on a CPU machine)
+    code = main(
+        ["eval", "--model", str(tiny_model_dir), "--tasks", "stsb", "--data-dir", str(data_dir), "--device", missing]
+    )
+    assert code == 2
+    assert f"sbert-ray eval: error: --device {missing}: torch sees " in capsys.readouterr().err

@@ -458,3 +458,20 @@ def test_deeply_nested_json_is_a_row_error(tmp_path) -> None:
     path = write(tmp_path / "deep.jsonl", "[" * 100_000 + "\n")
     with pytest.raises(DataError, match=rf"^{path}, line 1: invalid JSON"):  # was a RecursionError
         read_user_file(path, "scored")
+
+
+@pytest.mark.parametrize("suffix", [".CSV", ".Tsv", ".JSONL"])
+def test_user_file_suffixes_are_read_in_any_case(tmp_path, suffix) -> None:
+    """DATA.CSV was taken for a registered dataset's name and refused as unknown."""
+    from sbert_ray.config import StageConfig
+    from sbert_ray.training.batches import is_user_file, load_training_records
+
+    rows = [("A man eats.", "A person eats.", 4.5), ("A cat.", "A car.", 0.5)]
+    if suffix == ".JSONL":
+        text = "".join(json.dumps({"sentence1": a, "sentence2": b, "score": s}) + "\n" for a, b, s in rows)
+    else:
+        sep = "," if suffix == ".CSV" else "\t"
+        text = "".join(sep.join(map(str, row)) + "\n" for row in [("sentence1", "sentence2", "score"), *rows])
+    stage = StageConfig(dataset=str(write(tmp_path / f"PAIRS{suffix}", text)), objective="regression")
+    assert is_user_file(stage)
+    assert load_training_records(stage, None) == [ScoredPair(*row) for row in rows]

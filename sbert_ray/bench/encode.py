@@ -23,7 +23,7 @@ from torch import nn
 
 from sbert_ray.bench.flops import ForwardFlops, matmul_peak, synchronize
 from sbert_ray.bench.report import label
-from sbert_ray.config import ConfigError
+from sbert_ray.config import ConfigError, check_device_here
 from sbert_ray.data.readers import load_records
 from sbert_ray.evaluation.sts import evaluate_pairs
 from sbert_ray.models import SentenceEncoder, build_random_bert, resolve_model_ref
@@ -162,9 +162,8 @@ def run_encode_bench(
         raise ConfigError(f"precisions must be some of {PRECISIONS}, got {list(precisions)}")
     if repeats < 1 or (limit is not None and limit < 1) or not batch_sizes or min(batch_sizes) < 1:
         raise ConfigError(f"repeats, limit and batch sizes must be at least 1: {repeats}, {limit}, {list(batch_sizes)}")
+    check_device_here(device)
     torch_device = torch.device(device)
-    if torch_device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r}: no CUDA GPU is visible to torch")
     sentences = stsb_sentences(data_dir, limit)
     test_pairs = load_records("stsb", "test", data_dir)
     with tempfile.TemporaryDirectory(prefix="sbert-ray-bench-") as workdir:

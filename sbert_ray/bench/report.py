@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from pathlib import Path
+
+from sbert_ray.files import json_text
 
 COLUMNS = (  # (header, record key, format)
     ("impl", "impl", "{}"),
@@ -68,11 +68,6 @@ def bar_chart(records: Sequence[dict], title: str):
     return fig
 
 
-def write_json(records: Sequence[dict], path: str | Path) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(list(records), indent=2) + "\n")
-
-
 def log_bench(records: Sequence[dict], kind: str, params: dict, tracking_uri: str, experiment: str) -> str:
     """One MLflow run: params, headline metrics per record, the records as JSON and the chart; returns its id."""
     import matplotlib.pyplot as plt
@@ -89,7 +84,7 @@ def log_bench(records: Sequence[dict], kind: str, params: dict, tracking_uri: st
             if record.get(key) is not None
         }
         tracker.log_metrics(metrics)
-        tracker.log_text(json.dumps(list(records), indent=2), f"bench_{kind}.json")
+        tracker.log_text(json_text(list(records)), f"bench_{kind}.json")
         figure = bar_chart(records, f"sbert-ray bench {kind}: {params.get('model', '')}")
         tracker.log_figure(figure, f"bench_{kind}.png")
         plt.close(figure)

@@ -29,6 +29,7 @@ import torch
 from sbert_ray.bench import report
 from sbert_ray.config import ConfigError, EvalConfig, ModelConfig, ScalingConfig, StageConfig, TrainConfig
 from sbert_ray.data.readers import check_available, load_records, resolve_data_dir
+from sbert_ray.files import json_text
 from sbert_ray.models import build_random_bert, check_model, resolve_model_ref
 from sbert_ray.models.load import RANDOM_PREFIX
 from sbert_ray.training.batches import load_training_records, texts_and_labels, tokenize_stage
@@ -381,7 +382,7 @@ def log_records(records: Sequence[dict], params: dict, tracking_uri: str, experi
                 if record.get(key) is not None
             }
         )
-        tracker.log_dict({"records": list(records)}, "bench_train.json")
+        tracker.log_text(json_text({"records": list(records)}), "bench_train.json")
         figure = chart(records, f"sbert-ray bench train: {params['model']}, batch {params['batch_size']}")
         tracker.log_figure(figure, "bench_train.png")
         plt.close(figure)

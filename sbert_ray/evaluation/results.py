@@ -3,10 +3,7 @@ nested JSON file README documents (``{"stsb": {"spearman_cosine": 82.03, "n": 13
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 
@@ -44,12 +41,3 @@ def _number(value: float) -> str:
     if isinstance(value, int):
         return str(value)
     return f"{value:.4f}" if abs(value) < 1 else f"{value:.2f}"
-
-
-def write_json(results: Mapping[str, float], path: str | Path) -> None:
-    """The nested JSON, written via a temporary file and a rename: a crash never leaves a truncated file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(nest(results), indent=2) + "\n")
-    os.replace(tmp, path)

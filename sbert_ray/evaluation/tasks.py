@@ -94,7 +94,9 @@ class ScoredPairsTask(EvalTask):
         self.path = Path(path)
 
     def check(self, data_dir=None) -> None:
-        read_user_file(self.path, "scored")
+        pairs = read_user_file(self.path, "scored")
+        if len(pairs) < 2:  # a correlation needs two pairs: refused before the model loads
+            raise DataError(f"{self.path}: {len(pairs)} scored pair(s); a correlation needs at least 2")
 
     def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
         pairs = read_user_file(self.path, "scored")
@@ -178,10 +180,12 @@ TASKS: dict[str, TaskFactory] = {
 }
 
 
-def parse_tasks(spec: str | Sequence[str], similarities: Sequence[str] = ("cosine",)) -> list[EvalTask]:
+def parse_tasks(
+    spec: str | Sequence[str], similarities: Sequence[str] = ("cosine",), key: str = "--tasks"
+) -> list[EvalTask]:
     """Comma-separated task names (or a config's list of them, which may be empty); ``name:argument`` passes an
     argument (a path, or SentEval task names, whose own commas continue it: ``senteval:MR,CR,bws`` = SentEval MR
-    and CR, then bws)."""
+    and CR, then bws). A ConfigError names ``key`` (the flag or config key the tasks came from)."""
     names: list[str] = []
     tokens = spec.split(",") if isinstance(spec, str) else [t for item in spec for t in item.split(",")]
     for token in (t.strip() for t in tokens if t.strip()):
@@ -190,9 +194,17 @@ def parse_tasks(spec: str | Sequence[str], similarities: Sequence[str] = ("cosin
         else:
             names.append(token)
     unknown = [n for n in names if n.partition(":")[0] not in TASKS]
-    if unknown or (isinstance(spec, str) and not names):
-        raise ConfigError(f"unknown task {unknown or spec!r}; choose from {', '.join(TASKS)}")
-    return [TASKS[n.partition(":")[0]](n, n.partition(":")[2], similarities) for n in names]
+    if unknown:
+        raise ConfigError(f"{key}: unknown task {unknown[0]!r}; choose from {', '.join(TASKS)}")
+    if isinstance(spec, str) and not names:
+        raise ConfigError(f"{key}: no task given; choose from {', '.join(TASKS)}")
+    tasks = []
+    for name in names:
+        try:
+            tasks.append(TASKS[name.partition(":")[0]](name, name.partition(":")[2], similarities))
+        except ConfigError as err:
+            raise ConfigError(f"{key}: task {name!r}: {err}") from None
+    return tasks
 
 
 def headlines(tasks: Sequence[EvalTask], results: Results) -> dict[str, tuple[str, float]]:

@@ -1,5 +1,6 @@
 """Checks a run makes on its model before any cluster work: it exists, its folder is sound, its weight files read,
-and the configured ``max_seq_length`` fits its position embeddings. Reads configs and file headers only."""
+and the configured ``max_seq_length`` leaves room for text after its special tokens and fits its position
+embeddings. Reads configs and file headers only."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from pathlib import Path
 
 from transformers import AutoConfig, AutoTokenizer, BertConfig
 
-from sbert_ray.models.encoder import position_limit
+from sbert_ray.models.encoder import max_seq_length_problem
 from sbert_ray.models.load import RANDOM_PREFIX
-from sbert_ray.models.random_bert import BERT_SHAPES
+from sbert_ray.models.random_bert import BERT_SHAPES, bert_tokenizer
 from sbert_ray.models.resolve import resolve_model_ref
 from sbert_ray.models.st_layout import ModelError, check_weights, read_st_layout
 
@@ -25,7 +26,7 @@ def check_model(name: str, max_seq_length: int, allow_unsafe_weights: bool = Fal
         shape = name.removeprefix(RANDOM_PREFIX)
         if shape not in BERT_SHAPES:
             raise ModelError(f"model.name: unknown random BERT shape {shape!r}; choose from {', '.join(BERT_SHAPES)}")
-        limit = BertConfig().max_position_embeddings  # what random_bert builds
+        tokenizer, config = bert_tokenizer(), BertConfig()  # what random_bert builds (positions included)
         size = BERT_SHAPES[shape][1]
     else:
         resolved = resolve_model_ref(name)
@@ -38,9 +39,8 @@ def check_model(name: str, max_seq_length: int, allow_unsafe_weights: bool = Fal
             tokenizer = AutoTokenizer.from_pretrained(resolved, subfolder=subfolder, trust_remote_code=False)
         except (OSError, ValueError) as error:  # ours (ModelError), or transformers' for a folder it cannot read
             raise ModelError(f"model.name: {error}") from None
-        limit, size = position_limit(tokenizer, config), config.hidden_size
-    if limit is not None and max_seq_length > limit:
-        raise ModelError(
-            f"model.max_seq_length: {max_seq_length} is beyond the {limit} positions of {name!r}; use at most {limit}"
-        )
+        size = config.hidden_size
+    problem = max_seq_length_problem(max_seq_length, tokenizer, config, name)
+    if problem:
+        raise ModelError(f"model.max_seq_length: {problem}")
     return size

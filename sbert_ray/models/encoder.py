@@ -91,9 +91,9 @@ class SentenceEncoder(nn.Module):
         tokenizer = AutoTokenizer.from_pretrained(resolved, subfolder=subfolder, trust_remote_code=False)
         if max_seq_length is None:
             max_seq_length = _saved_max_seq_length(layout, tokenizer, transformer)
-        limit = position_limit(tokenizer, transformer.config)
-        if limit is not None and max_seq_length > limit:
-            raise ModelError(f"{ref}: max_seq_length {max_seq_length} is beyond the model's {limit} positions")
+        problem = max_seq_length_problem(max_seq_length, tokenizer, transformer.config, str(ref))
+        if problem:
+            raise ModelError(f"max_seq_length {problem}")
         truncate_dim, size = truncate_dim or (layout.truncate_dim if layout else None), transformer.config.hidden_size
         if truncate_dim is not None and truncate_dim > size:
             raise ModelError(f"{ref}: truncate_dim {truncate_dim} is beyond the model's {size} dimensions")
@@ -300,6 +300,22 @@ def _saved_max_seq_length(
         return int(layout.max_seq_length)
     limits = [tokenizer.model_max_length, getattr(transformer.config, "max_position_embeddings", None)]
     return int(min(limit for limit in limits if limit is not None))
+
+
+def max_seq_length_problem(max_seq_length: int, tokenizer: PreTrainedTokenizerBase, config, name: str) -> str | None:
+    """Why the model ``name`` cannot take inputs of ``max_seq_length`` tokens, or None. The tokenizer cannot cut
+    below its special tokens ([CLS] and [SEP] for BERT: at least 3), where every input would keep its full length
+    or become the same empty sentence; above the position embeddings the model fails on a long input."""
+    special = tokenizer.num_special_tokens_to_add(pair=False)
+    if max_seq_length <= special:
+        return (
+            f"{max_seq_length} leaves no token for the text: {name!r} adds {special} special tokens to every input; "
+            f"use at least {special + 1}"
+        )
+    limit = position_limit(tokenizer, config)
+    if limit is not None and max_seq_length > limit:
+        return f"{max_seq_length} is beyond the {limit} positions of {name!r}; use at most {limit}"
+    return None
 
 
 def position_limit(tokenizer: PreTrainedTokenizerBase, config) -> int | None:

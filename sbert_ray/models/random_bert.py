@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import BertConfig
@@ -11,6 +12,9 @@ from transformers import BertConfig
 from sbert_ray.models.encoder import DEFAULT_MAX_SEQ_LENGTH, SentenceEncoder
 from sbert_ray.models.pooling import PoolingMode
 from sbert_ray.models.resolve import packaged_model_dir
+
+if TYPE_CHECKING:
+    from transformers import BertTokenizer
 
 # (layers, hidden size, attention heads, feed-forward size). "tiny" is test-sized; the others follow
 # Google's BERT miniatures (Turc et al. 2019) and BERT-base.
@@ -35,6 +39,16 @@ def build_random_bert(
     return Path(out_dir)
 
 
+def bert_tokenizer(vocab_file: str | os.PathLike[str] | None = None) -> BertTokenizer:
+    """The tokenizer of a random BERT: WordPiece over ``vocab_file``, by default bert-base-uncased's vocabulary."""
+    from transformers import BertTokenizer
+
+    if vocab_file is None:
+        vocab_file = packaged_model_dir("sentence-transformers/all-MiniLM-L6-v2") / "vocab.txt"
+    # `vocab=` (not `vocab_file=`): transformers 5 silently ignores vocab_file and builds a 5-token vocab.
+    return BertTokenizer(vocab=str(vocab_file), do_lower_case=True)
+
+
 def random_bert(
     shape: str = "tiny",
     vocab_file: str | os.PathLike[str] | None = None,
@@ -49,14 +63,11 @@ def random_bert(
     The vocabulary is `vocab_file` (one WordPiece per line, lower-cased input) or, by default, the
     bert-base-uncased vocabulary shipped with the offline all-MiniLM-L6-v2 package.
     """
-    from transformers import BertModel, BertTokenizer  # here: importing the package must not load model code
+    from transformers import BertModel  # here: importing the package must not load model code
 
     if shape not in BERT_SHAPES:
         raise ValueError(f"unknown BERT shape {shape!r}; expected one of {sorted(BERT_SHAPES)}")
-    if vocab_file is None:
-        vocab_file = packaged_model_dir("sentence-transformers/all-MiniLM-L6-v2") / "vocab.txt"
-    # `vocab=` (not `vocab_file=`): transformers 5 silently ignores vocab_file and builds a 5-token vocab.
-    tokenizer = BertTokenizer(vocab=str(vocab_file), do_lower_case=True)
+    tokenizer = bert_tokenizer(vocab_file)
     layers, hidden, heads, intermediate = BERT_SHAPES[shape]
     config = BertConfig(
         vocab_size=len(tokenizer),

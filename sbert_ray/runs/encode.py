@@ -66,6 +66,8 @@ def encode_corpus(
         raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {workers}")
+    if device and device.partition(":")[0] not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {device}: encoding runs on Ray actors, on cpu or cuda")
     output = Path(output).expanduser().resolve()
     owned_paths.refuse_protected(output, "--output")
     if output.exists():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from sbert_ray.config import ConfigError, TrainConfig
+from sbert_ray.config import ConfigError, TrainConfig, check_device_here
 from sbert_ray.evaluation.baselines import load_model
 from sbert_ray.evaluation.distributed import RayEncoder
 from sbert_ray.evaluation.results import nest
@@ -43,6 +43,8 @@ def evaluate_model(
     16-bit weights (``SentenceEncoder.to_precision``). With ``tracking_uri``, the evaluation is an MLflow run of
     ``experiment``."""
     check_tasks(tasks, data_dir, "--tasks")
+    if device and workers == 1:  # encoded in this process (Ray workers bring their own GPUs)
+        check_device_here(device)
     if precision != "fp32" and (finetune is not None or baseline == "tfidf"):
         raise ConfigError(f"precision {precision!r} encodes with the given model: not with fine-tuning or tf-idf")
     arguments = (model_ref, tasks, data_dir, batch_size, baseline, finetune, workers, device, allow_unsafe_weights)

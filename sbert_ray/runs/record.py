@@ -32,6 +32,7 @@ from typing import Any
 from pyarrow import fs
 
 from sbert_ray.config import ConfigError, TrainConfig, flatten, to_dict
+from sbert_ray.files import json_text
 from sbert_ray.runs import owned_paths
 
 RECORD_FILE = "sbert_ray_run.json"
@@ -91,7 +92,7 @@ class RunRecord:
         filesystem, path = fs.FileSystem.from_uri(run_dir)
         filesystem.create_dir(path)
         with filesystem.open_output_stream(f"{path}/.{RECORD_FILE}.tmp") as f:
-            f.write(json.dumps(dataclasses.asdict(self), indent=2, default=str).encode())
+            f.write(json_text(dataclasses.asdict(self), default=str).encode())
         filesystem.move(f"{path}/.{RECORD_FILE}.tmp", f"{path}/{RECORD_FILE}")
 
 

@@ -185,11 +185,12 @@ def _trial_dirname(trial) -> str:
 
 
 def _check_data(corners: list[TrainConfig]) -> None:
-    """Read each distinct model + training data + dev set of the search space once (a dataset that does not fit
-    its objective fails here, not in a trial)."""
+    """Read each distinct model (and input length) + training data + dev set of the search space once (a dataset
+    that does not fit its objective, or a length the model cannot take, fails here, not in a trial)."""
     seen = set()
     for config in corners:
-        key = repr((config.model.name, [(s.dataset, s.split, s.columns, s.limit, s.objective) for s in config.stages]))
+        stages = [(s.dataset, s.split, s.columns, s.limit, s.objective) for s in config.stages]
+        key = repr((config.model.name, config.model.max_seq_length, stages))
         if key not in seen:
             seen.add(key)
             prepare(config)

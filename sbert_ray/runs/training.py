@@ -32,11 +32,12 @@ import ray.train
 import torch
 from ray.train.torch import TorchTrainer
 
-from sbert_ray.config import ConfigError, ScalingConfig, TrainConfig, dump_yaml, flatten, to_dict
+from sbert_ray.config import ConfigError, EvalConfig, ScalingConfig, TrainConfig, dump_yaml, flatten, to_dict
 from sbert_ray.data.readers import check_available, resolve_data_dir
 from sbert_ray.data.records import DataError
 from sbert_ray.evaluation.results import nest
 from sbert_ray.evaluation.tasks import EvalTask, Results, check_tasks, headlines, parse_tasks
+from sbert_ray.files import check_folder
 from sbert_ray.models import SentenceEncoder, check_model, load_encoder
 from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_card
 from sbert_ray.progress import progress_bar, quiet
@@ -99,12 +100,17 @@ def absolute_paths(config: TrainConfig) -> TrainConfig:
         stages=[dataclasses.replace(s, dataset=_absolute(s.dataset)) if is_user_file(s) else s for s in config.stages],
         evaluation=dataclasses.replace(
             evaluation,
-            before_tasks=[task.absolute_spec() for task in parse_tasks(evaluation.before_tasks)],
-            final_tasks=[task.absolute_spec() for task in parse_tasks(evaluation.final_tasks)],
+            before_tasks=_absolute_tasks(evaluation, "before_tasks"),
+            final_tasks=_absolute_tasks(evaluation, "final_tasks"),
         ),
         checkpoint=dataclasses.replace(config.checkpoint, storage_path=resolve_storage(config.checkpoint.storage_path)),
         tracking=dataclasses.replace(config.tracking, tracking_uri=resolve_tracking_uri(config.tracking.tracking_uri)),
     )
+
+
+def _absolute_tasks(evaluation: EvalConfig, key: str) -> list[str]:
+    """``evaluation.<key>`` parsed (an unknown task is named with its key) and its files made absolute."""
+    return [task.absolute_spec() for task in parse_tasks(getattr(evaluation, key), key=f"evaluation.{key}")]
 
 
 def _absolute(path: str) -> str:
@@ -123,9 +129,9 @@ def shown(config: TrainConfig) -> TrainConfig:
 
 
 def prepare(config: TrainConfig) -> tuple[TrainConfig, list[StageExamples]]:
-    """Fill in what depends on where the run lives, and check the tracking store, data, model and evaluation tasks
-    before Ray starts. Returns the config and each stage's training examples (read once, here; tokenised later on
-    the cluster)."""
+    """Fill in what depends on where the run lives, and check the storage and output folders, the tracking store,
+    data, model and evaluation tasks before Ray starts. Returns the config and each stage's training examples
+    (read once, here; tokenised later on the cluster)."""
     config = absolute_paths(config)
     storage = config.checkpoint.storage_path
     # The final model is copied here from the last checkpoint (a download when storage is remote).
@@ -134,6 +140,8 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, list[StageExamples]]:
     )
     config = dataclasses.replace(config, output_dir=output_dir)
     owned_paths.refuse_protected(f"{storage}/{config.name}", "checkpoint.storage_path")  # the run folder
+    check_folder(storage, "checkpoint.storage_path")
+    check_folder(output_dir, "output_dir")
     warn_if_password(config.tracking.tracking_uri)
     try:
         check_reachable(config.tracking.tracking_uri)

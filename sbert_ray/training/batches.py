@@ -10,6 +10,7 @@ import dataclasses
 import itertools
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -41,7 +42,8 @@ def stage_steps(examples: int, stage: StageConfig, num_workers: int) -> tuple[in
 
 
 def is_user_file(stage: StageConfig) -> bool:
-    return stage.dataset.endswith(USER_FILE_SUFFIXES)
+    """The stage reads the user's own file (by its suffix, in any case: DATA.CSV too), not a registered dataset."""
+    return Path(stage.dataset).suffix.lower() in USER_FILE_SUFFIXES
 
 
 def load_training_records(stage: StageConfig, data_dir) -> Records:

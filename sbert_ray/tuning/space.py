@@ -24,7 +24,7 @@ from typing import Any
 
 from ray import tune
 
-from sbert_ray.config import ConfigError, TrainConfig, from_dict, to_dict
+from sbert_ray.config import ConfigError, TrainConfig, check_folder_name, from_dict, to_dict
 
 KINDS = ("choice", "grid", "loguniform", "uniform")
 SEARCHES = ("random", "grid", "optuna")  # random: Tune's variant generator (grid keys crossed, others sampled)
@@ -56,6 +56,7 @@ class SweepConfig:
             self.base.validate()
         except ConfigError as err:
             raise ConfigError(f"base.{err}") from None
+        check_folder_name("name", self.name, "a sweep lives in <base.checkpoint.storage_path>/<name>")
         if self.search not in SEARCHES:
             raise ConfigError(f"search: {self.search!r} is not one of {', '.join(SEARCHES)}")
         if self.scheduler not in SCHEDULERS:
