@@ -62,14 +62,15 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _refuse_protected(args: argparse.Namespace, option: str) -> None:
-    """A file or folder option that names /, HOME, the working directory or a folder above them is refused before
-    any work (``runs.owned_paths``)."""
+def _refuse_protected(args: argparse.Namespace, option: str, kind: str = "file") -> None:
+    """An output option is checked before any work: never /, HOME, the working directory or a folder above them
+    (``runs.owned_paths``), and a path that can take a ``kind`` ("file" or "folder", ``files``)."""
     from sbert_ray.runs.owned_paths import refuse_protected
 
     value = getattr(args, option.removeprefix("--").replace("-", "_"))
     if value:
         refuse_protected(value, option)
+        (check_file if kind == "file" else check_folder)(value, option)
 
 
 def _encode(args: argparse.Namespace) -> int:
@@ -97,7 +98,7 @@ def _report(args: argparse.Namespace) -> int:
     from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
     from sbert_ray.tracking.store import redact_uri
 
-    _refuse_protected(args, "--out")
+    _refuse_protected(args, "--out", kind="folder")
     # Only when MLflow is used: resolving the default creates its folder.
     tracking_uri = resolve_tracking_uri(args.tracking_uri) if args.run or not args.no_mlflow else None
     result_sets = [report.read_results_file(spec) for spec in args.results]
@@ -329,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--model", required=True, help="local folder or Hub id")
     ev.add_argument("--tasks", default="sts", help="comma-separated tasks (default: sts)")
     ev.add_argument("--data-dir", help="local data folder (default: $SBERT_RAY_DATA_DIR, else the Hub)")
-    ev.add_argument("--output", type=_checked(check_file), help="write results as JSON here")
+    ev.add_argument("--output", help="write results as JSON here")
     ev.add_argument("--batch-size", type=_positive_int, default=64)
     ev.add_argument("--similarities", default="cosine", help="cosine,manhattan,euclidean,dot")
     ev.add_argument("--device", type=_checked(parse_device), help="cpu, cuda, cuda:N or mps")
@@ -449,7 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_common.add_argument("--device", type=_checked(parse_device), default="cpu", help="cpu or cuda (default: cpu)")
     bench_common.add_argument("--threads", type=_positive_int, help="torch intra-op threads (default: torch's choice)")
     bench_common.add_argument("--repeats", type=_positive_int, default=3, help="timed runs per variant, interleaved")
-    bench_common.add_argument("--output", type=_checked(check_file), help="write the records as JSON here")
+    bench_common.add_argument("--output", help="write the records as JSON here")
     bench_common.add_argument("--tracking-uri", help="MLflow (default: $MLFLOW_TRACKING_URI, else ~/sbert-ray/mlflow)")
     bench_common.add_argument("--experiment", default="sbert-ray-bench")
     bench_common.add_argument("--no-mlflow", action="store_true", help="print and write JSON only")
