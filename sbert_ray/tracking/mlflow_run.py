@@ -21,7 +21,7 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.tracking import MlflowClient
 
 from sbert_ray.tracking.errors import TrackingError
-from sbert_ray.tracking.store import mlflow_call, redact_uri
+from sbert_ray.tracking.store import TrackingStore, mlflow_call, open_store, redact_uri
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +46,12 @@ def resolve_tracking_uri(configured: str | None) -> str:
         database.parent.mkdir(parents=True, exist_ok=True)  # sqlite creates the database file, not its folder
         uri = f"sqlite:///{database}"
     return uri
+
+
+def tracking_store(configured: str | None) -> TrackingStore:
+    """The store a command logs to (``resolve_tracking_uri``), checked reachable before the command's work, and
+    printed masked."""
+    return open_store(resolve_tracking_uri(configured))
 
 
 def ensure_experiment(client: MlflowClient, name: str, tracking_uri: str) -> str:
