@@ -1,12 +1,20 @@
-"""Joining the Ray cluster, and how many runs it holds at once."""
+"""Joining the Ray cluster, how many runs it holds at once, and our errors raised inside it."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import sys
+from collections.abc import Iterator
 
 import ray
 
-from sbert_ray.config import TrainConfig
+from sbert_ray.config import ConfigError, TrainConfig
+from sbert_ray.data.records import DataError
+
+logger = logging.getLogger(__name__)
+INPUT_ERRORS = (ConfigError, DataError)  # bad input: the CLI prints these as one line
 
 
 def connect_ray() -> None:
@@ -26,3 +34,47 @@ def runs_that_fit(configs: list[TrainConfig], driver_cpus: float = 0.0) -> int:
     if gpus:
         fits.append(available.get("GPU", 0) // gpus)
     return max(1, int(min(fits)))
+
+
+def input_error(error: BaseException) -> ConfigError | DataError | None:
+    """Our bad-input error inside ``error``, else None. A Ray task's error holds the remote one in ``cause`` (and
+    is an instance of its class too, with Ray's traceback as its message)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, INPUT_ERRORS) and not isinstance(seen, ray.exceptions.RayError):
+            return seen
+        seen = getattr(seen, "cause", None) or seen.__cause__
+    return None
+
+
+class _HideInputErrors(logging.Filter):
+    """Keeps Ray Data's console from printing what it says about our bad-input error: the task's traceback, and
+    "Exception occurred in Ray Data or Ray Core internal code" (logged while handling it). Its log file, ray-data.log
+    in the session's logs, still has them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else sys.exc_info()[1]
+        return error is None or input_error(error) is None
+
+
+@contextlib.contextmanager
+def input_errors_unwrapped() -> Iterator[None]:
+    """Bad input found inside a Ray task (a file's bad row read by a Ray Data task) comes out as our own one-line
+    ``ConfigError`` / ``DataError``, not as Ray's ``RayTaskError`` whose message is the remote traceback; that
+    traceback is logged at debug level and stays in Ray's logs."""
+    console = [handler for handler in logging.getLogger("ray.data").handlers if handler.get_name() == "console"]
+    hide = _HideInputErrors()
+    for handler in console:
+        handler.addFilter(hide)
+    try:
+        yield
+    except ray.exceptions.RayError as err:
+        cause = input_error(err)
+        if cause is None:
+            raise
+        logger.debug("bad input found inside a Ray task", exc_info=err)
+        # Ray Data appends its retry advice to the message as further lines; ours is the first.
+        raise type(cause)(str(cause).partition("\n")[0]) from None
+    finally:
+        for handler in console:
+            handler.removeFilter(hide)
