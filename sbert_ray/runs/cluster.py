@@ -15,13 +15,37 @@ from sbert_ray.data.records import DataError
 
 logger = logging.getLogger(__name__)
 INPUT_ERRORS = (ConfigError, DataError)  # bad input: the CLI prints these as one line
+NODE_IP_ENV = "SBERT_RAY_NODE_IP"  # the address a local cluster we start listens on (default: loopback only)
+LOOPBACK = "127.0.0.1"
 
 
 def connect_ray() -> None:
     """Join the cluster in RAY_ADDRESS (set under `ray job submit`), else start a fresh local one: never whatever
     cluster happens to be recorded in /tmp/ray, which may be stale."""
-    if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS") or "local")
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"])
+        return
+    node_ip = os.environ.get(NODE_IP_ENV)
+    with contextlib.nullcontext() if node_ip else _loopback_node():
+        ray.init(address="local", _node_ip_address=node_ip or LOOPBACK, dashboard_host=node_ip or LOOPBACK)
+
+
+@contextlib.contextmanager
+def _loopback_node() -> Iterator[None]:
+    """A local cluster on 127.0.0.1: its node address, hence every server of its processes (GCS, raylet, object
+    manager, workers, agents, metrics export), on the loopback interface only. ray.init swaps a loopback
+    ``_node_ip_address`` for the machine's outward address, so other nodes could join, unless Ray clusters are
+    switched off for this process (what it does on macOS and Windows); our local cluster has no other nodes."""
+    from ray._private import ray_constants
+
+    enabled = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = enabled
 
 
 def runs_that_fit(configs: list[TrainConfig], driver_cpus: float = 0.0) -> int:
