@@ -221,9 +221,16 @@ def _bench_train(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from sbert_ray.bench.train import TrainBenchSettings, check_inputs, format_table, log_records, run_train_bench
+    from sbert_ray.bench.train import (
+        TrainBenchSettings,
+        bench_config,
+        check_inputs,
+        format_table,
+        log_records,
+        run_train_bench,
+    )
     from sbert_ray.data.readers import resolve_data_dir
-    from sbert_ray.runs.cluster import connect_ray
+    from sbert_ray.runs.cluster import connect_ray, refuse_impossible
 
     workers = args.workers or ([1] if args.local else [1, 2])
     threads = args.threads_per_worker or [args.threads or 1]
@@ -247,6 +254,8 @@ def _bench_train(args: argparse.Namespace) -> int:
     store = None if args.no_mlflow else _tracking_store(args)
     if not args.local:
         connect_ray()
+        for workers, threads in layouts:  # a layout the cluster can never hold would wait for ever
+            refuse_impossible(bench_config(settings, workers, threads, storage="").scaling)
     records = run_train_bench(
         settings,
         layouts,

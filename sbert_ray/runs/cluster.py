@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import ray
+from ray.util.placement_group import placement_group, remove_placement_group
 
-from sbert_ray.config import ConfigError, TrainConfig
+from sbert_ray.config import ConfigError, ScalingConfig, TrainConfig
 from sbert_ray.data.records import DataError
 
 logger = logging.getLogger(__name__)
@@ -46,6 +49,99 @@ def _loopback_node() -> Iterator[None]:
         yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = enabled
+
+
+class ResourcesBusy(ConfigError):
+    """The cluster could hold the workers, but other work held their resources for longer than
+    ``scaling.resource_wait_s``."""
+
+
+@dataclass(frozen=True)
+class NodeKind:
+    """Nodes of one shape the cluster has, or may start: their resources and how many (inf: no limit)."""
+
+    resources: dict[str, float]
+    count: float
+
+    def holds(self, bundle: dict[str, float]) -> int:
+        """How many workers of ``bundle`` one such node holds."""
+        return min(math.floor(self.resources.get(key, 0) / need + 1e-9) for key, need in bundle.items())
+
+
+def check_resources(scaling: ScalingConfig) -> None:
+    """Before a run's ``fit()``: refuse workers the cluster can never hold, then wait up to
+    ``scaling.resource_wait_s`` for them to be free (Ray Train itself would wait, and retry, for ever)."""
+    refuse_impossible(scaling)
+    wait_for_workers(scaling)
+
+
+def refuse_impossible(scaling: ScalingConfig) -> None:
+    """A ``ConfigError`` naming the numbers when no node can hold one worker, or all the nodes the cluster has or
+    may start (its autoscaler's maximum) cannot hold ``num_workers`` of them as placed. A cluster we joined that
+    publishes no maximum (Ray's v1 autoscaler, `ray up`) may grow: there only ``wait_for_workers`` applies."""
+    kinds = [kind for kind in node_kinds() or [] if kind.count]
+    if not kinds:
+        return
+    bundle, n, strategy = scaling.resources_per_worker(), scaling.num_workers, scaling.placement_strategy
+    nodes = ", ".join(f"{'any number' if math.isinf(k.count) else int(k.count)} x {_text(k.resources)}" for k in kinds)
+    if not any(kind.holds(bundle) for kind in kinds):
+        raise ConfigError(f"scaling: one worker needs {_text(bundle)}, more than any node of this cluster ({nodes})")
+    if strategy == "STRICT_PACK":  # every worker on one node
+        most = max(kind.holds(bundle) for kind in kinds)
+    elif strategy == "STRICT_SPREAD":  # every worker on a node of its own
+        most = sum(kind.count for kind in kinds if kind.holds(bundle))
+    else:
+        most = sum(kind.holds(bundle) * kind.count for kind in kinds)
+    if n > most:
+        raise ConfigError(
+            f"scaling.num_workers={n} workers of {_text(bundle)} ({strategy}): this cluster can hold at most "
+            f"{int(most)} (its nodes: {nodes})"
+        )
+
+
+def node_kinds() -> list[NodeKind] | None:
+    """What the connected cluster can ever have: its autoscaler's node groups at their maximum count, where it
+    publishes them; the nodes themselves when this process started the cluster (a fixed local one); else None."""
+    from ray._private.state import state
+
+    config = state.get_cluster_config()
+    if config is not None and config.node_group_configs:
+        return [
+            NodeKind(dict(group.resources), math.inf if group.max_count == -1 else group.max_count)
+            for group in config.node_group_configs
+        ]
+    this_node = ray._private.worker._global_node
+    if this_node is not None and this_node.is_head():
+        return [NodeKind(node["Resources"], 1) for node in ray.nodes() if node["Alive"]]
+    return None
+
+
+def wait_for_workers(scaling: ScalingConfig) -> None:
+    """Wait up to ``scaling.resource_wait_s`` until the workers' resources are free at once (a placement group of
+    them, as Ray Train asks for, reserved and released), else ``ResourcesBusy`` naming what is missing."""
+    bundle, n = scaling.resources_per_worker(), scaling.num_workers
+    group = placement_group([bundle] * n, strategy=scaling.placement_strategy)
+    try:
+        # A free cluster still takes a moment to place the group: at least a second, even with a wait of 0.
+        if group.wait(timeout_seconds=max(scaling.resource_wait_s, 1.0)):
+            return
+    finally:
+        remove_placement_group(group)
+    needed = {key: value * n for key, value in bundle.items()}
+    free, total = ray.available_resources(), ray.cluster_resources()
+    missing = {key: value - free.get(key, 0) for key, value in needed.items() if value > free.get(key, 0)}
+    raise ResourcesBusy(
+        f"scaling: {n} workers of {_text(bundle)} ({scaling.placement_strategy}) were not free within "
+        f"scaling.resource_wait_s={scaling.resource_wait_s:g} s: they need {_text(needed)}, "
+        f"{_text({key: free.get(key, 0) for key in needed})} of {_text({key: total.get(key, 0) for key in needed})} "
+        f"are free now (missing {_text(missing) if missing else 'a node to place them together'}); other work holds "
+        "the rest"
+    )
+
+
+def _text(resources: dict[str, float]) -> str:
+    """``{'CPU': 2.0, 'GPU': 1.0, 'memory': ...}`` as ``2 CPU, 1 GPU`` (the resources runs ask for)."""
+    return ", ".join(f"{resources.get(key, 0):g} {key}" for key in ("CPU", "GPU") if key in resources) or "nothing"
 
 
 def runs_that_fit(configs: list[TrainConfig], driver_cpus: float = 0.0) -> int:

@@ -4,6 +4,7 @@ argument-similarity fold run through ``run_training``.
 
     config (validated) -> paths made absolute; the run's record (runs.record): new, resumed, finished or refused
       -> prepare: tracking store reachable; data, model, evaluation tasks checked          (no Ray, no MLflow yet)
+      -> Ray: the workers' resources refused if the cluster can never hold them, else waited for (a while)
       -> MLflow run (params, tags, config.yaml; the tracking URI masked everywhere), record written
       -> each stage's data tokenised once for the cluster: a Ray task, numpy arrays in the object store
       -> "before" tasks: a Ray task on a worker's resources, on the configured model
@@ -43,7 +44,7 @@ from sbert_ray.models import SentenceEncoder, check_model, load_encoder
 from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_card
 from sbert_ray.progress import progress_bar, quiet
 from sbert_ray.runs import record
-from sbert_ray.runs.cluster import connect_ray
+from sbert_ray.runs.cluster import check_resources, connect_ray
 from sbert_ray.runs.progress import TrainingProgress
 from sbert_ray.tracking.errors import TrackingError
 from sbert_ray.tracking.mlflow_run import (
@@ -274,6 +275,8 @@ def run_training(
         callbacks.append(TrainingProgress(steps))
     evaluation = config.evaluation
     before_tasks, final_tasks = parse_tasks(evaluation.before_tasks), parse_tasks(evaluation.final_tasks)
+    connect_ray()
+    check_resources(config.scaling)  # workers the cluster cannot hold: refused before the MLflow run and record
     trained = False
     try:
         with RunTracker(
@@ -295,7 +298,6 @@ def run_training(
             tracker.log_params(flatten(to_dict(shown(config))))
             tracker.set_tags(environment_tags() | {NAME_TAG: run_dir})
             tracker.log_text(dump_yaml(shown(config)), "config.yaml")
-            connect_ray()
             stage_data, truncated = tokenize_stages(config, stages)
             tracker.log_metrics(truncated)
             del stages  # the driver's copy of the texts is no longer needed
