@@ -2,7 +2,8 @@
 keep the final model, score it, log everything. ``sbert-ray train``, every sweep trial and every
 argument-similarity fold run through ``run_training``.
 
-    config (validated) -> paths made absolute; the run's record (runs.record): new, resumed, finished or refused
+    config (validated) -> paths made absolute; the run's lease taken (runs.run_lease: one process per run)
+      -> the run's record (runs.record): new, resumed, finished or refused
       -> prepare: tracking store reachable; data, model, evaluation tasks checked          (no Ray, no MLflow yet)
       -> Ray: the workers' resources refused if the cluster can never hold them, else waited for (a while)
       -> MLflow run (params, tags, config.yaml; the tracking URI masked everywhere), record written
@@ -46,6 +47,7 @@ from sbert_ray.progress import progress_bar, quiet
 from sbert_ray.runs import record
 from sbert_ray.runs.cluster import check_resources, connect_ray
 from sbert_ray.runs.progress import TrainingProgress
+from sbert_ray.runs.run_lease import run_lease
 from sbert_ray.tracking.errors import TrackingError
 from sbert_ray.tracking.mlflow_run import (
     NAME_TAG,
@@ -253,8 +255,15 @@ def run_training(
     ``restart`` trains anew, keeping the old run folder aside (see ``runs.record``). Under a sweep,
     ``parent_run_id`` nests the MLflow run under the sweep's run and ``callbacks`` (e.g. Tune's
     ``TuneReportCallback``) go to the ``TorchTrainer``. ``progress`` prints a line per report point (off under
-    --quiet)."""
+    --quiet). Another process running the same name on the same storage is refused (``runs.run_lease``)."""
     config = absolute_paths(config)
+    with run_lease(f"{config.checkpoint.storage_path}/{config.name}"):
+        return _run_training(config, parent_run_id, callbacks, restart, progress)
+
+
+def _run_training(
+    config: TrainConfig, parent_run_id: str | None, callbacks: list | None, restart: bool, progress: bool
+) -> TrainResult:
     tracking_uri = config.tracking.tracking_uri
     run_dir = f"{config.checkpoint.storage_path}/{config.name}"
     previous = record.previous_run(run_dir, config, redact_uri(tracking_uri), restart)
