@@ -89,9 +89,10 @@ class ScalingConfig:
     # with a gradient scaler (V100, T4); on CPUs fp32, so published numbers stay exact. Weights and optimizer
     # state stay fp32 in every mode.
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
-    # How long a run waits for its workers' CPUs/GPUs while other work holds them, before it fails naming what is
-    # missing. A request the cluster can never hold (more than its nodes, or its autoscaler's maximum) fails at once.
-    resource_wait_s: float = 300.0
+    # How long a run waits for its workers' CPUs/GPUs while other work holds them (or an autoscaler starts nodes for
+    # them, which takes minutes), before it fails naming what is missing. A request the cluster can never hold (more
+    # than its nodes, or its autoscaler's maximum) fails at once.
+    resource_wait_s: float = 600.0
 
     def resources_per_worker(self) -> dict[str, float]:
         """What each training worker asks Ray for."""

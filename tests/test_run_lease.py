@@ -42,7 +42,8 @@ def test_a_local_lease_refuses_a_second_holder_names_it_and_is_given_back(tmp_pa
             f"{run_dir} is being trained by another process (host {socket.gethostname()}, pid {os.getpid()}, "
             f"started {holder['started']} UTC; lease {run_dir}.lease): wait for it to end, or choose another name"
         )
-    with run_lease.run_lease(run_dir):  # released on exit
+    assert not (tmp_path / "runs").exists()  # released on exit: the lease and the folder made for it are gone
+    with run_lease.run_lease(run_dir):
         pass
     with pytest.raises(ValueError), run_lease.run_lease(run_dir):
         raise ValueError("the run failed")

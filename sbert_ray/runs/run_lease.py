@@ -25,6 +25,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 from pyarrow import fs
 
@@ -71,27 +72,54 @@ def busy(lease: str, held_by: dict) -> RunBusy:
 
 @contextlib.contextmanager
 def local_lease(path: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on ``path``, taken without waiting. The file stays after the run (deleting it would
-    let a process that opened it just before lock a file no longer at that path)."""
+    """An exclusive ``flock`` on ``path``, taken without waiting. At the end the file, and the folders made for it
+    while still empty, are removed: a run refused before any work leaves nothing behind."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lease = path.open("a+")
+        made = _make_folders(path.parent)
     except OSError as err:
         raise ConfigError(f"checkpoint.storage_path: cannot write the run's lease {path}: {err}") from None
-    with lease:
-        try:
-            fcntl.flock(lease, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lease.seek(0)
-            raise busy(str(path), _parse(lease.read())) from None
+    try:
+        lease = _lock(path)
         try:
             lease.truncate(0)
             lease.write(json.dumps(holder()))
             lease.flush()
             yield
         finally:
-            lease.truncate(0)
-            fcntl.flock(lease, fcntl.LOCK_UN)
+            path.unlink()  # while locked: a process that opened the file before sees it gone and opens anew
+            lease.close()
+    finally:
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):  # not empty: the run wrote there
+                folder.rmdir()
+
+
+def _lock(path: Path) -> TextIO:
+    """``path`` opened and locked; ``RunBusy`` naming the holder if another process has it locked."""
+    while True:
+        lease = path.open("a+")
+        try:
+            fcntl.flock(lease, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lease.seek(0)
+            held_by = _parse(lease.read())
+            lease.close()
+            raise busy(str(path), held_by) from None
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(path).st_ino == os.fstat(lease.fileno()).st_ino:
+                return lease
+        lease.close()  # the previous holder removed the file between our open and our lock: lock the new one
+
+
+def _make_folders(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; returns those created, outermost first."""
+    missing = []
+    while not folder.exists():
+        missing.insert(0, folder)
+        folder = folder.parent
+    for made in missing:
+        made.mkdir(exist_ok=True)
+    return missing
 
 
 @contextlib.contextmanager
