@@ -6,12 +6,16 @@ import argparse
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from sbert_ray.config import ConfigError, parse_device
 from sbert_ray.data.records import DataError
 from sbert_ray.files import check_file, check_folder, write_json
 from sbert_ray.progress import QUIET_ENV
 from sbert_ray.tracking.errors import TrackingError
+
+if TYPE_CHECKING:
+    from sbert_ray.tracking.store import TrackingStore
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -21,7 +25,6 @@ def _eval(args: argparse.Namespace) -> int:
     from sbert_ray.evaluation.tasks import ArgsimTask, headlines, parse_tasks
     from sbert_ray.runs.argsim import finetune_config
     from sbert_ray.runs.evaluation import evaluate_model
-    from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
 
     _refuse_protected(args, "--output")
     tasks = parse_tasks(args.tasks, args.similarities.split(","))  # fail on a typo before loading anything
@@ -50,7 +53,7 @@ def _eval(args: argparse.Namespace) -> int:
         device=args.device,
         allow_unsafe_weights=args.allow_unsafe_weights,
         progress=lambda task, seconds: print(f"{task.spec}: {seconds:.1f} s", flush=True),
-        tracking_uri=resolve_tracking_uri(args.tracking_uri) if args.mlflow else None,
+        tracking_uri=_tracking_store(args).uri if args.mlflow else None,
         experiment=args.experiment,
         truncate_dims=args.truncate_dim or (),
         precision=args.precision,
@@ -95,12 +98,11 @@ def _encode(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from sbert_ray.evaluation import report
-    from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
-    from sbert_ray.tracking.store import redact_uri
 
     _refuse_protected(args, "--out", kind="folder")
     # Only when MLflow is used: resolving the default creates its folder.
-    tracking_uri = resolve_tracking_uri(args.tracking_uri) if args.run or not args.no_mlflow else None
+    store = _tracking_store(args) if args.run or not args.no_mlflow else None
+    tracking_uri = store and store.uri
     result_sets = [report.read_results_file(spec) for spec in args.results]
     result_sets += [report.read_mlflow_run(run_id, tracking_uri) for run_id in args.run]
     if not result_sets:
@@ -115,8 +117,18 @@ def _report(args: argparse.Namespace) -> int:
     print(f"wrote {path}")
     if not args.no_mlflow:
         run_id = report.log_report(path, result_sets, tracking_uri, args.experiment)
-        print(f"MLflow run {run_id} at {redact_uri(tracking_uri)}")
+        print(f"MLflow run {run_id} at {store}")
     return 0
+
+
+def _tracking_store(args: argparse.Namespace) -> TrackingStore:
+    """``--tracking-uri`` (else its default) checked reachable before the command's work; it prints masked."""
+    from sbert_ray.tracking.mlflow_run import tracking_store
+
+    try:
+        return tracking_store(args.tracking_uri)
+    except TrackingError as err:
+        raise ConfigError(f"--tracking-uri: {err}") from None
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -185,8 +197,9 @@ def _bench_encode(args: argparse.Namespace) -> int:
         "reference": not args.no_reference,
     }
     data_dir = resolve_data_dir(args.data_dir)
+    store = None if args.no_mlflow else _tracking_store(args)
     records = run_encode_bench(data_dir=data_dir, progress=lambda line: print(line, flush=True), **options)
-    return _bench_output(args, "encode", records, {**options, "data_dir": data_dir})
+    return _bench_output(args, "encode", records, {**options, "data_dir": data_dir}, store)
 
 
 def _set_threads(threads: int | None) -> None:
@@ -196,21 +209,22 @@ def _set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def _bench_output(args: argparse.Namespace, kind: str, records: list[dict], params: dict) -> int:
-    """What every ``sbert-ray bench`` command ends with: the table, ``--output`` JSON, an MLflow run."""
+def _bench_output(
+    args: argparse.Namespace, kind: str, records: list[dict], params: dict, store: TrackingStore | None
+) -> int:
+    """What ``sbert-ray bench encode`` ends with: the table, ``--output`` JSON, an MLflow run (unless ``store`` is
+    None)."""
     from sbert_ray.bench import report
-    from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
 
     print(report.format_table(records))
     if args.output:
         write_json(records, args.output)
         print(f"wrote {args.output}")
-    if not args.no_mlflow:
-        tracking_uri = resolve_tracking_uri(args.tracking_uri)
+    if store is not None:
         run_id = report.log_bench(
-            records, kind, {**params, "threads": args.threads or "default"}, tracking_uri, args.experiment
+            records, kind, {**params, "threads": args.threads or "default"}, store.uri, args.experiment
         )
-        print(f"MLflow run {run_id} at {tracking_uri}")
+        print(f"MLflow run {run_id} at {store}")
     return 0
 
 
@@ -224,11 +238,17 @@ def _positive_int(text: str) -> int:
 def _bench_train(args: argparse.Namespace) -> int:
     """Progress and the table go to stderr, the records as JSON to stdout (and --output): under `ray job submit`
     the job's log then ends with the JSON."""
-    from sbert_ray.bench.train import TrainBenchSettings, check_inputs, format_table, log_records, run_train_bench
+    from sbert_ray.bench.train import (
+        TrainBenchSettings,
+        bench_config,
+        check_inputs,
+        format_table,
+        log_records,
+        run_train_bench,
+    )
     from sbert_ray.data.readers import resolve_data_dir
     from sbert_ray.files import json_text
-    from sbert_ray.runs.cluster import connect_ray
-    from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
+    from sbert_ray.runs.cluster import connect_ray, refuse_impossible
 
     _refuse_protected(args, "--output")
     workers = args.workers or ([1] if args.local else [1, 2])
@@ -250,9 +270,11 @@ def _bench_train(args: argparse.Namespace) -> int:
         precision=args.precision,
     )
     check_inputs(settings)
-    tracking_uri = None if args.no_mlflow else resolve_tracking_uri(args.tracking_uri)
+    store = None if args.no_mlflow else _tracking_store(args)
     if not args.local:
         connect_ray()
+        for workers, threads in layouts:  # a layout the cluster can never hold would wait for ever
+            refuse_impossible(bench_config(settings, workers, threads, storage="").scaling)
     records = run_train_bench(
         settings,
         layouts,
@@ -267,10 +289,10 @@ def _bench_train(args: argparse.Namespace) -> int:
     if args.output:
         write_json(records, args.output)
         print(f"wrote {args.output}", file=sys.stderr)
-    if tracking_uri:
+    if store is not None:
         params = {**vars(settings), "layouts": layouts, "repeats": args.repeats, "local": args.local}
-        run_id = log_records(records, params, tracking_uri, args.experiment)
-        print(f"MLflow run {run_id} at {tracking_uri}", file=sys.stderr)
+        run_id = log_records(records, params, store.uri, args.experiment)
+        print(f"MLflow run {run_id} at {store}", file=sys.stderr)
     print(json_text(records))
     return 0
 

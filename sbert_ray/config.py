@@ -90,6 +90,14 @@ class ScalingConfig:
     # with a gradient scaler (V100, T4); on CPUs fp32, so published numbers stay exact. Weights and optimizer
     # state stay fp32 in every mode.
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    # How long a run waits for its workers' CPUs/GPUs while other work holds them (or an autoscaler starts nodes for
+    # them, which takes minutes), before it fails naming what is missing. A request the cluster can never hold (more
+    # than its nodes, or its autoscaler's maximum) fails at once.
+    resource_wait_s: float = 600.0
+
+    def resources_per_worker(self) -> dict[str, float]:
+        """What each training worker asks Ray for."""
+        return {"CPU": self.cpus_per_worker, **({"GPU": self.gpus_per_worker} if self.use_gpu else {})}
 
     def threads_per_worker(self) -> int:
         """Torch threads of each training worker (and of the evaluation that runs on a worker's resources)."""
@@ -172,6 +180,8 @@ class TrainConfig:
         _at_least("scaling.torch_threads", scaling.torch_threads, 1, none_means="cpus_per_worker rounded up")
         _greater("scaling.cpus_per_worker", scaling.cpus_per_worker, 0)
         _greater("scaling.gpus_per_worker", scaling.gpus_per_worker, 0)
+        if not scaling.resource_wait_s >= 0:  # also refuses NaN
+            raise ConfigError(f"scaling.resource_wait_s must be >= 0, got {scaling.resource_wait_s}")
         gpus = scaling.gpus_per_worker
         if scaling.use_gpu and gpus > 1 and not float(gpus).is_integer():
             raise ConfigError(f"scaling.gpus_per_worker: more than one GPU must be a whole number, got {gpus}")

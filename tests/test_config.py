@@ -113,6 +113,7 @@ def test_shipped_configs_load():
         (["evaluation.dev_limit=1"], "evaluation.dev_limit must be >= 2"),
         (["scaling.cpus_per_worker=0"], "scaling.cpus_per_worker must be > 0"),
         (["scaling.cpus_per_worker=-1"], "scaling.cpus_per_worker must be > 0"),
+        (["scaling.resource_wait_s=-1"], "scaling.resource_wait_s must be >= 0, got -1"),
         (["stages.0.adam_eps=-1e-6"], "stages.0.adam_eps must be > 0"),
         (["stages.0.weight_decay=-0.01"], "stages.0.weight_decay must be >= 0"),
         (["stages.0.max_grad_norm=-1"], "stages.0.max_grad_norm must be > 0"),

@@ -135,10 +135,20 @@ def test_registered_dataset_from_the_command_line(local_ray, tmp_path, tiny_mode
     assert "already exists" in capsys.readouterr().err
 
 
-def test_a_bad_row_midway_names_its_line_and_leaves_no_output(local_ray, tmp_path, tiny_model_dir, sentences):
+@pytest.mark.cluster
+def test_a_bad_row_midway_names_its_line_and_leaves_no_output(local_ray, tmp_path, tiny_model_dir, sentences, capfd):
+    """Found by the Ray Data read task: our one line on the command line, not Ray's traceback around it."""
     path = tmp_path / "corpus.jsonl"
     lines = [json.dumps({"text": s}) for s in sentences[:150]] + ['{"text": null}']
     path.write_text("\n".join(lines) + "\n")
-    with pytest.raises(DataError, match=rf"{path}, line 151: 'text' is NoneType, not text"):
+    message = f"{path}, line 151: 'text' is NoneType, not text"
+    with pytest.raises(DataError) as raised:
         encode_corpus(str(tiny_model_dir), str(path), tmp_path / "out", batch_size=16, block_bytes=2048)
+    assert type(raised.value) is DataError and str(raised.value) == message
+    capfd.readouterr()
+    argv = ["encode", "--model", str(tiny_model_dir), "--input", str(path), "--output", str(tmp_path / "out")]
+    assert main(argv) == 2
+    err = capfd.readouterr().err
+    assert err.endswith(f"sbert-ray encode: error: {message}\n") and err.count(message) == 1
+    assert "Traceback" not in err and "Exception occurred" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl"]  # neither output nor staging folder

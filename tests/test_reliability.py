@@ -373,3 +373,45 @@ def test_run_record_lives_beside_checkpoints_on_object_storage(s3_server, tiny_t
     kept = record.archive(run_dir)
     assert kept.startswith(f"{run_dir}.replaced-")
     assert record.RunRecord.load(run_dir) is None and record.RunRecord.load(kept).mlflow_run_id == "run-1"
+
+
+# ------------------------------------------------------------- every command that tracks
+
+
+@pytest.mark.servers
+def test_every_tracking_command_masks_the_password_and_checks_the_store_first(
+    auth_server, tiny_model_dir, data_dir, tmp_path, capfd
+):
+    """eval --mlflow, report, bench encode and bench train with a password in --tracking-uri: they log to the real
+    basic-auth server, and the password is in none of their output, files or MLflow runs. A store that does not
+    answer is refused before the benchmark runs. (train and tune: the outage and sweep tests above.)"""
+    tracks = ["--tracking-uri", auth_server.uri, "--experiment"]
+    assert main(["eval", "--model", str(tiny_model_dir), "--tasks", "stsb", "--data-dir", str(data_dir),
+                 "--mlflow", *tracks, "secrets-eval", "--output", str(tmp_path / "eval.json")]) == 0  # fmt: skip
+    eval_out, eval_err = capfd.readouterr()
+    eval_run = eval_out.split("MLflow run ")[1].split()[0]
+    assert main(["report", "--run", eval_run, "--out", str(tmp_path / "report"), *tracks, "secrets-report"]) == 0
+    tiny = ["--model", "random:tiny", "--data-dir", str(data_dir), "--repeats", "1", "--no-reference", "--threads", "1"]
+    one_variant = ["--limit", "16", "--batch-sizes", "8", "--precisions", "fp32", "--smart-batching", "on"]
+    assert (
+        main(["bench", "encode", *tiny, *one_variant, "--output", str(tmp_path / "be.json"), *tracks, "secrets-bench"])
+        == 0
+    )
+    assert main(["bench", "train", *tiny, "--local", "--steps", "2", "--limit", "32", "--batch-size", "8",
+                 "--output", str(tmp_path / "bt.json"), *tracks, "secrets-bench"]) == 0  # fmt: skip
+    out, err = capfd.readouterr()
+    out, err = eval_out + out, eval_err + err
+    assert out.count(f"at {redact_uri(auth_server.uri)}") == 3 and f"at {redact_uri(auth_server.uri)}" in err
+
+    start = time.monotonic()  # a store that does not answer: refused before anything is benchmarked
+    refused = with_password(f"http://127.0.0.1:{local_cluster.free_port()}")
+    assert main(["bench", "encode", *tiny, "--tracking-uri", refused]) == 2 and time.monotonic() - start < 15
+    refused_out, refused_err = capfd.readouterr()
+    assert "sbert-ray bench: error: --tracking-uri: " in refused_err and "cannot be reached" in refused_err
+    assert "variants x" not in refused_out and "sent/s" not in refused_out
+
+    client, texts = auth_server.client(), {"stdout": out + refused_out, "stderr": err + refused_err}
+    for experiment in ("secrets-eval", "secrets-report", "secrets-bench"):
+        texts |= run_texts(client, experiment, tmp_path / "downloads")
+    assert len(client.search_runs([client.get_experiment_by_name("secrets-bench").experiment_id])) == 2
+    assert leaks(texts, [tmp_path]) == []

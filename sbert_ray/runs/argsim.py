@@ -21,7 +21,7 @@ from sbert_ray.config import ConfigError, TrainConfig, flatten, load_config
 from sbert_ray.data.records import TopicPair
 from sbert_ray.evaluation import argsim
 from sbert_ray.evaluation.tasks import ArgsimTask, Results
-from sbert_ray.runs.cluster import connect_ray, runs_that_fit
+from sbert_ray.runs.cluster import connect_ray, refuse_impossible, runs_that_fit
 from sbert_ray.runs.training import run_training
 from sbert_ray.tracking.mlflow_run import RunTracker, resolve_tracking_uri
 from sbert_ray.training.storage import is_remote
@@ -66,6 +66,7 @@ def finetune_folds(name: str, folds: Sequence[argsim.Fold], train_config: TrainC
     # several fold tasks at once (concurrent sqlite migrations fail).
     with RunTracker(uri, tracking.experiment, run_name=f"argsim-{name}-finetune") as parent:
         connect_ray()
+        refuse_impossible(train_config.scaling)
         task = ray.remote(num_cpus=0)(_finetune_fold)
         limit = runs_that_fit([train_config])
         pending, running, scores = list(folds), {}, {}

@@ -32,7 +32,7 @@ from sbert_ray.evaluation.distributed import EncoderReplica, shareable
 from sbert_ray.models import load_encoder
 from sbert_ray.progress import quiet
 from sbert_ray.runs import owned_paths
-from sbert_ray.runs.cluster import connect_ray
+from sbert_ray.runs.cluster import connect_ray, input_errors_unwrapped
 
 BLOCK_BYTES = 1 << 20  # rows read into one block (~10k sentences), encoded (ordered by length) in one actor call
 ROWS_PER_READ = 1024  # rows the read task turns into one table at a time
@@ -48,6 +48,7 @@ class EncodeResult:
     seconds: float
 
 
+@input_errors_unwrapped()  # a bad row midway is found in the read task
 def encode_corpus(
     model_ref: str,
     input_spec: str,

@@ -15,11 +15,12 @@ from sbert_ray.evaluation.truncation import evaluate_at_dims
 from sbert_ray.models.encoder import Precision
 from sbert_ray.progress import progress_bar
 from sbert_ray.runs.argsim import finetune_argsim
-from sbert_ray.runs.cluster import connect_ray
+from sbert_ray.runs.cluster import connect_ray, input_errors_unwrapped
 from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags
 from sbert_ray.tracking.store import redact_uri
 
 
+@input_errors_unwrapped()  # on Ray workers (--workers, fine-tuning folds)
 def evaluate_model(
     model_ref: str,
     tasks: Sequence[EvalTask],

@@ -25,7 +25,7 @@ from ray.tune.search.optuna import OptunaSearch
 
 from sbert_ray.config import ConfigError, TrainConfig, dump_yaml, flatten, to_dict
 from sbert_ray.runs import owned_paths
-from sbert_ray.runs.cluster import connect_ray, runs_that_fit
+from sbert_ray.runs.cluster import connect_ray, refuse_impossible, runs_that_fit
 from sbert_ray.runs.progress import SweepProgress
 from sbert_ray.runs.training import TrainResult, absolute_paths, prepare, run_training, shown
 from sbert_ray.tracking.mlflow_run import environment_tags
@@ -114,6 +114,8 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
         tracker.set_tags(environment_tags())
         tracker.log_text(dump_yaml(dataclasses.replace(sweep, base=shown(base))), "sweep.yaml")
         connect_ray()
+        for scaling in {repr(corner.scaling): corner.scaling for corner in corners}.values():
+            refuse_impossible(scaling)  # a trial of workers the cluster can never hold would wait for ever
         context = TrialContext(space, f"{path}/trials", tracker.run_id)
         trainable = tune.with_resources(tune.with_parameters(run_trial, context=context), {"cpu": TRIAL_CPU})
         start = time.perf_counter()

@@ -2,8 +2,10 @@
 keep the final model, score it, log everything. ``sbert-ray train``, every sweep trial and every
 argument-similarity fold run through ``run_training``.
 
-    config (validated) -> paths made absolute; the run's record (runs.record): new, resumed, finished or refused
+    config (validated) -> paths made absolute; the run's lease taken (runs.run_lease: one process per run)
+      -> the run's record (runs.record): new, resumed, finished or refused
       -> prepare: tracking store reachable; data, model, evaluation tasks checked          (no Ray, no MLflow yet)
+      -> Ray: the workers' resources refused if the cluster can never hold them, else waited for (a while)
       -> MLflow run (params, tags, config.yaml; the tracking URI masked everywhere), record written
       -> each stage's data tokenised once for the cluster: a Ray task, numpy arrays in the object store
       -> "before" tasks: a Ray task on a worker's resources, on the configured model
@@ -42,8 +44,9 @@ from sbert_ray.models import SentenceEncoder, check_model, load_encoder
 from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_card
 from sbert_ray.progress import progress_bar, quiet
 from sbert_ray.runs import owned_paths, record
-from sbert_ray.runs.cluster import connect_ray
+from sbert_ray.runs.cluster import check_resources, connect_ray
 from sbert_ray.runs.progress import TrainingProgress
+from sbert_ray.runs.run_lease import run_lease
 from sbert_ray.tracking.errors import TrackingError
 from sbert_ray.tracking.mlflow_run import (
     NAME_TAG,
@@ -259,8 +262,15 @@ def run_training(
     ``restart`` trains anew, keeping the old run folder aside (see ``runs.record``). Under a sweep,
     ``parent_run_id`` nests the MLflow run under the sweep's run and ``callbacks`` (e.g. Tune's
     ``TuneReportCallback``) go to the ``TorchTrainer``. ``progress`` prints a line per report point (off under
-    --quiet)."""
+    --quiet). Another process running the same name on the same storage is refused (``runs.run_lease``)."""
     config = absolute_paths(config)
+    with run_lease(f"{config.checkpoint.storage_path}/{config.name}"):
+        return _run_training(config, parent_run_id, callbacks, restart, progress)
+
+
+def _run_training(
+    config: TrainConfig, parent_run_id: str | None, callbacks: list | None, restart: bool, progress: bool
+) -> TrainResult:
     tracking_uri = config.tracking.tracking_uri
     run_dir = f"{config.checkpoint.storage_path}/{config.name}"
     previous = record.previous_run(run_dir, config, redact_uri(tracking_uri), restart)
@@ -283,6 +293,8 @@ def run_training(
         callbacks.append(TrainingProgress(steps))
     evaluation = config.evaluation
     before_tasks, final_tasks = parse_tasks(evaluation.before_tasks), parse_tasks(evaluation.final_tasks)
+    connect_ray()
+    check_resources(config.scaling)  # workers the cluster cannot hold: refused before the MLflow run and record
     trained = False
     try:
         with RunTracker(
@@ -304,7 +316,6 @@ def run_training(
             tracker.log_params(flatten(to_dict(shown(config))))
             tracker.set_tags(environment_tags() | {NAME_TAG: run_dir})
             tracker.log_text(dump_yaml(shown(config)), "config.yaml")
-            connect_ray()
             stage_data, truncated = tokenize_stages(config, stages)
             tracker.log_metrics(truncated)
             del stages  # the driver's copy of the texts is no longer needed

@@ -6,6 +6,7 @@ rank 0 of the training workers logs metrics and artifacts to that run by id thro
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import logging
@@ -18,10 +19,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from mlflow.entities import Metric, Param, RunStatus, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from sbert_ray.tracking.errors import TrackingError
-from sbert_ray.tracking.store import mlflow_call, redact_uri
+from sbert_ray.tracking.store import TrackingStore, mlflow_call, open_store, redact_uri
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +47,27 @@ def resolve_tracking_uri(configured: str | None) -> str:
         database = Path(uri.removeprefix("sqlite:///")).expanduser().resolve()
         database.parent.mkdir(parents=True, exist_ok=True)  # sqlite creates the database file, not its folder
         uri = f"sqlite:///{database}"
+        create_sqlite_store(database, uri)
     return uri
+
+
+def create_sqlite_store(database: Path, uri: str) -> None:
+    """Create the sqlite store's tables once, one process at a time: two processes creating a fresh store at once
+    (two runs on a new machine) crash in MLflow's migrations. A file beside the database says it is created."""
+    created = database.with_name(database.name + ".created")
+    if created.exists():
+        return
+    with database.with_name(database.name + ".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # waits while another process creates it; released when the file closes
+        if not created.exists():
+            mlflow_call(uri, lambda: MlflowClient(uri).search_experiments(max_results=1), timeout_s=CALL_TIMEOUT_S)
+            created.touch()
+
+
+def tracking_store(configured: str | None) -> TrackingStore:
+    """The store a command logs to (``resolve_tracking_uri``), checked reachable before the command's work, and
+    printed masked."""
+    return open_store(resolve_tracking_uri(configured))
 
 
 def ensure_experiment(client: MlflowClient, name: str, tracking_uri: str) -> str:
@@ -57,7 +79,12 @@ def ensure_experiment(client: MlflowClient, name: str, tracking_uri: str) -> str
     if tracking_uri.startswith("sqlite:///"):
         db_path = Path(tracking_uri.removeprefix("sqlite:///"))
         artifact_location = (db_path.parent / "artifacts").resolve().as_uri()
-    return client.create_experiment(name, artifact_location=artifact_location)
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location)
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        return client.get_experiment_by_name(name).experiment_id  # another process created it a moment ago
 
 
 def environment_tags() -> dict[str, str]:

@@ -21,6 +21,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
@@ -58,6 +59,27 @@ def redact_uri(uri: str) -> str:
         query = "&".join(_mask_query_item(item) for item in parts.query.split("&"))
         uri = uri.replace(f"?{parts.query}", f"?{query}", 1)
     return uri
+
+
+@dataclass(frozen=True)
+class TrackingStore:
+    """A tracking URI that cannot show its secrets: ``str()``, f-strings, ``repr`` and log lines give
+    ``redact_uri(uri)``; only MLflow calls take ``.uri`` itself."""
+
+    uri: str = field(repr=False)
+
+    def __str__(self) -> str:
+        return redact_uri(self.uri)
+
+    def __repr__(self) -> str:
+        return f"TrackingStore({str(self)!r})"
+
+
+def open_store(uri: str) -> TrackingStore:
+    """The store at ``uri``, checked before any work (``check_reachable``); a password in ``uri`` is warned about."""
+    warn_if_password(uri)
+    check_reachable(uri)
+    return TrackingStore(uri)
 
 
 def redact(text: str, uri: str) -> str:

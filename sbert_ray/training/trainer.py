@@ -24,7 +24,6 @@ def torch_trainer(
     ``local``: Ray Train's local mode, one worker in this process and no cluster (benchmarks on one GPU).
     Call ``fit()`` right away: the workers time their first optimizer step from now."""
     scaling = config.scaling
-    resources = {"CPU": scaling.cpus_per_worker, **({"GPU": scaling.gpus_per_worker} if scaling.use_gpu else {})}
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
@@ -38,7 +37,7 @@ def torch_trainer(
         scaling_config=ray.train.ScalingConfig(
             num_workers=0 if local else scaling.num_workers,
             use_gpu=scaling.use_gpu,
-            resources_per_worker=resources,
+            resources_per_worker=scaling.resources_per_worker(),
             placement_strategy=scaling.placement_strategy,
         ),
         run_config=run_config,

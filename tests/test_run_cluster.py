@@ -1,0 +1,96 @@
+"""The Ray cluster as runs meet it: a local cluster the command line starts listens on 127.0.0.1 only; workers
+the cluster can never hold are refused at once, and workers it holds later are waited for a bounded time."""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+
+import psutil
+import pytest
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+
+from sbert_ray.cli import main
+from sbert_ray.config import ConfigError, ScalingConfig
+from sbert_ray.runs.cluster import ResourcesBusy, check_resources, connect_ray, refuse_impossible
+
+
+def listening_addresses(process: psutil.Process) -> dict[str, set[str]]:
+    """Each listening TCP socket's address of ``process`` and its descendants, by process name."""
+    names = {child.pid: child.name() for child in process.children(recursive=True)} | {process.pid: "driver"}
+    found: dict[str, set[str]] = {}
+    for connection in psutil.net_connections(kind="tcp"):
+        if connection.pid in names and connection.status == psutil.CONN_LISTEN:
+            found.setdefault(names[connection.pid], set()).add(connection.laddr.ip)
+    return found
+
+
+def is_loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    return ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
+
+
+@pytest.mark.cluster
+def test_the_local_cluster_we_start_listens_on_loopback_only(monkeypatch):  # first: before local_ray starts one
+    """GCS, raylet, workers, agents, dashboard and metrics export: no socket on another interface (Ray's default
+    is every interface, and the machine's outward address as the node's)."""
+    assert not ray.is_initialized()
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("SBERT_RAY_NODE_IP", raising=False)
+    connect_ray()
+    try:
+        listening = listening_addresses(psutil.Process())
+        assert {"gcs_server", "raylet"} <= set(listening), listening
+        assert {name: ips for name, ips in listening.items() if not all(map(is_loopback, ips))} == {}
+        assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
+        assert ray.get(ray.remote(lambda: ray.util.get_node_ip_address()).remote()) == "127.0.0.1"
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.cluster
+def test_workers_the_cluster_can_never_hold_are_refused_at_once(local_ray, tiny_train_config, capsys):
+    """The 2-CPU cluster: 1000 workers, or one worker of 3 CPUs, can never be placed (Ray Train would retry every
+    60 s for ever); refused before the MLflow run or the run record, naming the numbers."""
+    with pytest.raises(ConfigError, match=r"scaling.num_workers=1000 workers of 1 CPU \(PACK\): this cluster can "
+                       r"hold at most 2 \(its nodes: 1 x 2 CPU\)"):  # fmt: skip
+        refuse_impossible(ScalingConfig(num_workers=1000))
+    with pytest.raises(ConfigError, match="STRICT_SPREAD.*at most 1"):
+        refuse_impossible(ScalingConfig(num_workers=2, cpus_per_worker=0.5, placement_strategy="STRICT_SPREAD"))
+    with pytest.raises(ConfigError, match=r"one worker needs 1 CPU, 1 GPU, more than any node of this cluster"):
+        refuse_impossible(ScalingConfig(use_gpu=True))
+    refuse_impossible(ScalingConfig(num_workers=4, cpus_per_worker=0.5))  # fits
+
+    config = tiny_train_config(name="too-big")
+    start = time.monotonic()
+    assert main(["train", str(config), "scaling.cpus_per_worker=3", "scaling.resource_wait_s=600"]) == 2
+    assert time.monotonic() - start < 30
+    err = capsys.readouterr().err
+    assert (
+        "sbert-ray train: error: scaling: one worker needs 3 CPU, more than any node of this cluster (1 x 2 CPU)" in err
+    )
+    assert not (config.parent / "runs").exists() and not (config.parent / "mlflow.db").exists()
+
+
+@pytest.mark.cluster
+def test_workers_held_by_other_work_are_waited_for_then_refused_naming_what_is_missing(local_ray):
+    scaling = ScalingConfig(num_workers=2, cpus_per_worker=1, resource_wait_s=3)
+    other = placement_group([{"CPU": 1.5}])  # another run holding most of the cluster
+    assert other.wait(timeout_seconds=30)
+    try:
+        start = time.monotonic()
+        with pytest.raises(ResourcesBusy) as busy:
+            check_resources(scaling)
+        assert 3 <= time.monotonic() - start < 15
+        assert str(busy.value) == (
+            "scaling: 2 workers of 1 CPU (PACK) were not free within scaling.resource_wait_s=3 s: they need 2 CPU, "
+            "0.5 CPU of 2 CPU are free now (missing 1.5 CPU); other work holds the rest"
+        )
+    finally:
+        remove_placement_group(other)
+    check_resources(scaling)  # free again: no wait
+    deadline = time.monotonic() + 10  # the probe released what it reserved (Ray updates its accounting shortly)
+    while ray.available_resources().get("CPU") != 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU") == 2

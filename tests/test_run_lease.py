@@ -1,0 +1,122 @@
+"""One run per name and storage at a time (``runs.run_lease``): a local OS lock that a second holder cannot take
+and a dead process gives back; an object-storage lease that is renewed, refused while fresh, taken over when
+stale, and deleted at the end. The object-storage logic runs here on a local pyarrow filesystem, and once on the
+real S3-compatible server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import local_cluster
+import pytest
+from mlflow.tracking import MlflowClient
+from pyarrow import fs
+
+from sbert_ray.runs import run_lease
+from sbert_ray.runs.run_lease import RunBusy, object_lease
+
+HOLD = """
+import sys, time
+from sbert_ray.runs.run_lease import run_lease
+with run_lease(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_local_lease_refuses_a_second_holder_names_it_and_is_given_back(tmp_path):
+    run_dir = str(tmp_path / "runs" / "tiny")
+    with run_lease.run_lease(run_dir):
+        holder = json.loads((tmp_path / "runs" / "tiny.lease").read_text())
+        assert holder["host"] == socket.gethostname() and holder["pid"] == os.getpid()
+        with pytest.raises(RunBusy) as refused:  # a second open of the file: its own lock, refused at once
+            with run_lease.run_lease(run_dir):
+                pass
+        assert str(refused.value) == (
+            f"{run_dir} is being trained by another process (host {socket.gethostname()}, pid {os.getpid()}, "
+            f"started {holder['started']} UTC; lease {run_dir}.lease): wait for it to end, or choose another name"
+        )
+    assert not (tmp_path / "runs").exists()  # released on exit: the lease and the folder made for it are gone
+    with run_lease.run_lease(run_dir):
+        pass
+    with pytest.raises(ValueError), run_lease.run_lease(run_dir):
+        raise ValueError("the run failed")
+    with run_lease.run_lease(run_dir):  # ... and on error
+        pass
+
+
+def test_a_local_lease_of_a_killed_process_is_free_again(tmp_path):
+    run_dir = str(tmp_path / "killed")
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, run_dir], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(RunBusy, match=f"pid {holder.pid},"):
+            with run_lease.run_lease(run_dir):
+                pass
+    finally:
+        holder.send_signal(signal.SIGKILL)  # no clean-up of its own: the OS drops the lock
+        holder.wait()
+    with run_lease.run_lease(run_dir):
+        pass
+
+
+def test_an_object_lease_is_renewed_refused_while_fresh_and_taken_over_when_stale(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_lease, "SETTLE_S", 0.05)
+    local, path = fs.LocalFileSystem(), str(tmp_path / "tiny.lease")
+    stale = {"host": "gone", "pid": 1, "started": "2026-01-01T00:00:00Z", "token": "t", "renewed": time.time() - 60}
+    (tmp_path / "tiny.lease").write_text(json.dumps(stale))
+    with object_lease(local, path, heartbeat_s=0.1, expiry_s=30):  # 60 s since renewed: taken over
+        first = json.loads((tmp_path / "tiny.lease").read_text())
+        assert first["pid"] == os.getpid() and first["token"] != "t"
+        time.sleep(0.5)
+        renewed = json.loads((tmp_path / "tiny.lease").read_text())
+        assert renewed["token"] == first["token"] and renewed["renewed"] > first["renewed"]
+        with pytest.raises(RunBusy, match=f"pid {os.getpid()},"), object_lease(local, path, expiry_s=30):
+            pass
+    assert not (tmp_path / "tiny.lease").exists()  # deleted at the end
+
+
+@pytest.mark.servers
+def test_an_object_lease_on_s3(s3_server, monkeypatch):
+    for key, value in s3_server.env.items():
+        monkeypatch.setenv(key, value)
+    run_dir = f"s3://{local_cluster.BUCKET}/leases/tiny"
+    with run_lease.run_lease(run_dir):
+        with pytest.raises(RunBusy, match=f"host {socket.gethostname()}, pid {os.getpid()},"):
+            with run_lease.run_lease(run_dir):
+                pass
+    objects = s3_server.client().list_objects_v2(Bucket=local_cluster.BUCKET, Prefix="leases/").get("Contents", [])
+    assert [o["Key"] for o in objects if not o["Key"].endswith("/")] == []  # released: deleted
+
+
+@pytest.mark.cluster
+def test_two_trains_of_one_name_at_once_one_refused_naming_the_other(tiny_train_config, tmp_path):
+    """Started together on a fresh MLflow store (its creation is serialised too): one trains, the other is refused
+    at once naming the first's host and pid; the metrics are logged once per step."""
+    config = tiny_train_config(name="twice")
+    # The local clusters' Train controllers look up a state API that a test machine lacks (see cluster_fixtures).
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path), "RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9"}
+    command = [str(local_cluster.BIN / "sbert-ray"), "train", str(config), "--quiet"]
+    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for _ in range(2)]  # fmt: skip
+    outputs = [run.communicate(timeout=600) for run in runs]
+    codes = [run.returncode for run in runs]
+    assert sorted(codes) == [0, 2], (codes, [err[-3000:] for _, err in outputs])
+    winner, loser = (runs[0], runs[1]) if codes[0] == 0 else (runs[1], runs[0])
+    refused = outputs[runs.index(loser)][1]
+    run_dir = config.parent / "runs" / "twice"
+    assert f"sbert-ray train: error: {run_dir} is being trained by another process (host {socket.gethostname()}, " \
+           f"pid {winner.pid}, started " in refused  # fmt: skip
+    assert "Traceback" not in refused
+
+    client = MlflowClient(f"sqlite:///{config.parent / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("sbert-ray").experiment_id])
+    steps = [metric.step for metric in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert run.info.status == "FINISHED" and steps and len(steps) == len(set(steps)), steps
