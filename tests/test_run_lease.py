@@ -142,4 +142,4 @@ def test_runs_opened_at_once_on_a_fresh_sqlite_store_all_succeed(tmp_path):
     errors = [process.communicate(timeout=300)[1] for process in opening]
     assert [process.returncode for process in opening] == [0, 0], [error[-2000:] for error in errors]
     client = MlflowClient(uri)
-    assert len(client.search_runs([client.get_experiment_by_name("shared").experiment_id])) == 4
+    assert len(client.search_runs([client.get_experiment_by_name("shared").experiment_id])) == 2
