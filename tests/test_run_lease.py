@@ -120,3 +120,26 @@ def test_two_trains_of_one_name_at_once_one_refused_naming_the_other(tiny_train_
     (run,) = client.search_runs([client.get_experiment_by_name("sbert-ray").experiment_id])
     steps = [metric.step for metric in client.get_metric_history(run.info.run_id, "train/loss")]
     assert run.info.status == "FINISHED" and steps and len(steps) == len(set(steps)), steps
+
+
+OPEN_RUN = """
+import sys
+from sbert_ray.tracking.mlflow_run import RunTracker
+with RunTracker(sys.argv[1], sys.argv[2], run_name=sys.argv[2]):
+    pass
+"""
+
+
+def test_runs_opened_at_once_on_a_fresh_sqlite_store_all_succeed(tmp_path):
+    """Two processes (runs of other names on a new machine) create the same sqlite store and experiment at once:
+    MLflow's migrations run once, under the store's file lock, and both runs are created (without the lock, one
+    crashes in an alembic migration)."""
+    uri = f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}"
+    (tmp_path / "mlflow").mkdir()
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}
+    opening = [subprocess.Popen([sys.executable, "-c", OPEN_RUN, uri, "shared"], stderr=subprocess.PIPE, text=True,
+                                env=env) for _ in range(2)]  # fmt: skip
+    errors = [process.communicate(timeout=300)[1] for process in opening]
+    assert [process.returncode for process in opening] == [0, 0], [error[-2000:] for error in errors]
+    client = MlflowClient(uri)
+    assert len(client.search_runs([client.get_experiment_by_name("shared").experiment_id])) == 2

@@ -47,13 +47,15 @@ def resolve_tracking_uri(configured: str | None) -> str:
         database = Path(uri.removeprefix("sqlite:///")).expanduser().resolve()
         database.parent.mkdir(parents=True, exist_ok=True)  # sqlite creates the database file, not its folder
         uri = f"sqlite:///{database}"
-        create_sqlite_store(database, uri)
     return uri
 
 
-def create_sqlite_store(database: Path, uri: str) -> None:
-    """Create the sqlite store's tables once, one process at a time: two processes creating a fresh store at once
-    (two runs on a new machine) crash in MLflow's migrations. A file beside the database says it is created."""
+def create_sqlite_store(uri: str) -> None:
+    """For a sqlite store: create its tables once, one process at a time (two processes creating a fresh store at
+    once, two runs on a new machine, crash in MLflow's migrations). A file beside the database says it is created."""
+    if not uri.startswith("sqlite:///"):
+        return
+    database = Path(uri.removeprefix("sqlite:///"))
     created = database.with_name(database.name + ".created")
     if created.exists():
         return
@@ -134,6 +136,7 @@ class RunLogger:
     def client(self) -> MlflowClient:
         """Made on first use: opening a sqlite store takes ~0.6 s, which a training worker spends after its first
         optimizer step, when it has something to log, rather than before."""
+        create_sqlite_store(self.tracking_uri)
         return MlflowClient(self.tracking_uri)
 
     def call(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
