@@ -264,6 +264,7 @@ def run_training(
     ``TuneReportCallback``) go to the ``TorchTrainer``. ``progress`` prints a line per report point (off under
     --quiet). Another process running the same name on the same storage is refused (``runs.run_lease``)."""
     config = absolute_paths(config)
+    check_folder(config.checkpoint.storage_path, "checkpoint.storage_path")  # before the lease is written there
     with run_lease(f"{config.checkpoint.storage_path}/{config.name}"):
         return _run_training(config, parent_run_id, callbacks, restart, progress)
 
