@@ -4,7 +4,9 @@ stated; the generic CLI printing of every number; task specs with arguments."""
 from __future__ import annotations
 
 import json
+import math
 import os
+import pickle
 import subprocess
 import sys
 
@@ -133,3 +135,72 @@ def test_a_pairs_file_needs_two_rows_before_the_model_loads(tmp_path, capsys, ro
         f"sbert-ray eval: error: --tasks: task 'pairs:{path}': {path}: {rows} scored pair(s); "
         "a correlation needs at least 2\n"
     )
+
+
+# --- undefined metrics (issue 17) ---------------------------------------------------------------------------
+
+
+def pairs_file(path, rows) -> str:
+    path.write_text("sentence1,sentence2,score\n" + "".join(f"{a},{b},{s}\n" for a, b, s in rows))
+    return str(path)
+
+
+def test_constant_scores_give_an_undefined_metric_with_its_reason(tiny_model_dir):
+    from sbert_ray.data.records import ScoredPair
+    from sbert_ray.evaluation.sts import evaluate_pairs
+    from sbert_ray.models import SentenceEncoder
+
+    model = SentenceEncoder.load(tiny_model_dir)
+    same_gold = [ScoredPair("a cat", "a dog", 2.0), ScoredPair("the sun", "a car", 2.0), ScoredPair("x", "y", 2.0)]
+    same_pair = [ScoredPair("a cat", "a dog", score) for score in (0.0, 2.5, 5.0)]
+    for pairs, reason in ((same_gold, "all 3 gold scores are equal"), (same_pair, "all 3 pairs the same similarity")):
+        metrics = evaluate_pairs(model, pairs)  # scipy said NaN (with a warning), and NaN went into the JSON
+        for key in ("spearman_cosine", "pearson_cosine"):
+            assert math.isnan(metrics[key]) and reason in metrics[key].reason
+        assert pickle.loads(pickle.dumps(metrics["spearman_cosine"])).reason == metrics["spearman_cosine"].reason
+    assert math.isfinite(evaluate_pairs(model, same_gold[:2] + same_pair[:1])["spearman_cosine"])
+
+
+def test_eval_output_writes_undefined_metrics_as_null_with_the_reason(tiny_model_dir, tmp_path, capsys):
+    tasks = pairs_file(tmp_path / "flat.csv", [("a cat", "a dog", 3), ("the sun", "a car", 3), ("x", "y", 3)])
+    output = tmp_path / "results.json"
+    assert main(["eval", "--model", str(tiny_model_dir), "--tasks", f"pairs:{tasks}", "--output", str(output)]) == 0
+    assert (
+        "flat                         spearman_cosine undefined  pearson_cosine undefined  n 3"
+        in capsys.readouterr().out
+    )
+    written = json.loads(output.read_text(), parse_constant=pytest.fail)  # NaN is not JSON
+    reason = "all 3 gold scores are equal"
+    assert written == {
+        "flat": {
+            "spearman_cosine": None,
+            "pearson_cosine": None,
+            "n": 3,
+            "undefined": {"spearman_cosine": reason, "pearson_cosine": reason},
+        }
+    }
+
+
+def test_nest_gives_every_non_finite_value_a_reason():
+    nested = nest({"a/b": float("nan"), "a/c": float("inf"), "a/d": 1.5})
+    assert nested == {
+        "a": {"b": None, "c": None, "d": 1.5, "undefined": {"b": "not a number (nan)", "c": "not a number (inf)"}}
+    }
+
+
+def test_an_undefined_fold_leaves_the_argsim_average_undefined():
+    from sbert_ray.evaluation.argsim import average_folds
+    from sbert_ray.evaluation.results import Undefined
+
+    folds = {"f0": {"pearson_cosine": 50.0, "spearman_cosine": 40.0, "n": 3}}
+    folds["f1"] = {"pearson_cosine": Undefined("all 3 gold scores are equal"), "spearman_cosine": 60.0, "n": 3}
+    result = average_folds(folds)
+    assert result["spearman_cosine"] == 50.0
+    assert math.isnan(result["pearson_cosine"]) and result["pearson_cosine"].reason == "undefined on fold(s) f1"
+
+
+def test_the_report_reads_null_scores(tmp_path):
+    results = {name: {"spearman_cosine": 70.0} for name in ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb")}
+    results["sickr"] = {"spearman_cosine": None, "undefined": {"spearman_cosine": "all 9 gold scores are equal"}}
+    rows = report.our_rows(1, report.ResultSet("ours", results, source="x.json"))
+    assert rows == {"ours: ours": (70.0, 70.0, 70.0, 70.0, 70.0, 70.0, None, None)}  # no average over a gap

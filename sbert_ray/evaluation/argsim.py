@@ -13,6 +13,7 @@ offline substitutes UKP ASPECT (its official 4 cross-topic folds) and BWS (leave
 from __future__ import annotations
 
 import csv
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,8 @@ from sklearn.model_selection import KFold
 
 from sbert_ray.data.readers import UKP_ASPECT_FOLDS, load_records, resolve_data_dir
 from sbert_ray.data.records import DataError, Records, TopicPair
-from sbert_ray.evaluation.sts import SIMILARITIES, embed_pairs
+from sbert_ray.evaluation.results import Undefined
+from sbert_ray.evaluation.sts import SIMILARITIES, correlation, embed_pairs
 
 ARGSIM_DATASETS = ("afs", "ukp-aspect", "bws")
 # Top of each gold scale: regression targets are score / max, as the paper scales STSb's 0-5 to 0-1.
@@ -126,8 +128,8 @@ def score_pairs(model, pairs: Sequence[TopicPair], batch_size: int = 64) -> dict
     predicted = pair_similarities(model, pairs, batch_size)
     gold = np.array([p.score for p in pairs])
     return {
-        "pearson_cosine": float(pearsonr(gold, predicted).statistic * 100),
-        "spearman_cosine": float(spearmanr(gold, predicted).statistic * 100),
+        "pearson_cosine": correlation(pearsonr, gold, predicted),
+        "spearman_cosine": correlation(spearmanr, gold, predicted),
         "n": len(pairs),
     }
 
@@ -137,6 +139,10 @@ def average_folds(per_fold: dict[str, dict]) -> dict:
     result: dict = {}
     for key in ("pearson_cosine", "spearman_cosine"):
         values = [m[key] for m in per_fold.values()]
+        undefined = [fold for fold, m in per_fold.items() if math.isnan(m[key])]
+        if undefined:  # a mean over the other folds would not be the protocol's number
+            result[key] = result[f"{key}_std"] = Undefined(f"undefined on fold(s) {', '.join(undefined)}")
+            continue
         result[key] = float(np.mean(values))
         result[f"{key}_std"] = float(np.std(values))
     result["n"] = sum(m["n"] for m in per_fold.values())

@@ -121,7 +121,8 @@ def our_rows(number: int, result_set: ResultSet) -> dict[str, tuple[float | None
         by_column = {column: results[entry][metric] for entry, column in columns.items() if entry in results}
         values = [by_column.get(column) for column in PAPER_TABLES[number].columns]
         if "Avg" in PAPER_TABLES[number].columns:  # averaged only when every dataset is there, as the paper's
-            values[-1] = sum(by_column.values()) / len(by_column) if len(by_column) == len(columns) else None
+            complete = len(by_column) == len(columns) and None not in by_column.values()  # null: undefined
+            values[-1] = sum(by_column.values()) / len(by_column) if complete else None
         return {f"ours: {result_set.label}": tuple(values)}
     if number in ROW_TABLES:
         entries, metrics = ROW_TABLES[number]

@@ -14,6 +14,7 @@ from scipy.stats import pearsonr, spearmanr
 from sbert_ray.data.readers import load_records, load_sts_subsets, resolve_data_dir
 from sbert_ray.data.records import Records, ScoredPair
 from sbert_ray.evaluation.embeddings import embed_columns, encoder_embeddings
+from sbert_ray.evaluation.results import Undefined
 
 STS_YEARS = ("sts12", "sts13", "sts14", "sts15", "sts16")
 STS_DATASETS = (*STS_YEARS, "stsb", "sickr")
@@ -48,10 +49,22 @@ def correlations(
     metrics: dict[str, float] = {}
     for name in similarities:
         predicted = SIMILARITIES[name](emb1, emb2)
-        metrics[f"spearman_{name}"] = float(spearmanr(gold, predicted).statistic * 100)
-        metrics[f"pearson_{name}"] = float(pearsonr(gold, predicted).statistic * 100)
+        metrics[f"spearman_{name}"] = correlation(spearmanr, gold, predicted)
+        metrics[f"pearson_{name}"] = correlation(pearsonr, gold, predicted)
     metrics["n"] = len(gold)
     return metrics
+
+
+def correlation(statistic: Callable, gold: np.ndarray, predicted: np.ndarray) -> float:
+    """``statistic`` (scipy's spearmanr or pearsonr) x100; Undefined, with the reason, where it has no value: scores
+    that do not vary have no ranking or variance to compare (scipy returns NaN with a warning)."""
+    if not np.isfinite(predicted).all():
+        return Undefined("the model gave similarities that are not numbers")
+    if np.ptp(gold) == 0:
+        return Undefined(f"all {len(gold)} gold scores are equal")
+    if np.ptp(predicted) == 0:
+        return Undefined(f"the model gave all {len(gold)} pairs the same similarity")
+    return float(statistic(gold, predicted).statistic * 100)
 
 
 def evaluate_pairs(
