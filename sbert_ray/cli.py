@@ -179,13 +179,14 @@ def _set_threads(threads: int | None) -> None:
 def _bench_output(args: argparse.Namespace, kind: str, records: list[dict], params: dict) -> int:
     """What every ``sbert-ray bench`` command ends with: the table, ``--output`` JSON, an MLflow run."""
     from sbert_ray.bench import report
-    from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
 
     print(report.format_table(records))
     if args.output:
         report.write_json(records, args.output)
         print(f"wrote {args.output}")
     if not args.no_mlflow:
+        from sbert_ray.tracking.mlflow_run import resolve_tracking_uri  # MLflow only when logging (GPU box: none)
+
         tracking_uri = resolve_tracking_uri(args.tracking_uri)
         run_id = report.log_bench(
             records, kind, {**params, "threads": args.threads or "default"}, tracking_uri, args.experiment
@@ -209,8 +210,6 @@ def _bench_train(args: argparse.Namespace) -> int:
 
     from sbert_ray.bench.train import TrainBenchSettings, check_inputs, format_table, log_records, run_train_bench
     from sbert_ray.data.readers import resolve_data_dir
-    from sbert_ray.runs.cluster import connect_ray
-    from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
 
     workers = args.workers or ([1] if args.local else [1, 2])
     threads = args.threads_per_worker or [args.threads or 1]
@@ -230,9 +229,15 @@ def _bench_train(args: argparse.Namespace) -> int:
         device=args.device,
         precision=args.precision,
     )
-    check_inputs(settings)
-    tracking_uri = None if args.no_mlflow else resolve_tracking_uri(args.tracking_uri)
+    check_inputs(settings, reference=not args.no_reference)
+    tracking_uri = None
+    if not args.no_mlflow:  # --local --no-mlflow imports neither MLflow nor Ray (a GPU machine without them)
+        from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
+
+        tracking_uri = resolve_tracking_uri(args.tracking_uri)
     if not args.local:
+        from sbert_ray.runs.cluster import connect_ray
+
         connect_ray()
     records = run_train_bench(
         settings,
@@ -470,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--limit", type=_positive_int, help="first N STSb train pairs (default: all 5,749)")
     bt.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
                     help="as scaling.precision (auto: fp32 on CPU, bf16 or fp16 on GPU)")  # fmt: skip
-    bt.add_argument("--local", action="store_true", help="one worker in this process, no Ray cluster (one GPU)")
+    bt.add_argument("--local", action="store_true", help="one worker in this process, without Ray (one GPU)")
     bt.add_argument("--no-reference", action="store_true", help="skip sentence-transformers' trainer")
     bt.add_argument(
         "--storage-path",
