@@ -69,9 +69,14 @@ class StepSettings:
         """``steps``: (optimizer steps per epoch, steps of the stage), as ``batches.stage_steps`` gives them."""
         per_epoch, total = steps
         return cls(
-            total, per_epoch * stage.grad_accum_steps, device, precision,
-            stage.grad_accum_steps, stage.max_grad_norm, eval_every,
-        )  # fmt: skip
+            total_steps=total,
+            batches_per_epoch=per_epoch * stage.grad_accum_steps,
+            device=device,
+            precision=precision,
+            grad_accum_steps=stage.grad_accum_steps,
+            max_grad_norm=stage.max_grad_norm,
+            eval_every=eval_every,
+        )
 
 
 class Reporter(Protocol):
