@@ -248,7 +248,6 @@ def _bench_train(args: argparse.Namespace) -> int:
     )
     from sbert_ray.data.readers import resolve_data_dir
     from sbert_ray.files import json_text
-    from sbert_ray.runs.cluster import connect_ray, refuse_impossible
 
     _refuse_protected(args, "--output")
     workers = args.workers or ([1] if args.local else [1, 2])
@@ -269,9 +268,11 @@ def _bench_train(args: argparse.Namespace) -> int:
         device=args.device,
         precision=args.precision,
     )
-    check_inputs(settings)
+    check_inputs(settings, reference=not args.no_reference)
     store = None if args.no_mlflow else _tracking_store(args)
     if not args.local:
+        from sbert_ray.runs.cluster import connect_ray, refuse_impossible
+
         connect_ray()
         for workers, threads in layouts:  # a layout the cluster can never hold would wait for ever
             refuse_impossible(bench_config(settings, workers, threads, storage="").scaling)
@@ -526,7 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--limit", type=_positive_int, help="first N STSb train pairs (default: all 5,749)")
     bt.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
                     help="as scaling.precision (auto: fp32 on CPU, bf16 or fp16 on GPU)")  # fmt: skip
-    bt.add_argument("--local", action="store_true", help="one worker in this process, no Ray cluster (one GPU)")
+    bt.add_argument("--local", action="store_true", help="one worker in this process, without Ray (one GPU)")
     bt.add_argument("--no-reference", action="store_true", help="skip sentence-transformers' trainer")
     bt.add_argument(
         "--storage-path",

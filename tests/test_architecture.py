@@ -29,8 +29,13 @@ LAYERS = {
     "runs": 5,
     "cli": 6,
 }
-RAY_ALLOWED = ("runs", "training", "tuning", "bench", "evaluation.distributed")
+# Ray's rooms: orchestration, Tune, and the adapters around the Ray-free training core and benchmarks.
+RAY_ALLOWED = ("runs", "training.worker", "training.trainer", "tuning", "bench.train_on_ray", "evaluation.distributed")
 MLFLOW_ALLOWED = ("tracking",)
+# What a GPU machine without Ray, MLflow or datasets runs (`sbert-ray bench encode`, `bench train --local`): none of
+# them may be imported when these modules load (tests/test_without_ray.py runs the benches with them blocked).
+RAY_FREE = ("sbert_ray.cli", "sbert_ray.training.stages", "sbert_ray.bench.train", "sbert_ray.bench.encode")
+NOT_ON_THE_GPU_MACHINE = ("ray", "mlflow", "datasets")
 
 
 def modules() -> dict[str, Path]:
@@ -40,16 +45,27 @@ def modules() -> dict[str, Path]:
     }
 
 
-def imports(path: Path) -> set[str]:
-    """Every absolute module name imported anywhere in the file."""
+def imports(path: Path, module_level: bool = False) -> set[str]:
+    """Every absolute module name imported anywhere in the file (``module_level``: when it loads, not inside a
+    function or class)."""
     names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    nodes = _module_level(tree) if module_level else ast.walk(tree)
+    for node in nodes:
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
             names |= {f"{node.module}.{alias.name}" for alias in node.names}
     return names
+
+
+def _module_level(node: ast.AST):
+    """The statements that run when the module loads: all but function and class bodies."""
+    for child in ast.iter_child_nodes(node):
+        if not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            yield child
+            yield from _module_level(child)
 
 
 def graph() -> dict[str, set[str]]:
@@ -99,6 +115,21 @@ def test_ray_and_mlflow_only_where_they_belong(library, allowed):
         and not name.removeprefix("sbert_ray.").startswith(allowed)
     ]
     assert not offenders, f"{library} imported in {offenders}"
+
+
+@pytest.mark.parametrize("root", RAY_FREE)
+def test_the_training_core_and_the_benches_load_without_ray_mlflow_or_datasets(root):
+    """Followed through every module of this package that ``root`` loads: none imports Ray, MLflow or datasets
+    at load time (inside a function, on a path the benchmarks do not take, is allowed)."""
+    known, seen, todo = modules(), set(), [root]
+    while todo:
+        name = todo.pop()
+        seen.add(name)
+        loaded = imports(known[name], module_level=True)
+        offending = sorted(imp for imp in loaded if imp.partition(".")[0] in NOT_ON_THE_GPU_MACHINE)
+        assert not offending, f"{root} loads {name}, which imports {offending}"
+        parents = {".".join(imp.split(".")[:i]) for imp in loaded for i in range(2, imp.count(".") + 1)}
+        todo += [imp for imp in loaded | parents if imp in known and imp not in seen]
 
 
 def test_the_config_imports_no_model_code():

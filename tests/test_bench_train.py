@@ -70,7 +70,8 @@ def test_bench_train_as_a_ray_job_records_ours_beside_the_reference(token_head, 
 
 
 def test_bench_train_runs_in_process_without_ray(data_dir, tmp_path, capsys):
-    """--local: Ray Train's local mode, as benchmarks/gpu_train.sh runs it on one GPU; here on the CPU in bf16."""
+    """--local: the training core in this process (no Ray), as benchmarks/gpu_train.sh runs it on one GPU; here on
+    the CPU in bf16."""
     output = tmp_path / "local.json"
     argv = bench(data_dir, "--local", "--precision", "bf16", "--no-mlflow", "--output", str(output))
     assert main(argv) == 0 and not ray.is_initialized()

@@ -15,9 +15,9 @@ from torch.nn.parallel import DistributedDataParallel
 from sbert_ray.config import StageConfig
 from sbert_ray.losses import CosineSimilarityLoss
 from sbert_ray.models import SentenceEncoder
+from sbert_ray.training.optimization import prepare_optimization
 from sbert_ray.training.sparse_embeddings import densify, sparse_embedding_gradients
 from sbert_ray.training.state import RNG_FILE, TrainState, load_rng_states, rng_state, save_checkpoint, set_rng_state
-from sbert_ray.training.worker import prepare_optimization
 
 CPU = torch.device("cpu")
 

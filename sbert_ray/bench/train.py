@@ -5,15 +5,18 @@ Every variant trains ``steps`` optimizer steps from the same model; repeats run 
 that a change in machine load hits all variants alike. Per run: the time from ``fit()`` (ours: building the
 ``TorchTrainer``, so Ray Train's worker start-up counts; the reference: loading its model) to the end of the first
 optimizer step, and the steady pairs/s after it. Ours runs the real worker loop (``train_loop_per_worker``) on the
-connected Ray cluster, or with ``local`` in this process (Ray Train's local mode, no cluster: one GPU without Ray);
-the reference runs as a Ray task with one worker's resources (or, ``local``, in this process). The model is loaded
-where each variant runs (a ``random:<shape>`` model is built there from the seed), so nothing on the driver's disk
-needs to be visible to other nodes except the checkpoint storage: on a multi-node cluster ``storage_path`` must be
-shared (``s3://...`` or NFS), as ``checkpoint.storage_path`` of a training run.
+connected Ray cluster (``bench.train_on_ray``), or with ``local`` the same Ray-free training core
+(``training.stages``) in this process, without importing Ray, MLflow or datasets (one GPU machine without them);
+the reference runs as a Ray task with one worker's resources (or, ``local``, in this process; it needs the
+``datasets`` package). The model is loaded where each variant runs (a ``random:<shape>`` model is built there from
+the seed), so nothing on the driver's disk needs to be visible to other nodes except the checkpoint storage: on a
+multi-node cluster ``storage_path`` must be shared (``s3://...`` or NFS), as ``checkpoint.storage_path`` of a
+training run.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import statistics
 import tempfile
@@ -22,8 +25,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import ray
-import ray.train
 import torch
 
 from sbert_ray.bench import report
@@ -32,10 +33,12 @@ from sbert_ray.data.readers import check_available, load_records, resolve_data_d
 from sbert_ray.files import json_text
 from sbert_ray.models import build_random_bert, check_model, resolve_model_ref
 from sbert_ray.models.load import RANDOM_PREFIX
-from sbert_ray.training.batches import load_training_records, texts_and_labels, tokenize_stage
+from sbert_ray.training.batches import TokenizedColumns, load_training_records, texts_and_labels, tokenize_stage
+from sbert_ray.training.loop import LocalReporter
+from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.precision import resolve_precision
+from sbert_ray.training.stages import Worker, start_worker, train_stages
 from sbert_ray.training.storage import resolve_storage
-from sbert_ray.training.trainer import torch_trainer
 
 OURS, REFERENCE = "sbert-ray", "sentence-transformers"
 STARTUP_KEYS = ("time_to_worker_start_s", "time_to_data_s")
@@ -67,10 +70,12 @@ class Variant:
     startup: list[dict]  # ours: seconds from fit() to the worker function's start and to its data being ready
 
 
-def check_inputs(settings: TrainBenchSettings) -> None:
+def check_inputs(settings: TrainBenchSettings, reference: bool = True) -> None:
     """Model, data and device checked on the driver before any cluster work (ModelError, DataError, ConfigError)."""
     if settings.device not in ("cpu", "cuda"):
         raise ConfigError(f"--device: {settings.device!r} is not cpu or cuda")
+    if reference and importlib.util.find_spec("datasets") is None:
+        raise ConfigError("sentence-transformers' trainer needs the datasets package: install it, or --no-reference")
     check_model(settings.model, settings.max_seq_length)
     check_available("stsb", "train", settings.data_dir)
 
@@ -91,8 +96,11 @@ def run_train_bench(
     ``storage_path`` (default: a temporary folder on this node, removed at the end)."""
     if local and any(workers != 1 for workers, _ in layouts):
         raise ConfigError("--local runs one worker in this process: use --workers 1")
-    if settings.device == "cuda" and not local and not ray.cluster_resources().get("GPU"):
-        raise ConfigError("--device cuda: the Ray cluster has no GPU")
+    on_ray = None
+    if not local:
+        from sbert_ray.bench import train_on_ray as on_ray
+
+        on_ray.check_cluster(settings.device)
     reference_threads = reference_threads or max(workers * threads for workers, threads in layouts)
     variants = [Variant(OURS, workers, threads, [], [], [], []) for workers, threads in layouts]
     if reference:
@@ -103,10 +111,7 @@ def run_train_bench(
         for repeat in range(repeats):
             for variant in variants:
                 variant.load_1m.append(os.getloadavg()[0])
-                if variant.impl == OURS:
-                    measured = _ours(settings, variant, f"{storage}/run-{repeat}", local)
-                else:
-                    measured = _reference(settings, variant.threads_per_worker, local)
+                measured = _measure(settings, variant, f"{storage}/run-{repeat}", on_ray)
                 variant.pairs_per_s.append(measured["pairs_per_s"])
                 variant.time_to_first_step_s.append(measured["time_to_first_step_s"])
                 variant.startup.append({key: measured.get(key) for key in STARTUP_KEYS})
@@ -118,6 +123,19 @@ def run_train_bench(
     records = [_record(variant, settings) for variant in variants]
     _add_ratios(records)
     return records
+
+
+def _measure(settings: TrainBenchSettings, variant: Variant, storage: str, on_ray) -> dict:
+    """One timed run of ``variant``: on the cluster (``on_ray``: the ``train_on_ray`` module) or in this process."""
+    threads = variant.threads_per_worker
+    if variant.impl == REFERENCE:
+        if on_ray is None:
+            return reference_trainer_run(settings, threads)
+        gpus = int(settings.device == "cuda")
+        return on_ray.run_as_task(reference_trainer_run, settings, threads, num_cpus=threads, num_gpus=gpus)
+    config = bench_config(settings, variant.workers, threads, storage)
+    data = stage_data(config)
+    return ours_in_process(config, data) if on_ray is None else on_ray.ours(config, data)
 
 
 def model_folder(ref: str, workdir: Path, seed: int) -> str:
@@ -157,30 +175,23 @@ def bench_config(settings: TrainBenchSettings, workers: int, threads: int, stora
     return config
 
 
-def _ours(settings: TrainBenchSettings, variant: Variant, storage: str, local: bool) -> dict:
-    config = bench_config(settings, variant.workers, variant.threads_per_worker, storage)
-    run_config = ray.train.RunConfig(
-        name=f"{variant.workers}x{variant.threads_per_worker}", storage_path=storage,
-        failure_config=ray.train.FailureConfig(max_failures=0),
-    )  # fmt: skip
-    return torch_trainer(config, [_stage_data(config, local)], run_config, local=local).fit().return_value
-
-
-def _stage_data(config: TrainConfig, local: bool):
+def stage_data(config: TrainConfig) -> TokenizedColumns:
     """The stage tokenised up front, as a training run does once per cluster (not part of the timed steps)."""
     stage = config.stages[0]
     columns, labels = texts_and_labels(load_training_records(stage, resolve_data_dir(config.data_dir)), stage)
     data, _ = tokenize_stage(config.model, columns, labels)
-    return data if local else ray.put(data)
+    return data
 
 
-def _reference(settings: TrainBenchSettings, threads: int, local: bool) -> dict:
-    if local:
-        return reference_trainer_run(settings, threads)
-    task = ray.remote(reference_trainer_run).options(
-        num_cpus=threads, num_gpus=1 if settings.device == "cuda" else 0, scheduling_strategy="DEFAULT"
-    )
-    return ray.get(task.remote(settings, threads))
+def ours_in_process(config: TrainConfig, data: TokenizedColumns) -> dict:
+    """The worker's training core in this process, no Ray: one worker, report points kept in memory (no dev
+    scoring, no checkpoint). Timed from here, so the model's loading counts as a worker's does."""
+    device = torch.device("cuda" if config.scaling.use_gpu else "cpu")
+    meter = StepMeter(time.time(), device)
+    worker = Worker(device, resolve_precision(config.scaling.precision, device))
+    encoder, state = start_worker(config, worker, restored=None)
+    train_stages(config, encoder, state, None, lambda index: data, worker, LocalReporter(), meter)
+    return {"precision": worker.precision, **meter.summary()}
 
 
 def reference_trainer_run(settings: TrainBenchSettings, threads: int) -> dict:

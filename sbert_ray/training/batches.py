@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +21,7 @@ from sbert_ray.data.records import TEXT_FIELDS, Records
 from sbert_ray.data.sampler import SmartBatchSampler
 from sbert_ray.losses.registry import OBJECTIVES
 from sbert_ray.models import load_encoder
+from sbert_ray.training.loop import MicroBatch
 
 logger = logging.getLogger(__name__)
 USER_FILE_SUFFIXES = (".csv", ".tsv", ".jsonl")
@@ -189,6 +190,19 @@ class TokenizedColumns:
             return features, None
         labels = torch.from_numpy(self.labels[index])
         return features, (labels.pin_memory() if pin else labels).to(device, non_blocking=True)
+
+
+def epoch_batches(
+    data: TokenizedColumns, sampler: SmartBatchSampler, per_epoch: int, epoch: int, position: int, device: torch.device
+) -> Iterator[MicroBatch]:
+    """This worker's micro-batches from ``position`` of ``epoch`` on, epoch after epoch, without end: each epoch's
+    first ``per_epoch`` batches of the sampler (whole optimizer steps), collated on ``device`` as they are taken."""
+    while True:
+        sampler.set_epoch(epoch, start_batch=position)
+        for taken, indices in enumerate(itertools.islice(sampler, per_epoch - position), start=position + 1):
+            features, labels = data.collate(indices, device)
+            yield MicroBatch(features, labels, len(indices), epoch, taken)
+        epoch, position = epoch + 1, 0
 
 
 def tokenize_stage(

@@ -28,6 +28,12 @@ def sparse_embedding_gradients(
     return embedding.weight
 
 
+def sparse_gradient_weight(encoder: SentenceEncoder) -> torch.nn.Parameter | None:
+    """The word embeddings' weight when ``sparse_embedding_gradients`` made its gradient sparse, else None."""
+    embedding = encoder.transformer.get_input_embeddings()
+    return embedding.weight if getattr(embedding, "sparse", False) else None
+
+
 def densify(weight: torch.nn.Parameter) -> None:
     """The all-reduced sparse gradient as the dense one the optimizer and clipping take."""
     if weight.grad is not None and weight.grad.is_sparse:

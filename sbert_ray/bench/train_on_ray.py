@@ -1,0 +1,36 @@
+"""The Ray side of ``sbert-ray bench train``: our worker loop as a Ray Train run on the connected cluster, and
+sentence-transformers' trainer as a Ray task with one worker's resources. Imported only for cluster runs, so that
+the in-process benchmark runs where Ray is not installed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import ray
+import ray.train
+
+from sbert_ray.config import ConfigError, TrainConfig
+from sbert_ray.training.batches import TokenizedColumns
+from sbert_ray.training.trainer import torch_trainer
+
+
+def check_cluster(device: str) -> None:
+    if device == "cuda" and not ray.cluster_resources().get("GPU"):
+        raise ConfigError("--device cuda: the Ray cluster has no GPU")
+
+
+def ours(config: TrainConfig, data: TokenizedColumns) -> dict:
+    """``train_loop_per_worker`` on ``config.scaling.num_workers`` workers; its summary (``Result.return_value``)."""
+    scaling = config.scaling
+    run_config = ray.train.RunConfig(
+        name=f"{scaling.num_workers}x{scaling.torch_threads}",
+        storage_path=config.checkpoint.storage_path,
+        failure_config=ray.train.FailureConfig(max_failures=0),
+    )
+    return torch_trainer(config, [ray.put(data)], run_config).fit().return_value
+
+
+def run_as_task(function: Callable[..., dict], *args, num_cpus: int, num_gpus: int) -> dict:
+    """``function(*args)`` as a Ray task with these resources, wherever the cluster has room."""
+    task = ray.remote(function).options(num_cpus=num_cpus, num_gpus=num_gpus, scheduling_strategy="DEFAULT")
+    return ray.get(task.remote(*args))

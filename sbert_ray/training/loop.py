@@ -1,0 +1,224 @@
+"""``train_stage``: one stage's optimizer steps, plain PyTorch (no Ray), in one process or as one DDP rank.
+
+The step never waits for the device: losses stay on it and are read once per ``LOG_EVERY`` steps (and at each
+report point), which is also where a NaN or infinite loss is caught (``Diverged``); every rank reads at the same
+steps, so all stop together, and no checkpoint is written from the broken weights. Metrics and checkpoints leave
+through a ``Reporter``: Ray's (``training.worker``) logs to MLflow and reports to Ray Train; ``LocalReporter`` keeps
+them in memory (tests, the in-process benchmark).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from sbert_ray.config import StageConfig
+from sbert_ray.training.meter import StepMeter
+from sbert_ray.training.optimization import Optimization
+from sbert_ray.training.precision import autocast
+from sbert_ray.training.sparse_embeddings import densify, sparse_gradient_weight
+from sbert_ray.training.state import TrainState, rng_state, save_checkpoint
+
+LOG_EVERY = 10  # optimizer steps between loss reads (and MLflow metric points)
+
+
+class Diverged(Exception):
+    """A NaN or infinite loss at ``global_step`` (all ranks raise it together, after their loss all-reduce)."""
+
+    def __init__(self, stage: int, global_step: int, loss: float):
+        super().__init__(f"loss {loss} at step {global_step}")
+        self.stage, self.global_step, self.loss = stage, global_step, loss
+
+
+@dataclasses.dataclass(frozen=True)
+class MicroBatch:
+    """One micro-batch of this worker: the objective's inputs on the training device, and where it stands in
+    the data (``position``: micro-batches of ``epoch`` consumed with this one; a resume continues after it)."""
+
+    features: list[dict]
+    labels: torch.Tensor | None
+    size: int  # examples on this worker
+    epoch: int
+    position: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSettings:
+    """What one stage's steps need beyond the model, the data and the optimizer."""
+
+    total_steps: int  # optimizer steps of the stage
+    batches_per_epoch: int  # micro-batches per epoch (whole optimizer steps), for the logged epoch
+    device: torch.device
+    precision: str = "fp32"  # resolved: bf16, fp16 or fp32
+    grad_accum_steps: int = 1
+    max_grad_norm: float = 1.0
+    eval_every: int = 0  # optimizer steps between report points; 0: only at the stage's last step
+
+    @classmethod
+    def for_stage(
+        cls, stage: StageConfig, steps: tuple[int, int], eval_every: int, device: torch.device, precision: str
+    ) -> StepSettings:
+        """``steps``: (optimizer steps per epoch, steps of the stage), as ``batches.stage_steps`` gives them."""
+        per_epoch, total = steps
+        return cls(
+            total_steps=total,
+            batches_per_epoch=per_epoch * stage.grad_accum_steps,
+            device=device,
+            precision=precision,
+            grad_accum_steps=stage.grad_accum_steps,
+            max_grad_norm=stage.max_grad_norm,
+            eval_every=eval_every,
+        )
+
+
+class Reporter(Protocol):
+    """Where the loop's metrics and checkpoints go. Every rank calls both methods at the same steps."""
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        """Training metrics at global ``step`` (a distributed reporter keeps rank 0's)."""
+
+    def report(self, state: TrainState, save: Callable[[Path], None], window: dict[str, float]) -> None:
+        """A report point: every ``eval_every`` steps and at the stage's last step (``state.stage_done``).
+        ``save(folder)`` writes the checkpoint of this moment (model in sentence-transformers layout, optimizer,
+        scheduler, position, every rank's random state); a reporter that scores the model sets
+        ``state.dev_spearman`` before saving. ``window``: the latest ``train_loss`` and ``pairs_per_s``."""
+
+
+class LocalReporter:
+    """A reporter for one process without a tracking store: keeps what it is given; with ``checkpoints``, writes
+    each report point's checkpoint to ``checkpoints/step-<global step>``."""
+
+    def __init__(self, checkpoints: Path | None = None):
+        self.checkpoints = checkpoints
+        self.logged: list[tuple[int, dict[str, float]]] = []  # (step, metrics) as logged
+        self.reports: list[dict] = []  # per report point: stage, step, global_step and the window
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.logged.append((step, dict(metrics)))
+
+    def report(self, state: TrainState, save: Callable[[Path], None], window: dict[str, float]) -> None:
+        self.reports.append({"stage": state.stage, "step": state.step, "global_step": state.global_step, **window})
+        if self.checkpoints is not None:
+            folder = self.checkpoints / f"step-{state.global_step}"
+            folder.mkdir(parents=True)
+            save(folder)
+
+
+def train_stage(
+    model: torch.nn.Module,
+    batches: Iterable[MicroBatch],
+    optimization: Optimization,
+    settings: StepSettings,
+    state: TrainState,
+    reporter: Reporter,
+    meter: StepMeter,
+) -> TrainState:
+    """Train ``model`` (the objective, in DDP when several workers train) on ``batches`` from ``state`` until the
+    stage's last step; returns the state there. Raises ``Diverged`` on a NaN or infinite loss."""
+    objective = model.module if isinstance(model, DistributedDataParallel) else model
+    world_size = dist.get_world_size() if objective is not model else 1
+    sparse_embeddings = sparse_gradient_weight(objective.encoder)
+    accum, device = settings.grad_accum_steps, settings.device
+    window_losses = torch.zeros(LOG_EVERY, device=device)  # each step's loss summed over micro-batches, on device
+    window_steps = 0
+    model.train()
+    meter.restart()
+    for micro, batch in enumerate(batches, start=1):
+        syncs = micro % accum == 0
+        # Accumulating micro-batches skip DDP's all-reduce; the last one of a step syncs the gradients.
+        with model.no_sync() if (world_size > 1 and not syncs) else nullcontext():
+            with autocast(settings.precision, device):
+                loss = model(batch.features, batch.labels) / accum
+            (optimization.scaler.scale(loss) if optimization.scaler else loss).backward()
+        window_losses[window_steps] += loss.detach()  # stays on the device: no sync
+        meter.count(batch.size * world_size)
+        if not syncs:
+            continue
+        optimizer_step(model, optimization, settings.max_grad_norm, sparse_embeddings, world_size)
+        state.step, state.global_step = state.step + 1, state.global_step + 1
+        state.epoch, state.batch = batch.epoch, batch.position
+        window_steps += 1
+        if (first_step_s := meter.after_step(state.global_step)) is not None:
+            reporter.log({"train/time_to_first_step_s": first_step_s}, step=1)
+        last = state.step == settings.total_steps
+        report = last or (settings.eval_every and state.step % settings.eval_every == 0)
+        if report or window_steps == LOG_EVERY:
+            losses = read_losses(window_losses[:window_steps], state, world_size)
+            window = {"train_loss": sum(losses) / len(losses), "pairs_per_s": meter.close_window()}
+            reporter.log(
+                {
+                    "train/loss": window["train_loss"],
+                    "train/learning_rate": optimization.scheduler.get_last_lr()[0],
+                    "train/pairs_per_s": window["pairs_per_s"],
+                    "train/epoch": state.epoch + state.batch / settings.batches_per_epoch,
+                },
+                step=state.global_step,
+            )
+            window_losses.zero_()
+            window_steps = 0
+        if report:
+            state.stage_done = last
+            reporter.report(state, checkpoint_writer(state, objective, optimization, device, world_size), window)
+            meter.restart()  # the dev evaluation is not training time
+        if last:
+            break
+    return state
+
+
+def optimizer_step(
+    model: torch.nn.Module,
+    optimization: Optimization,
+    max_grad_norm: float,
+    sparse_embeddings: torch.nn.Parameter | None,
+    world_size: int,
+) -> None:
+    """Clip the accumulated gradients to ``max_grad_norm``, step optimizer and schedule, clear the gradients."""
+    optimizer, scheduler, scaler = optimization
+    if sparse_embeddings is not None:
+        densify(sparse_embeddings)
+    if scaler:
+        scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    if scaler:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    scheduler.step()
+    if sparse_embeddings is not None:
+        sparse_embeddings.grad = None  # a sparse gradient cannot accumulate into a dense one
+    optimizer.zero_grad(set_to_none=world_size == 1)  # DDP's gradients are views into its buckets
+
+
+def read_losses(losses: torch.Tensor, state: TrainState, world_size: int) -> list[float]:
+    """The one host sync per window: every rank's step losses summed (so all ranks see a NaN anywhere and stop
+    together), as the mean over workers; raises ``Diverged`` at the first step whose loss is not finite."""
+    if world_size > 1:
+        dist.all_reduce(losses)
+    values = [value / world_size for value in losses.tolist()]
+    first_step = state.global_step - len(values) + 1
+    for offset, value in enumerate(values):
+        if not math.isfinite(value):
+            raise Diverged(state.stage, first_step + offset, value)
+    return values
+
+
+def checkpoint_writer(
+    state: TrainState, objective: torch.nn.Module, optimization: Optimization, device: torch.device, world_size: int
+) -> Callable[[Path], None]:
+    """``save(folder)`` for a report point. Every rank's random state is gathered now (a collective: each rank
+    calls this), so that a resumed run draws the dropout masks the uninterrupted one would."""
+    rng_states = [rng_state(device)]
+    if world_size > 1:
+        rng_states = [None] * world_size
+        dist.all_gather_object(rng_states, rng_state(device))
+    optimizer, scheduler, scaler = optimization
+    return lambda folder: save_checkpoint(folder, state, objective, optimizer, scheduler, scaler, rng_states)

@@ -1,0 +1,67 @@
+"""``StepMeter``: how long a worker process took to start and how fast it trains, without syncing the step."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+class StepMeter:
+    """Seconds from ``started`` (the wall clock at ``fit()``; workers may run on other nodes) to this process's
+    start, to its first stage's data and to the run's first optimizer step; and the steady pairs/s after this
+    process's first step (start-up and first-call allocations left out), over the windows between loss reads,
+    report points left out. Pairs are counted over all workers."""
+
+    def __init__(self, started: float, device: torch.device):
+        self.started, self.device = started, device
+        self.time_to_worker_start = time.time() - started
+        self.time_to_data: float | None = None
+        self.time_to_first_step: float | None = None
+        self.has_stepped = False  # whether this process has taken an optimizer step yet
+        self.steady_pairs, self.steady_seconds = 0, 0.0
+        self.restart()
+
+    def data_ready(self) -> None:
+        self.time_to_data = self.time_to_data or time.time() - self.started
+
+    def restart(self) -> None:
+        """A new window from now: training starts or resumes after something that is not training."""
+        self.pairs, self.window_start = 0, time.perf_counter()
+
+    def count(self, pairs: int) -> None:
+        self.pairs += pairs
+
+    def after_step(self, global_step: int) -> float | None:
+        """Call after every optimizer step; returns the time to the first step at the run's first one (a run that
+        starts from scratch), None otherwise. Steady throughput counts from this process's first step on."""
+        if self.has_stepped:
+            return None
+        self.has_stepped = True
+        if global_step == 1:
+            synchronize(self.device)
+            self.time_to_first_step = time.time() - self.started
+        self.restart()
+        return self.time_to_first_step
+
+    def close_window(self) -> float:
+        """Pairs/s of the window ending now (added to the steady totals); starts the next window."""
+        elapsed = time.perf_counter() - self.window_start
+        self.steady_pairs += self.pairs
+        self.steady_seconds += elapsed
+        rate = self.pairs / elapsed
+        self.restart()
+        return rate
+
+    def summary(self) -> dict:
+        return {
+            "time_to_worker_start_s": self.time_to_worker_start,
+            "time_to_data_s": self.time_to_data,
+            "time_to_first_step_s": self.time_to_first_step,
+            "pairs_per_s": self.steady_pairs / self.steady_seconds if self.steady_seconds else None,
+        }
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

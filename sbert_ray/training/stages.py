@@ -1,0 +1,134 @@
+"""Every stage of a run on one worker, without Ray: the encoder from its start or a checkpoint, and per stage the
+sampler, the objective, the optimizer (restored when the checkpoint stopped inside the stage) and ``train_stage``.
+
+The Ray Train worker (``training.worker``) runs this as one DDP rank; the training benchmark runs it in one
+process. Stages a checkpoint finished are skipped; a checkpoint taken mid-stage resumes at its micro-batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from sbert_ray.config import StageConfig, TrainConfig
+from sbert_ray.data.sampler import SmartBatchSampler
+from sbert_ray.losses.registry import build_loss
+from sbert_ray.models import SentenceEncoder, load_encoder
+from sbert_ray.training.batches import TokenizedColumns, epoch_batches, local_batch_size, log_coverage, stage_steps
+from sbert_ray.training.loop import Reporter, StepSettings, train_stage
+from sbert_ray.training.meter import StepMeter
+from sbert_ray.training.optimization import prepare_optimization
+from sbert_ray.training.sparse_embeddings import sparse_embedding_gradients
+from sbert_ray.training.state import MODEL_DIR, TrainState, load_rng_states, set_rng_state
+
+log = logging.getLogger(__name__)
+
+
+def _alone(objective: torch.nn.Module) -> torch.nn.Module:
+    return objective
+
+
+@dataclasses.dataclass(frozen=True)
+class Worker:
+    """This training process: its device and arithmetic (a resolved precision), its rank among ``world_size``
+    workers, and how its objective joins theirs (``distribute``: DDP from the Ray adapter; as it is alone)."""
+
+    device: torch.device
+    precision: str = "fp32"
+    rank: int = 0
+    world_size: int = 1
+    distribute: Callable[[torch.nn.Module], torch.nn.Module] = _alone
+
+
+def seed_everything(seed: int) -> None:
+    """torch (CPU and every GPU), numpy's global generator and Python's ``random``."""
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def start_worker(config: TrainConfig, worker: Worker, restored: Path | None) -> tuple[SentenceEncoder, TrainState]:
+    """Threads and seeds set, the encoder on its device (from the checkpoint folder ``restored``, else built from
+    the config and seed) and the state training resumes from; a restored run's random streams continue where the
+    checkpoint left them."""
+    torch.set_num_threads(config.scaling.threads_per_worker())
+    seed_everything(config.seed)
+    if restored is None:
+        encoder, state = load_encoder(**dataclasses.asdict(config.model), seed=config.seed), TrainState()
+    else:
+        encoder, state = SentenceEncoder.load(str(restored / MODEL_DIR)), TrainState.load(restored)
+    # On its device before any optimizer is built or restored: optimizer state follows its parameters' device.
+    encoder.to(worker.device)
+    if restored is not None:
+        rng_states = load_rng_states(restored)
+        if len(rng_states) == worker.world_size:
+            set_rng_state(rng_states[worker.rank], worker.device)
+        else:
+            log.warning(
+                "checkpoint holds random states of %d workers, not %d: reseeded", len(rng_states), worker.world_size
+            )
+    return encoder, state
+
+
+def train_stages(
+    config: TrainConfig,
+    encoder: SentenceEncoder,
+    state: TrainState,
+    restored: Path | None,
+    stage_data: Callable[[int], TokenizedColumns],
+    worker: Worker,
+    reporter: Reporter,
+    meter: StepMeter,
+) -> TrainState:
+    """Train every stage not finished in ``state`` (``stage_data(i)``: stage i's tokenised examples, fetched when
+    the stage starts); raises ``Diverged`` on a NaN or infinite loss."""
+    for index, stage in enumerate(config.stages):
+        if index < state.stage or (index == state.stage and state.stage_done):
+            continue
+        if index > state.stage:
+            state = TrainState(stage=index, global_step=state.global_step)
+        resume_from = restored if (restored is not None and state.step) else None
+        state = _train_stage(config, stage, encoder, state, resume_from, stage_data(index), worker, reporter, meter)
+    return state
+
+
+def _train_stage(
+    config: TrainConfig,
+    stage: StageConfig,
+    encoder: SentenceEncoder,
+    state: TrainState,
+    resume_from: Path | None,
+    data: TokenizedColumns,
+    worker: Worker,
+    reporter: Reporter,
+    meter: StepMeter,
+) -> TrainState:
+    """One stage's sampler, objective and optimizer (restored from ``resume_from``), then its steps."""
+    device, world_size = worker.device, worker.world_size
+    sampler = SmartBatchSampler(
+        data.lengths, local_batch_size(stage, world_size), num_replicas=world_size, rank=worker.rank,
+        seed=config.seed + state.stage,
+    )  # fmt: skip
+    steps = stage_steps(len(data), stage, world_size)  # prepare() checked both are > 0
+    settings = StepSettings.for_stage(stage, steps, config.evaluation.eval_every, device, worker.precision)
+    meter.data_ready()
+    if worker.rank == 0:
+        log_coverage(state.stage, data, sampler, settings.batches_per_epoch)
+    # A head restored from the checkpoint must not advance the random stream restored with it.
+    rng_devices = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(rng_devices) if resume_from is not None else nullcontext():
+        objective = build_loss(stage.objective, encoder, stage.loss, stage.matryoshka_dims, stage.matryoshka_weights)
+    optimization = prepare_optimization(objective, stage, settings.total_steps, device, worker.precision, resume_from)
+    if resume_from is not None:
+        reporter.log({"train/resumed_from_step": state.step}, step=state.global_step)
+    sparse_embedding_gradients(encoder, device, world_size)  # before DDP wraps the objective: it decides then
+    model = worker.distribute(objective)
+    batches = epoch_batches(data, sampler, settings.batches_per_epoch, state.epoch, state.batch, device)
+    return train_stage(model, batches, optimization, settings, state, reporter, meter)

@@ -1,0 +1,237 @@
+"""The training loop in one process, no Ray: gradient accumulation, clipping, the schedule, the NaN stop, the
+cadence of loss reads and report points, and resume from a checkpoint onto the uninterrupted run.
+
+Claims of exact arithmetic (accumulation, clipping) run the tiny BERT in float64 with plain SGD at lr 1, so that a
+parameter's change is minus its gradient: float64 rounds at ~1e-16 relative, so two orders of summation differ by
+~1e-13 of the largest gradient, far inside the 1e-9 allowed, while the errors these tests catch (a missing
+division by the accumulation steps, a clip skipped) are of order 1.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from sbert_ray.config import EvalConfig, ModelConfig, ScalingConfig, StageConfig, TrainConfig
+from sbert_ray.losses import CosineSimilarityLoss
+from sbert_ray.models import SentenceEncoder
+from sbert_ray.training.batches import load_training_records, texts_and_labels, tokenize_stage
+from sbert_ray.training.loop import LOG_EVERY, Diverged, LocalReporter, MicroBatch, StepSettings, train_stage
+from sbert_ray.training.meter import StepMeter
+from sbert_ray.training.optimization import Optimization, prepare_optimization
+from sbert_ray.training.stages import Worker, start_worker, train_stages
+from sbert_ray.training.state import MODEL_DIR, TRAINING_FILE, TrainState
+
+CPU = torch.device("cpu")
+PAIRS = [
+    ("A man plays a guitar.", "Someone makes music on a guitar.", 0.9),
+    ("A dog runs in the park.", "Cats sleep all day long.", 0.1),
+    ("A woman slices an onion.", "An onion is being cut by a woman.", 1.0),
+    ("The sky is blue.", "Stock markets fell sharply today in early trading.", 0.0),
+]
+EXACT = 1e-9  # relative to the largest change: float64 reordering errors are ~1e-13 of it (module docstring)
+
+
+def float64_objective(model_dir: Path) -> CosineSimilarityLoss:
+    """The tiny BERT in float64 without dropout: the same inputs give the same gradients however batched."""
+    encoder = SentenceEncoder.load(str(model_dir)).double()
+    for module in encoder.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    return CosineSimilarityLoss(encoder)
+
+
+def micro_batch(encoder: SentenceEncoder, pairs, epoch: int = 0, position: int = 1) -> MicroBatch:
+    features = [encoder.tokenize([pair[0] for pair in pairs]), encoder.tokenize([pair[1] for pair in pairs])]
+    labels = torch.tensor([pair[2] for pair in pairs], dtype=torch.float64)
+    return MicroBatch(features, labels, len(pairs), epoch, position)
+
+
+def sgd(objective: torch.nn.Module, lr: float = 1.0) -> Optimization:
+    optimizer = torch.optim.SGD(objective.parameters(), lr=lr)
+    return Optimization(optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0), None)
+
+
+def run(objective, batches, optimization, reporter=None, **settings) -> TrainState:
+    settings = StepSettings(**{"batches_per_epoch": len(batches), "device": CPU, **settings})
+    meter = StepMeter(time.time(), CPU)
+    return train_stage(objective, batches, optimization, settings, TrainState(), reporter or LocalReporter(), meter)
+
+
+def update(objective, batches, **settings) -> torch.Tensor:
+    """All parameters' change over the run with SGD at lr 1, flattened."""
+    before = torch.cat([p.detach().flatten().clone() for p in objective.parameters()])
+    run(objective, batches, sgd(objective), **settings)
+    return torch.cat([p.detach().flatten() for p in objective.parameters()]) - before
+
+
+def test_accumulated_micro_batches_step_as_one_big_batch(tiny_model_dir):
+    """Two micro-batches of 2 with grad_accum_steps 2 change the weights as one batch of 4 (each micro-batch's
+    mean loss is divided by the accumulation steps, so the sum is the big batch's mean)."""
+    big = float64_objective(tiny_model_dir)
+    big_update = update(big, [micro_batch(big.encoder, PAIRS)], total_steps=1, max_grad_norm=1e9)
+    accumulated = float64_objective(tiny_model_dir)
+    halves = [micro_batch(accumulated.encoder, PAIRS[:2]), micro_batch(accumulated.encoder, PAIRS[2:])]
+    accumulated_update = update(accumulated, halves, total_steps=1, grad_accum_steps=2, max_grad_norm=1e9)
+    scale = big_update.abs().max()
+    assert scale > 0
+    torch.testing.assert_close(accumulated_update, big_update, rtol=0, atol=EXACT * scale)
+
+
+def test_clipping_scales_the_step_to_max_grad_norm(tiny_model_dir):
+    """A gradient longer than max_grad_norm is scaled down to that length, its direction kept."""
+    free = float64_objective(tiny_model_dir)
+    unclipped = update(free, [micro_batch(free.encoder, PAIRS)], total_steps=1, max_grad_norm=1e9)
+    max_norm = float(unclipped.norm()) / 10
+    clipped_objective = float64_objective(tiny_model_dir)
+    clipped = update(
+        clipped_objective, [micro_batch(clipped_objective.encoder, PAIRS)], total_steps=1, max_grad_norm=max_norm
+    )
+    # torch divides by (norm + 1e-6): the clipped length falls short of max_norm by that 1e-6 relative to the norm.
+    assert math.isclose(float(clipped.norm()), max_norm, rel_tol=1e-6 / max_norm + EXACT)
+    torch.testing.assert_close(clipped * 10, unclipped, rtol=0, atol=EXACT * unclipped.abs().max() + 1e-6)
+
+
+def test_the_schedule_advances_once_per_optimizer_step(tiny_model_dir):
+    """Warm-up over half of 4 steps, then linear decay: the logged learning rate after steps 1..4 is 1/2, 1, 1/2
+    and 0 of the configured one, with 2 micro-batches per step (a schedule stepped per micro-batch would be at
+    1/2 of the warm-up after the first micro-batch and reach 0 at step 2)."""
+    objective = CosineSimilarityLoss(SentenceEncoder.load(str(tiny_model_dir)))
+    stage = StageConfig(learning_rate=1e-3, warmup_ratio=0.5)
+    optimization = prepare_optimization(objective, stage, 4, CPU, "fp32", None)
+    batches = [micro_batch(objective.encoder, PAIRS[i % 4 : i % 4 + 1]) for i in range(8)]
+    for batch in batches:
+        batch.labels.data = batch.labels.float()
+    reporter = LocalReporter()
+    run(objective, batches, optimization, reporter, total_steps=4, grad_accum_steps=2, eval_every=1)
+    rates = [metrics["train/learning_rate"] for _, metrics in reporter.logged if "train/learning_rate" in metrics]
+    assert rates == pytest.approx([5e-4, 1e-3, 5e-4, 0.0], abs=1e-12)
+
+
+def float32_batches(encoder: SentenceEncoder, count: int, poisoned: int | None = None) -> list[MicroBatch]:
+    """``count`` one-pair micro-batches cycling over PAIRS; micro-batch ``poisoned`` has a NaN label."""
+    batches = []
+    for index in range(count):
+        batch = micro_batch(encoder, PAIRS[index % len(PAIRS) : index % len(PAIRS) + 1], position=index + 1)
+        labels = torch.full_like(batch.labels, math.nan) if index == poisoned else batch.labels
+        batches.append(MicroBatch(batch.features, labels.float(), 1, 0, index + 1))
+    return batches
+
+
+def test_a_nan_loss_stops_training_at_the_next_read_naming_its_step(tiny_model_dir):
+    """The loss of step 3 is NaN: the read at the report point of step 5 raises Diverged naming step 3, and no
+    report (so no checkpoint) comes from the broken weights."""
+    objective = CosineSimilarityLoss(SentenceEncoder.load(str(tiny_model_dir)))
+    reporter = LocalReporter()
+    with pytest.raises(Diverged) as stopped:
+        run(objective, float32_batches(objective.encoder, 8, poisoned=2), sgd(objective, 1e-3), reporter,
+            total_steps=8, eval_every=5)  # fmt: skip
+    assert (stopped.value.stage, stopped.value.global_step) == (0, 3) and math.isnan(stopped.value.loss)
+    assert reporter.reports == []
+    assert [step for step, metrics in reporter.logged if "train/loss" in metrics] == []
+
+
+def test_losses_are_read_every_log_every_steps_and_at_report_points(tiny_model_dir):
+    """25 steps, a report every 12: the loss is read (and logged) at 10, 12, 22, 24 and 25, the report points are
+    12, 24 and 25 (the stage's last, which alone is marked done), each with the window's loss."""
+    objective = CosineSimilarityLoss(SentenceEncoder.load(str(tiny_model_dir)))
+    reporter = LocalReporter()
+    state = run(objective, float32_batches(objective.encoder, 30), sgd(objective, 1e-3), reporter,
+                total_steps=25, eval_every=12)  # fmt: skip
+    assert LOG_EVERY == 10
+    assert (state.step, state.global_step, state.batch, state.stage_done) == (25, 25, 25, True)
+    assert [step for step, metrics in reporter.logged if "train/loss" in metrics] == [10, 12, 22, 24, 25]
+    assert [report["global_step"] for report in reporter.reports] == [12, 24, 25]
+    logged_losses = {step: metrics["train/loss"] for step, metrics in reporter.logged if "train/loss" in metrics}
+    assert [report["train_loss"] for report in reporter.reports] == [logged_losses[s] for s in (12, 24, 25)]
+    assert reporter.logged[0][0] == 1 and "train/time_to_first_step_s" in reporter.logged[0][1]
+
+
+class Interrupted(Exception):
+    pass
+
+
+class StopAfter(LocalReporter):
+    """Saves each report point's checkpoint, then stops the run after the one at ``global_step`` (a killed
+    worker)."""
+
+    def __init__(self, checkpoints: Path, global_step: int):
+        super().__init__(checkpoints)
+        self.stop = global_step
+
+    def report(self, state, save, window):
+        super().report(state, save, window)
+        if state.global_step == self.stop:
+            raise Interrupted
+
+
+def two_stage_config(model_dir: Path, data_dir: Path) -> TrainConfig:
+    """Regression on 24 STSb pairs (batch 8 in micro-batches of 4: 3 steps an epoch, 2 epochs), then softmax
+    on 32 NLI pairs (a classifier head the checkpoint must carry); a report every 2 steps."""
+    return TrainConfig(
+        seed=3,
+        data_dir=str(data_dir),
+        model=ModelConfig(name=str(model_dir)),
+        stages=[
+            StageConfig(limit=24, batch_size=8, grad_accum_steps=2, epochs=2, learning_rate=1e-4),
+            StageConfig(
+                dataset="nli-offline",
+                objective="softmax",
+                limit=32,
+                batch_size=8,
+                learning_rate=1e-4,
+                loss={"concat": ["u", "v", "|u-v|"]},
+            ),  # fmt: skip
+        ],
+        evaluation=EvalConfig(eval_every=2, final_tasks=[]),
+        scaling=ScalingConfig(torch_threads=torch.get_num_threads()),  # leaves this process's threads as they are
+    )
+
+
+def train(config: TrainConfig, data: list, reporter: LocalReporter, restored: Path | None = None) -> TrainState:
+    worker = Worker(CPU)
+    encoder, state = start_worker(config, worker, restored)
+    meter = StepMeter(time.time(), CPU)
+    return train_stages(config, encoder, state, restored, data.__getitem__, worker, reporter, meter)
+
+
+def test_a_run_resumed_from_a_mid_epoch_checkpoint_ends_where_the_uninterrupted_one_does(
+    tiny_model_dir, data_dir, tmp_path
+):
+    """Stopped after the checkpoint of step 2 (mid-epoch: 4 of 6 micro-batches), restored and continued across
+    the epoch boundary and into the second stage: the same losses at every later report point and the same final
+    weights, head and optimizer state, bit for bit (one process, the same kernels on the same inputs)."""
+    config = two_stage_config(tiny_model_dir, data_dir)
+    data = []
+    for stage in config.stages:
+        columns, labels = texts_and_labels(load_training_records(stage, data_dir), stage)
+        data.append(tokenize_stage(config.model, columns, labels)[0])
+
+    whole = LocalReporter(tmp_path / "whole")
+    train(config, data, whole)
+    assert [r["global_step"] for r in whole.reports] == [2, 4, 6, 8, 10]  # stage 0: 2, 4, 6; stage 1: 8, 10
+
+    with pytest.raises(Interrupted):
+        train(config, data, StopAfter(tmp_path / "first", global_step=2))
+    checkpoint = tmp_path / "first" / "step-2"
+    assert TrainState.load(checkpoint) == TrainState(stage=0, epoch=0, batch=4, step=2, global_step=2)
+    resumed = LocalReporter(tmp_path / "resumed")
+    final = train(config, data, resumed, restored=checkpoint)
+
+    assert (final.stage, final.global_step, final.stage_done) == (1, 10, True)
+    positions_and_losses = [
+        [{k: v for k, v in r.items() if k != "pairs_per_s"} for r in run.reports] for run in (whole, resumed)
+    ]
+    assert positions_and_losses[1] == positions_and_losses[0][1:]  # steps 4..10
+    ends = [tmp_path / run / "step-10" for run in ("whole", "resumed")]
+    weights = [SentenceEncoder.load(str(end / MODEL_DIR)).state_dict() for end in ends]
+    assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
+    training = [torch.load(end / TRAINING_FILE, weights_only=True) for end in ends]
+    assert training[0]["head"].keys() == training[1]["head"].keys() != set()
+    assert all(torch.equal(training[0]["head"][k], training[1]["head"][k]) for k in training[0]["head"])
+    moments = [[t for s in run["optimizer"]["state"].values() for t in s.values()] for run in training]
+    assert all(torch.equal(a, b) for a, b in zip(*moments, strict=True))
