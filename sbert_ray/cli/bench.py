@@ -7,7 +7,6 @@ import argparse
 import sys
 
 from sbert_ray.cli.arguments import add_command, choices, positive_int, positive_ints, sizes
-from sbert_ray.config import ConfigError
 
 
 def add_arguments(subparsers) -> None:
@@ -145,18 +144,20 @@ def run_train(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from sbert_ray.bench.train import TrainBenchSettings, check_inputs, format_table, log_records, run_train_bench
+    from sbert_ray.bench.train import (
+        TrainBenchSettings,
+        check_inputs,
+        format_table,
+        log_records,
+        run_train_bench,
+        worker_layouts,
+    )
     from sbert_ray.data.readers import resolve_data_dir
     from sbert_ray.runs.cluster import connect_ray
     from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
 
     workers = args.workers or ([1] if args.local else [1, 2])
-    threads = args.threads_per_worker or [args.threads or 1]
-    if len(threads) not in (1, len(workers)):
-        raise ConfigError("--threads-per-worker takes one number, or one per --workers entry")
-    layouts = list(zip(workers, threads * len(workers) if len(threads) == 1 else threads, strict=True))
-    if args.steps < 2:
-        raise ConfigError("--steps must be >= 2: the first step is timed apart from the rest")
+    layouts = worker_layouts(workers, args.threads_per_worker or [args.threads or 1])
     data_dir = resolve_data_dir(args.data_dir)
     settings = TrainBenchSettings(
         model=args.model,

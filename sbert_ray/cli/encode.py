@@ -28,9 +28,9 @@ def add_arguments(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sbert_ray.runs.encode import encode_corpus
+    from sbert_ray.runs.encode import EncodeRequest, encode_corpus
 
-    result = encode_corpus(
+    request = EncodeRequest(
         args.model,
         args.input,
         args.output,
@@ -40,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         data_dir=args.data_dir,
     )
+    result = encode_corpus(request)
     print(
         f"wrote {result.rows} embeddings (dimension {result.dimension}) to {result.output} in {result.seconds:.1f} s "
         f"({result.rows / result.seconds:.0f} rows/s)"

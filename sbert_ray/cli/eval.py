@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from sbert_ray.cli.arguments import add_command, positive_int, sizes
-from sbert_ray.config import ConfigError
 
 
 def add_arguments(subparsers) -> None:
@@ -68,27 +67,19 @@ def run(args: argparse.Namespace) -> int:
     from sbert_ray.data.readers import resolve_data_dir
     from sbert_ray.evaluation.baselines import BASELINE_POOLING
     from sbert_ray.evaluation.results import format_results, write_json
-    from sbert_ray.evaluation.tasks import ArgsimTask, headlines, parse_tasks
+    from sbert_ray.evaluation.tasks import headlines, parse_tasks
     from sbert_ray.runs.argsim import finetune_config
-    from sbert_ray.runs.evaluation import evaluate_model
+    from sbert_ray.runs.evaluation import EvalRequest, evaluate_model
     from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
 
     tasks = parse_tasks(args.tasks, args.similarities.split(","))  # fail on a typo before loading anything
-    if args.baseline == "tfidf" and (args.mode == "finetune" or not all(isinstance(t, ArgsimTask) for t in tasks)):
-        raise ConfigError("--baseline tfidf scores argument-similarity tasks (afs, ukp-aspect, bws) unsupervised only")
-    if args.truncate_dim and (args.mode == "finetune" or args.baseline == "tfidf"):
-        raise ConfigError("--truncate-dim scores the model's own embeddings: not with --mode finetune or tfidf")
     data_dir = resolve_data_dir(args.data_dir)
     finetune = None
     if args.mode == "finetune":  # checked here, before any encoding or Ray work
         pooling = BASELINE_POOLING.get(args.baseline)
         overrides = args.train_set + ["model.allow_unsafe_weights=true"] * args.allow_unsafe_weights
         finetune = finetune_config(args.model, data_dir, pooling, overrides)
-    print(
-        f"model: {args.model}{f' ({args.baseline} baseline)' if args.baseline else ''}   mode: {args.mode}   "
-        f"precision: {args.precision}   data: {data_dir or 'Hugging Face Hub'}"
-    )
-    results = evaluate_model(
+    request = EvalRequest(
         args.model,
         tasks,
         data_dir,
@@ -98,12 +89,16 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         device=args.device,
         allow_unsafe_weights=args.allow_unsafe_weights,
-        progress=lambda task, seconds: print(f"{task.spec}: {seconds:.1f} s", flush=True),
         tracking_uri=resolve_tracking_uri(args.tracking_uri) if args.mlflow else None,
         experiment=args.experiment,
         truncate_dims=args.truncate_dim or (),
         precision=args.precision,
     )
+    print(
+        f"model: {args.model}{f' ({args.baseline} baseline)' if args.baseline else ''}   mode: {args.mode}   "
+        f"precision: {args.precision}   data: {data_dir or 'Hugging Face Hub'}"
+    )
+    results = evaluate_model(request, progress=lambda task, seconds: print(f"{task.spec}: {seconds:.1f} s", flush=True))
     print(format_results(results, {entry: metric for entry, (metric, _) in headlines(tasks, results).items()}))
     if args.output:
         write_json(results, args.output)
