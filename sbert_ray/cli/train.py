@@ -23,11 +23,13 @@ def add_arguments(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sbert_ray.config import load_config
+
+    config = load_config(args.config, args.overrides)  # every config error surfaces here, before Ray (or torch) loads
+
     from sbert_ray.evaluation.tasks import headlines, parse_tasks
     from sbert_ray.runs.training import TrainingDiverged, run_training
     from sbert_ray.tracking.store import redact_uri
 
-    config = load_config(args.config, args.overrides)  # every config error surfaces here, before Ray starts
     try:
         result = run_training(config, restart=args.restart)
     except TrainingDiverged as err:  # a result, not a crash: one clear line, no traceback
