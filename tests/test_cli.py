@@ -61,3 +61,14 @@ def test_bench_layouts_pair_worker_counts_with_threads():
 def test_encode_request_refuses_non_positive_counts(field, value, tmp_path):
     with pytest.raises(ConfigError, match=f"--{field.replace('_', '-')} must be at least 1, got 0"):
         EncodeRequest("m", "corpus.txt", tmp_path / "out", **{field: value})
+
+
+def test_report_needs_results_and_notes_for_known_labels(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["report", "--no-mlflow", "--out", str(out)]) == 2
+    assert "sbert-ray report: error: give at least one results file or --run" in capsys.readouterr().err
+    (tmp_path / "ours.json").write_text("{}")
+    argv = ["report", f"mine={tmp_path / 'ours.json'}", "--note", "minilm=6 layers", "--no-mlflow", "--out", str(out)]
+    assert main(argv) == 2
+    assert "--note 'minilm=6 layers': no results labelled 'minilm'" in capsys.readouterr().err
+    assert not out.exists()  # refused before anything is written

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from sbert_ray.cli.arguments import add_command
-from sbert_ray.config import ConfigError
 
 
 def add_arguments(subparsers) -> None:
@@ -35,16 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
     # Only when MLflow is used: resolving the default creates its folder.
     tracking_uri = resolve_tracking_uri(args.tracking_uri) if args.run or not args.no_mlflow else None
-    result_sets = [report.read_results_file(spec) for spec in args.results]
-    result_sets += [report.read_mlflow_run(run_id, tracking_uri) for run_id in args.run]
-    if not result_sets:
-        raise ConfigError("give at least one results file or --run")
-    for note in args.note:
-        label, _, text = note.partition("=")
-        matching = [rs for rs in result_sets if rs.label == label]
-        if not matching:
-            raise ConfigError(f"--note {note!r}: no results labelled {label!r}")
-        matching[0].notes.append(text)
+    result_sets = report.gather_result_sets(args.results, args.run, tracking_uri, args.note)
     path = report.build_report(result_sets, args.out)
     print(f"wrote {path}")
     if not args.no_mlflow:
