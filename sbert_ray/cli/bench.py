@@ -141,17 +141,7 @@ def _bench_output(args: argparse.Namespace, kind: str, records: list[dict], para
 def run_train(args: argparse.Namespace) -> int:
     """Progress and the table go to stderr, the records as JSON to stdout (and --output): under `ray job submit`
     the job's log then ends with the JSON."""
-    import json
-    from pathlib import Path
-
-    from sbert_ray.bench.train import (
-        TrainBenchSettings,
-        check_inputs,
-        format_table,
-        log_records,
-        run_train_bench,
-        worker_layouts,
-    )
+    from sbert_ray.bench.train import TrainBenchSettings, check_inputs, run_train_bench, worker_layouts
     from sbert_ray.data.readers import resolve_data_dir
     from sbert_ray.runs.cluster import connect_ray
     from sbert_ray.tracking.mlflow_run import resolve_tracking_uri
@@ -183,13 +173,23 @@ def run_train(args: argparse.Namespace) -> int:
         storage_path=args.storage_path,
         progress=lambda line: print(line, file=sys.stderr, flush=True),
     )
+    params = {**vars(settings), "layouts": layouts, "repeats": args.repeats, "local": args.local}
+    return _train_bench_output(args, records, params, tracking_uri)
+
+
+def _train_bench_output(args: argparse.Namespace, records: list[dict], params: dict, tracking_uri: str | None) -> int:
+    """The table on stderr, ``--output`` JSON, an MLflow run, then the records as JSON on stdout."""
+    import json
+    from pathlib import Path
+
+    from sbert_ray.bench.train import format_table, log_records
+
     print(format_table(records), file=sys.stderr)
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(json.dumps(records, indent=2) + "\n")
         print(f"wrote {args.output}", file=sys.stderr)
     if tracking_uri:
-        params = {**vars(settings), "layouts": layouts, "repeats": args.repeats, "local": args.local}
         run_id = log_records(records, params, tracking_uri, args.experiment)
         print(f"MLflow run {run_id} at {tracking_uri}", file=sys.stderr)
     print(json.dumps(records, indent=2))
