@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from sbert_ray.cli.arguments import add_command
+from sbert_ray.config import load_config
 
 
 def add_arguments(subparsers) -> None:
@@ -22,10 +23,8 @@ def add_arguments(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sbert_ray.config import load_config
-
-    config = load_config(args.config, args.overrides)  # every config error surfaces here, before Ray (or torch) loads
-
+    config = load_config(args.config, args.overrides)  # every config error surfaces here, before Ray starts
+    # The run layer (torch, transformers, Ray, MLflow: seconds to import) only for a valid config.
     from sbert_ray.evaluation.tasks import headlines, parse_tasks
     from sbert_ray.runs.training import TrainingDiverged, run_training
     from sbert_ray.tracking.store import redact_uri
