@@ -140,6 +140,34 @@ def test_the_config_imports_no_model_code():
     assert result.stdout.strip() == "[]", result.stdout
 
 
+HEAVY_LIBRARIES = ("torch", "transformers", "ray", "mlflow")  # seconds of start-up each on a 2-core machine
+
+
+@pytest.mark.parametrize(
+    "argv, code, message",
+    [
+        (["--help"], 0, ""),
+        (["train", "--help"], 0, ""),
+        (["train", "{config}", "modle.name=random:tiny"], 2, "unknown key 'modle'"),
+        (["train", "{config}", "stages.0.learning_rate=-1"], 2, "stages.0.learning_rate must be > 0"),
+    ],
+)
+def test_help_and_config_errors_answer_without_heavy_imports(argv, code, message, tmp_path):
+    """`sbert-ray --help` and a config error answer at once: nothing on their path imports torch, transformers,
+    Ray or MLflow (the commands import those inside their handlers, after the config is loaded)."""
+    config = tmp_path / "config.yaml"
+    config.write_text("name: x\nmodel:\n  name: random:tiny\n")
+    probe = (
+        "import sys\nfrom sbert_ray.cli import main\n"
+        "try:\n    code = main(sys.argv[1:])\nexcept SystemExit as exit:\n    code = exit.code\n"
+        f"print(code, sorted(m for m in {HEAVY_LIBRARIES} if m in sys.modules))"
+    )
+    argv = [arg.format(config=config) for arg in argv]
+    result = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, check=True)
+    assert result.stdout.splitlines()[-1] == f"{code} []", result.stdout[-500:]
+    assert message in result.stderr
+
+
 def test_ray_trains_controller_unpickles_no_code_of_ours(tmp_path):
     """The controller unpickles the loop config (the loop function only reaches the workers): a TrainConfig there
     made it import this package and torch, ~3 s of CPU beside the starting workers on every fit."""

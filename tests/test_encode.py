@@ -17,7 +17,7 @@ from sbert_ray.data.corpus import open_corpus
 from sbert_ray.data.readers import load_records
 from sbert_ray.data.records import DataError
 from sbert_ray.models.encoder import SentenceEncoder
-from sbert_ray.runs.encode import encode_corpus
+from sbert_ray.runs.encode import EncodeRequest, encode_corpus
 
 # Quotes, commas, a line break inside a value, non-ASCII text: what CSV quoting and the readers must keep intact.
 AWKWARD = ['He said "hello", then left.', "line one\nline two", "Café, naïve, 東京", "   padded   "]
@@ -105,7 +105,7 @@ def test_bad_input_is_refused_naming_the_file_before_ray(tmp_path, tiny_model_di
     for name, column, message in bad_inputs(tmp_path):
         path = tmp_path / name
         with pytest.raises(DataError) as error:
-            encode_corpus(str(tiny_model_dir), str(path), tmp_path / "out", column=column)
+            encode_corpus(EncodeRequest(str(tiny_model_dir), str(path), tmp_path / "out", column=column))
         assert str(path) in str(error.value) and message in str(error.value), (name, str(error.value))
     # The command line prints one line naming the file, and exits 2.
     args = ["encode", "--model", str(tiny_model_dir), "--input", str(tmp_path / "other-column.csv")]
@@ -117,7 +117,9 @@ def test_bad_input_is_refused_naming_the_file_before_ray(tmp_path, tiny_model_di
 def test_text_file_embedded_on_two_workers(local_ray, tmp_path, tiny_model_dir, sentences):
     path = tmp_path / "corpus.txt"
     path.write_text("\n".join(sentences[:100] + [""] + sentences[100:]) + "\n")
-    result = encode_corpus(str(tiny_model_dir), str(path), tmp_path / "out", batch_size=16, workers=2, block_bytes=2048)
+    result = encode_corpus(
+        EncodeRequest(str(tiny_model_dir), str(path), tmp_path / "out", batch_size=16, workers=2, block_bytes=2048)
+    )
     assert result.rows == len(sentences) and result.output == str(tmp_path / "out")
     assert_embedded(tmp_path / "out", sentences, SentenceEncoder.load(str(tiny_model_dir)))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "out"]  # no staging folder left
@@ -143,7 +145,7 @@ def test_a_bad_row_midway_names_its_line_and_leaves_no_output(local_ray, tmp_pat
     path.write_text("\n".join(lines) + "\n")
     message = f"{path}, line 151: 'text' is NoneType, not text"
     with pytest.raises(DataError) as raised:
-        encode_corpus(str(tiny_model_dir), str(path), tmp_path / "out", batch_size=16, block_bytes=2048)
+        encode_corpus(EncodeRequest(str(tiny_model_dir), str(path), tmp_path / "out", batch_size=16, block_bytes=2048))
     assert type(raised.value) is DataError and str(raised.value) == message
     capfd.readouterr()
     argv = ["encode", "--model", str(tiny_model_dir), "--input", str(path), "--output", str(tmp_path / "out")]

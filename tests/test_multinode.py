@@ -25,7 +25,7 @@ from sentence_transformers import SentenceTransformer
 
 from sbert_ray.data.readers import load_records
 from sbert_ray.models.encoder import SentenceEncoder
-from sbert_ray.runs.encode import encode_corpus
+from sbert_ray.runs.encode import EncodeRequest, encode_corpus
 
 STEPS = 400  # 3200 pairs / global batch 8: long enough that the node dies mid-training
 EVAL_EVERY = 50
@@ -69,7 +69,9 @@ def test_encode_spreads_over_two_nodes_and_writes_every_row_once(
     ]
     corpus = tmp_path / "stsb-sick.txt"
     corpus.write_text("\n".join(texts) + "\n")
-    result = encode_corpus(str(tiny_model_dir), str(corpus), tmp_path / "out", workers=3, block_bytes=1 << 15)
+    result = encode_corpus(
+        EncodeRequest(str(tiny_model_dir), str(corpus), tmp_path / "out", workers=3, block_bytes=1 << 15)
+    )
     encoders = actors(connect, "MapWorker(MapBatches(_EmbedRows))")  # Ray Data's actors, one per encoder
     assert len({actor["node_id"] for actor in encoders}) == 2, encoders
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from sbert_ray.data import SmartBatchSampler
+from sbert_ray.data.sampler import SmartBatchSampler
 
 
 def random_lengths(size: int, seed: int = 0) -> list[int]:

@@ -23,7 +23,7 @@ from mlflow.tracking import MlflowClient
 from sentence_transformers import SentenceTransformer
 
 from sbert_ray.config import ConfigError, load_config
-from sbert_ray.data import SmartBatchSampler
+from sbert_ray.data.sampler import SmartBatchSampler
 from sbert_ray.models import load_encoder
 from sbert_ray.models.encoder import SentenceEncoder
 from sbert_ray.runs.training import TrainingDiverged, prepare, run_training, tokenize_stages

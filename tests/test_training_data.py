@@ -8,8 +8,9 @@ import logging
 import pytest
 
 from sbert_ray.config import StageConfig
-from sbert_ray.data import DataError, SmartBatchSampler
-from sbert_ray.models import random_bert
+from sbert_ray.data import DataError
+from sbert_ray.data.sampler import SmartBatchSampler
+from sbert_ray.models.random_bert import random_bert
 from sbert_ray.training.batches import (
     TokenizedColumns,
     count_truncated,

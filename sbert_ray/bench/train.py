@@ -58,6 +58,18 @@ class TrainBenchSettings:
     precision: str = "fp32"  # auto, bf16, fp16, fp32 as scaling.precision
     seed: int = 42
 
+    def __post_init__(self) -> None:
+        if self.steps < 2:
+            raise ConfigError("--steps must be >= 2: the first step is timed apart from the rest")
+
+
+def worker_layouts(workers: Sequence[int], threads_per_worker: Sequence[int]) -> list[tuple[int, int]]:
+    """(workers, torch threads per worker) of each variant: one thread count for every worker count, or one each."""
+    threads = threads_per_worker
+    if len(threads) not in (1, len(workers)):
+        raise ConfigError("--threads-per-worker takes one number, or one per --workers entry")
+    return list(zip(workers, threads * len(workers) if len(threads) == 1 else threads, strict=True))
+
 
 @dataclass
 class Variant:

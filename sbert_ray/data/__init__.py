@@ -1,4 +1,6 @@
-"""Data layer: record types, readers for local files / the Hub / user files, and the batch sampler."""
+"""Data layer: record types, readers for local files / the Hub / user files, and the batch sampler
+(``sbert_ray.data.sampler``, imported from its module: it needs torch, and this package must not, since the command
+line imports ``DataError`` to report bad input)."""
 
 from sbert_ray.data.hub import HUB_MIRROR_ENV, HUB_SOURCES, HubSource, check_hub, load_hub
 from sbert_ray.data.readers import (
@@ -24,7 +26,6 @@ from sbert_ray.data.records import (
     TopicPair,
     Triplet,
 )
-from sbert_ray.data.sampler import SmartBatchSampler
 
 __all__ = [
     "DATA_DIR_ENV",
@@ -40,7 +41,6 @@ __all__ = [
     "Record",
     "Records",
     "ScoredPair",
-    "SmartBatchSampler",
     "TopicPair",
     "Triplet",
     "check_available",

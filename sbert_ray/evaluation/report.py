@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sbert_ray.config import flatten
+from sbert_ray.config import ConfigError, flatten
 from sbert_ray.evaluation.paper_numbers import PAPER_TABLES, PaperTable
 
 # Tables whose columns are our datasets: table -> ({our entry: paper column}, metric).
@@ -104,6 +104,24 @@ def read_mlflow_run(run_id: str, tracking_uri: str) -> ResultSet:
         results = json.loads(Path(client.download_artifacts(run_id, "evaluation.json", tmp)).read_text())
     label = run.info.run_name or run_id
     return ResultSet(label, results, source=f"MLflow run {run_id}", model=run.data.params.get("model.name"))
+
+
+def gather_result_sets(
+    files: Sequence[str], run_ids: Sequence[str], tracking_uri: str | None, notes: Sequence[str] = ()
+) -> list[ResultSet]:
+    """The result sets to report: results files (``[LABEL=]PATH``), then MLflow runs, with each ``LABEL=TEXT`` note
+    added to the first set of that label."""
+    result_sets = [read_results_file(spec) for spec in files]
+    result_sets += [read_mlflow_run(run_id, tracking_uri) for run_id in run_ids]
+    if not result_sets:
+        raise ConfigError("give at least one results file or --run")
+    for note in notes:
+        label, _, text = note.partition("=")
+        matching = [rs for rs in result_sets if rs.label == label]
+        if not matching:
+            raise ConfigError(f"--note {note!r}: no results labelled {label!r}")
+        matching[0].notes.append(text)
+    return result_sets
 
 
 def argsim_mode(metrics: dict) -> str:

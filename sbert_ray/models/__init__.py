@@ -1,22 +1,27 @@
-"""Sentence encoders: transformer + pooling, model references, random BERTs, pre-flight model checks."""
+"""Sentence encoders: transformer + pooling, model references, random BERTs, pre-flight model checks.
 
-from sbert_ray.models.checks import check_model
-from sbert_ray.models.encoder import SentenceEncoder
-from sbert_ray.models.load import load_encoder
-from sbert_ray.models.pooling import POOLING_MODES, Pooling
-from sbert_ray.models.random_bert import BERT_SHAPES, build_random_bert, random_bert
-from sbert_ray.models.resolve import resolve_model_ref
-from sbert_ray.models.st_layout import ModelError
+The names below load with their module on first use (PEP 562): the config imports ``models.pooling_mode`` to check
+``model.pooling``, and a config error must answer without importing torch and transformers.
+"""
 
-__all__ = [
-    "BERT_SHAPES",
-    "POOLING_MODES",
-    "ModelError",
-    "Pooling",
-    "SentenceEncoder",
-    "build_random_bert",
-    "check_model",
-    "load_encoder",
-    "random_bert",
-    "resolve_model_ref",
-]
+import importlib
+
+_EXPORTS = {
+    "sbert_ray.models.checks": ("check_model",),
+    "sbert_ray.models.encoder": ("SentenceEncoder",),
+    "sbert_ray.models.load": ("load_encoder",),
+    "sbert_ray.models.pooling": ("Pooling",),
+    "sbert_ray.models.pooling_mode": ("POOLING_MODES",),
+    # Not the function random_bert: its module's name shadows it once imported (sbert_ray.models.random_bert).
+    "sbert_ray.models.random_bert": ("BERT_SHAPES", "build_random_bert"),
+    "sbert_ray.models.resolve": ("resolve_model_ref",),
+    "sbert_ray.models.st_layout": ("ModelError",),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_MODULE_OF[name]), name)

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal, get_args
-
 import torch
 from torch import Tensor, nn
 
-PoolingMode = Literal["mean", "max", "cls"]
-POOLING_MODES: tuple[str, ...] = get_args(PoolingMode)
+from sbert_ray.models.pooling_mode import POOLING_MODES, PoolingMode
 
 
 class Pooling(nn.Module):

@@ -48,37 +48,44 @@ class EncodeResult:
     seconds: float
 
 
+@dataclass(frozen=True)
+class EncodeRequest:
+    """What ``sbert-ray encode`` embeds (``input_spec``, see ``sbert_ray.data.corpus``), with which model and how many
+    replicas (one GPU each with a cuda ``device``, or by default when the cluster has GPUs), into which new folder."""
+
+    model_ref: str
+    input_spec: str
+    output: str | os.PathLike
+    column: str | None = None
+    batch_size: int = 32
+    workers: int = 1
+    device: str | None = None
+    data_dir: str | os.PathLike | None = None
+    block_bytes: int = BLOCK_BYTES
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ConfigError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.workers < 1:
+            raise ConfigError(f"--workers must be at least 1, got {self.workers}")
+        if self.device and self.device.partition(":")[0] not in ("cpu", "cuda"):
+            raise ConfigError(f"--device {self.device}: encoding runs on Ray actors, on cpu or cuda")
+        owned_paths.refuse_protected(self.output, "--output")
+
+
 @input_errors_unwrapped()  # a bad row midway is found in the read task
-def encode_corpus(
-    model_ref: str,
-    input_spec: str,
-    output: str | os.PathLike,
-    column: str | None = None,
-    batch_size: int = 32,
-    workers: int = 1,
-    device: str | None = None,
-    data_dir: str | os.PathLike | None = None,
-    block_bytes: int = BLOCK_BYTES,
-) -> EncodeResult:
-    """Embed every row of ``input_spec`` (see ``sbert_ray.data.corpus``) with ``workers`` encoder replicas (one GPU
-    each with a cuda ``device``, or by default when the cluster has GPUs) and write them to the folder ``output``,
-    which must not exist yet."""
-    if batch_size < 1:
-        raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
-    if workers < 1:
-        raise ConfigError(f"--workers must be at least 1, got {workers}")
-    if device and device.partition(":")[0] not in ("cpu", "cuda"):
-        raise ConfigError(f"--device {device}: encoding runs on Ray actors, on cpu or cuda")
-    output = Path(output).expanduser().resolve()
-    owned_paths.refuse_protected(output, "--output")
+def encode_corpus(request: EncodeRequest) -> EncodeResult:
+    """Embed every row of the request's input and write them to the folder ``request.output``, which must not
+    exist yet."""
+    output = Path(request.output).expanduser().resolve()
     if output.exists():
         raise ConfigError(f"--output {output} already exists; name a new folder")
-    corpus = open_corpus(input_spec, column, data_dir)
-    encoder = load_encoder(model_ref)
+    corpus = open_corpus(request.input_spec, request.column, request.data_dir)
+    encoder = load_encoder(request.model_ref)
 
     start = time.perf_counter()
     connect_ray()
-    use_gpu = device.startswith("cuda") if device else ray.cluster_resources().get("GPU", 0) > 0
+    use_gpu = request.device.startswith("cuda") if request.device else ray.cluster_resources().get("GPU", 0) > 0
     # Reading and writing run on this node, take no CPU from the actors (they would wait on each other on a full
     # cluster) and stay few: one read task, IO_TASKS writers.
     here = {"ray.io/node-id": ray.get_runtime_context().get_node_id()}
@@ -87,17 +94,17 @@ def encode_corpus(
     # all hold: a deadlock on a full cluster. The context is sealed into the dataset when it is created.
     context = ray.data.DataContext.get_current()
     defaults = context.target_max_block_size, context.enable_progress_bars
-    context.target_max_block_size, context.enable_progress_bars = block_bytes, defaults[1] and not quiet()
+    context.target_max_block_size, context.enable_progress_bars = request.block_bytes, defaults[1] and not quiet()
     try:
         rows = ray.data.read_datasource(_CorpusSource(corpus), override_num_blocks=1, num_cpus=0, label_selector=here)
     finally:
         context.target_max_block_size, context.enable_progress_bars = defaults
     embedded = rows.map_batches(
         _EmbedRows,
-        fn_constructor_args=(shareable(encoder), "cuda" if use_gpu else "cpu", batch_size),
+        fn_constructor_args=(shareable(encoder), "cuda" if use_gpu else "cpu", request.batch_size),
         batch_size=None,  # a whole block per call, so smart batching orders the block by length
         batch_format="pyarrow",
-        compute=ray.data.ActorPoolStrategy(size=workers),
+        compute=ray.data.ActorPoolStrategy(size=request.workers),
         num_cpus=1,
         num_gpus=1 if use_gpu else 0,
     )

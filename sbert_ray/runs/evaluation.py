@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 from sbert_ray.config import ConfigError, TrainConfig, check_device_here
 from sbert_ray.evaluation.baselines import load_model
@@ -20,94 +22,101 @@ from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags
 from sbert_ray.tracking.store import redact_uri
 
 
+@dataclass(frozen=True)
+class EvalRequest:
+    """What ``sbert-ray eval`` scores and how, checked on creation (before any data or model is read). With
+    ``finetune``, argument-similarity tasks fine-tune a fresh copy of the model per fold first (``runs.argsim``)
+    from that training config. With ``truncate_dims``, every task is scored at each of those embedding sizes
+    (entries ``<entry>@<dim>``). ``precision="bf16"`` encodes with 16-bit weights (``SentenceEncoder.to_precision``).
+    With ``tracking_uri``, the evaluation is an MLflow run of ``experiment``."""
+
+    model_ref: str
+    tasks: Sequence[EvalTask]
+    data_dir: Path | None = None
+    batch_size: int = 64
+    baseline: str | None = None  # avg | cls | tfidf: one of the paper's baselines from the model's backbone
+    finetune: TrainConfig | None = None
+    workers: int = 1  # encode on this many Ray actors
+    device: str | None = None
+    allow_unsafe_weights: bool = False
+    truncate_dims: Sequence[int] = ()
+    precision: Precision = "fp32"
+    tracking_uri: str | None = None
+    experiment: str = "sbert-ray-eval"
+
+    def __post_init__(self) -> None:
+        if self.baseline == "tfidf" and (
+            self.finetune is not None or not all(isinstance(t, ArgsimTask) for t in self.tasks)
+        ):
+            raise ConfigError(
+                "--baseline tfidf scores argument-similarity tasks (afs, ukp-aspect, bws) unsupervised only"
+            )
+        scores_given_model = self.finetune is None and self.baseline != "tfidf"
+        if self.truncate_dims and not scores_given_model:
+            raise ConfigError("--truncate-dim scores the model's own embeddings: not with --mode finetune or tfidf")
+        if self.precision != "fp32" and not scores_given_model:
+            raise ConfigError(
+                f"precision {self.precision!r} encodes with the given model: not with fine-tuning or tf-idf"
+            )
+        if self.device and self.workers == 1:  # encoded in this process (Ray workers bring their own GPUs)
+            check_device_here(self.device)
+
+
 @input_errors_unwrapped()  # on Ray workers (--workers, fine-tuning folds)
 def evaluate_model(
-    model_ref: str,
-    tasks: Sequence[EvalTask],
-    data_dir=None,
-    batch_size: int = 64,
-    baseline: str | None = None,
-    finetune: TrainConfig | None = None,
-    workers: int = 1,
-    device: str | None = None,
-    allow_unsafe_weights: bool = False,
-    progress: Callable[[EvalTask, float], None] = lambda task, seconds: None,
-    tracking_uri: str | None = None,
-    experiment: str = "sbert-ray-eval",
-    truncate_dims: Sequence[int] = (),
-    precision: Precision = "fp32",
+    request: EvalRequest, progress: Callable[[EvalTask, float], None] = lambda task, seconds: None
 ) -> Results:
     """What ``sbert-ray eval`` runs: every task's data checked first, then each task scored in this process (or
-    encoding spread over ``workers`` Ray actors). With ``finetune``, argument-similarity tasks fine-tune a fresh
-    copy of the model per fold first (``runs.argsim``) from that training config. With ``truncate_dims``, every
-    task is scored at each of those embedding sizes (entries ``<entry>@<dim>``). ``precision="bf16"`` encodes with
-    16-bit weights (``SentenceEncoder.to_precision``). With ``tracking_uri``, the evaluation is an MLflow run of
-    ``experiment``."""
-    check_tasks(tasks, data_dir, "--tasks")
-    if device and workers == 1:  # encoded in this process (Ray workers bring their own GPUs)
-        check_device_here(device)
-    if precision != "fp32" and (finetune is not None or baseline == "tfidf"):
-        raise ConfigError(f"precision {precision!r} encodes with the given model: not with fine-tuning or tf-idf")
-    arguments = (model_ref, tasks, data_dir, batch_size, baseline, finetune, workers, device, allow_unsafe_weights)
-    if tracking_uri is None:
-        return _evaluate(*arguments, progress, truncate_dims, precision)
-    run_name = f"eval {model_ref}" + (f" ({baseline})" if baseline else "")
-    with RunTracker(tracking_uri, experiment, run_name=run_name) as tracker:
+    encoding spread over ``request.workers`` Ray actors); ``progress`` hears of each task scored and its time."""
+    check_tasks(request.tasks, request.data_dir, "--tasks")
+    if request.tracking_uri is None:
+        return _evaluate(request, progress)
+    run_name = f"eval {request.model_ref}" + (f" ({request.baseline})" if request.baseline else "")
+    with RunTracker(request.tracking_uri, request.experiment, run_name=run_name) as tracker:
         tracker.set_tags(environment_tags())
         tracker.log_params(
             {
-                "model.name": model_ref,
-                "tasks": ",".join(task.spec for task in tasks),
-                "mode": "finetune" if finetune else "unsupervised",
-                "baseline": baseline or "none",
-                "data_dir": str(data_dir or "Hugging Face Hub"),
-                "batch_size": batch_size,
-                "workers": workers,
-                "truncate_dims": ",".join(map(str, truncate_dims)) or "none",
-                "precision": precision,
+                "model.name": request.model_ref,
+                "tasks": ",".join(task.spec for task in request.tasks),
+                "mode": "finetune" if request.finetune else "unsupervised",
+                "baseline": request.baseline or "none",
+                "data_dir": str(request.data_dir or "Hugging Face Hub"),
+                "batch_size": request.batch_size,
+                "workers": request.workers,
+                "truncate_dims": ",".join(map(str, request.truncate_dims)) or "none",
+                "precision": request.precision,
             }
         )
-        results = _evaluate(*arguments, progress, truncate_dims, precision)
+        results = _evaluate(request, progress)
         tracker.log_metrics(results)
         tracker.log_dict(nest(results), "evaluation.json")
-        print(f"MLflow run {tracker.run_id} at {redact_uri(tracking_uri)}")
+        print(f"MLflow run {tracker.run_id} at {redact_uri(request.tracking_uri)}")
         return results
 
 
-def _evaluate(
-    model_ref,
-    tasks,
-    data_dir,
-    batch_size,
-    baseline,
-    finetune,
-    workers,
-    device,
-    allow_unsafe_weights,
-    progress,
-    truncate_dims,
-    precision,
-) -> Results:
-    model = load_model(model_ref, baseline, allow_unsafe_weights)
-    if precision != "fp32":  # cast on the device it will run on (its 16-bit type); Ray workers re-cast on theirs
-        model.to(device if device and workers == 1 else "cpu").to_precision(precision)
-    if truncate_dims:
-        if max(truncate_dims) > model.embedding_dim:
-            raise ConfigError(f"--truncate-dim {max(truncate_dims)}: the model has {model.embedding_dim} dimensions")
+def _evaluate(request: EvalRequest, progress: Callable[[EvalTask, float], None]) -> Results:
+    model = load_model(request.model_ref, request.baseline, request.allow_unsafe_weights)
+    device, workers, dims = request.device, request.workers, request.truncate_dims
+    if request.precision != "fp32":  # cast on the device it will run on (its 16-bit type); Ray workers re-cast
+        model.to(device if device and workers == 1 else "cpu").to_precision(request.precision)
+    if dims:
+        if max(dims) > model.embedding_dim:
+            raise ConfigError(f"--truncate-dim {max(dims)}: the model has {model.embedding_dim} dimensions")
         model.truncate_dim = None  # every size is cut from the full embeddings, whatever the saved model truncates to
     if workers > 1:
         connect_ray()
         model = RayEncoder(model, workers, use_gpu=(device or "").startswith("cuda"))
     elif device:
         model.to(device)
+    data_dir, batch_size = request.data_dir, request.batch_size
     results: Results = {}
     try:
-        for task in progress_bar(tasks, desc="tasks", unit="task"):
+        for task in progress_bar(request.tasks, desc="tasks", unit="task"):
             start = time.perf_counter()
-            if finetune is not None and isinstance(task, ArgsimTask):
-                results |= finetune_argsim(task, finetune, data_dir)
-            elif truncate_dims:
-                results |= evaluate_at_dims(model, truncate_dims, lambda m, t=task: t.run(m, data_dir, batch_size))
+            if request.finetune is not None and isinstance(task, ArgsimTask):
+                results |= finetune_argsim(task, request.finetune, data_dir)
+            elif dims:
+                results |= evaluate_at_dims(model, dims, lambda m, t=task: t.run(m, data_dir, batch_size))
             else:
                 results |= task.run(model, data_dir, batch_size)
             progress(task, time.perf_counter() - start)

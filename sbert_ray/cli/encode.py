@@ -1,0 +1,53 @@
+"""``sbert-ray encode``: embed a corpus on a Ray cluster into parquet files of (id, text, vector)."""
+
+from __future__ import annotations
+
+import argparse
+
+from sbert_ray.cli.arguments import add_command, checked, positive_int
+from sbert_ray.config import parse_device
+
+
+def add_arguments(subparsers) -> None:
+    en = add_command(subparsers, "encode", help="embed a corpus on a Ray cluster: parquet files of (id, text, vector)")
+    en.add_argument("--model", required=True, help="local folder or Hub id")
+    en.add_argument(
+        "--input",
+        required=True,
+        help="a .txt file (one sentence per line), a .csv/.tsv/.jsonl/.parquet file (see --column), "
+        "or a registered dataset NAME[:SPLIT] (default split: test), whose distinct sentences are embedded",
+    )
+    en.add_argument("--output", required=True, help="folder to create; it appears only once complete")
+    en.add_argument("--column", help="the text column of a table file (default: text)")
+    en.add_argument("--batch-size", type=positive_int, default=32)
+    en.add_argument(
+        "--workers", type=positive_int, default=1, help="encoder replicas (one GPU each with --device cuda)"
+    )
+    en.add_argument(
+        "--device",
+        type=checked(parse_device),
+        help="cpu or cuda (one GPU per worker); default: cuda when the cluster has GPUs",
+    )
+    en.add_argument("--data-dir", help="for a registered dataset: local data folder (default: $SBERT_RAY_DATA_DIR)")
+    en.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from sbert_ray.runs.encode import EncodeRequest, encode_corpus
+
+    request = EncodeRequest(
+        args.model,
+        args.input,
+        args.output,
+        column=args.column,
+        batch_size=args.batch_size,
+        workers=args.workers,
+        device=args.device,
+        data_dir=args.data_dir,
+    )
+    result = encode_corpus(request)
+    print(
+        f"wrote {result.rows} embeddings (dimension {result.dimension}) to {result.output} in {result.seconds:.1f} s "
+        f"({result.rows / result.seconds:.0f} rows/s)"
+    )
+    return 0
