@@ -61,9 +61,13 @@ def imports(path: Path, module_level: bool = False) -> set[str]:
 
 
 def _module_level(node: ast.AST):
-    """The statements that run when the module loads: all but function and class bodies."""
+    """The statements that run when the module loads: all but function and class bodies and ``if TYPE_CHECKING:``
+    blocks (names for annotations only)."""
     for child in ast.iter_child_nodes(node):
-        if not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+        if not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda | ast.If):
+            yield child
+            yield from _module_level(child)
+        elif isinstance(child, ast.If) and not (isinstance(child.test, ast.Name) and child.test.id == "TYPE_CHECKING"):
             yield child
             yield from _module_level(child)
 
