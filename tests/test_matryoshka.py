@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import ray
 import torch
 from mlflow.tracking import MlflowClient
 from sentence_transformers import SentenceTransformer
@@ -209,7 +208,7 @@ def test_eval_scores_each_size_as_sentence_transformers_truncates(tiny_model_dir
 # --- training ------------------------------------------------------------------------------------------------
 
 
-def test_two_workers_train_cached_mnrl_under_matryoshka(tiny_train_config):
+def test_two_workers_train_cached_mnrl_under_matryoshka(local_ray, tiny_train_config):
     """The training loop as it is (DDP, no_sync accumulation, checkpoints) with cached MNRL inside Matryoshka."""
     overrides = [
         "stages.0.dataset=nli-triplets",
@@ -222,11 +221,7 @@ def test_two_workers_train_cached_mnrl_under_matryoshka(tiny_train_config):
         "evaluation.final_tasks=[]",
     ]
     config = load_config(tiny_train_config(name="matryoshka", limit=64, eval_every=2), overrides)
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    try:
-        result = run_training(config)
-    finally:
-        ray.shutdown()
+    result = run_training(config)
 
     run = MlflowClient(result.tracking_uri).get_run(result.run_id)
     assert run.info.status == "FINISHED" and np.isfinite(run.data.metrics["train/loss"])

@@ -141,6 +141,7 @@ def test_stages_are_tokenised_once_into_the_object_store_with_unchanged_batches(
                         assert new_labels.dtype == batch_labels.dtype and torch.equal(new_labels, batch_labels)
 
 
+@pytest.mark.cluster  # its drivers start their own local clusters
 def test_resubmitted_run_resumes(tiny_train_config):
     """A driver killed mid-run (as a cancelled job): running the same config again continues the same run."""
     path = tiny_train_config(name="resubmit", limit=800, eval_every=20)
