@@ -4,14 +4,12 @@ one mini-batch's activations alive at a time."""
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.nn.parallel import DistributedDataParallel
+from spawned_workers import ddp_plain_and_cached_mnrl
 
 from sbert_ray.losses import CachedMultipleNegativesRankingLoss, MultipleNegativesRankingLoss
 from sbert_ray.models import SentenceEncoder
@@ -162,37 +160,11 @@ def test_one_mini_batch_is_re_embedded_at_a_time(encoder: SentenceEncoder):
     assert events == ["re-forward", "backward done"] * 8  # 2 columns x 4 mini-batches
 
 
-def _ddp_worker(rank: int, world_size: int, model_dir: str, tmp: str) -> None:
-    """One DDP worker, as the training loop runs it: its shard of the batch in two micro-batches, the first
-    under no_sync (gradient accumulation), each loss divided by the number of micro-batches."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world_size)
-    results = {}
-    for with_hard_negatives in (False, True):
-        columns = _columns(with_hard_negatives)
-        shard = [column[rank * 4 : rank * 4 + 4] for column in columns]
-        for name in ("plain", "cached"):
-            encoder = SentenceEncoder.load(model_dir).double()  # exact math: see GRAD_TOLERANCE
-            if name == "plain":
-                objective = MultipleNegativesRankingLoss(encoder)
-            else:
-                objective = CachedMultipleNegativesRankingLoss(encoder, mini_batch_size=1)
-            model = DistributedDataParallel(objective)
-            for micro in range(2):
-                features = [encoder.tokenize(column[micro * 2 : micro * 2 + 2]) for column in shard]
-                with model.no_sync() if micro == 0 else nullcontext():
-                    (model(features) / 2).backward()
-            grads = {k: p.grad.clone() for k, p in encoder.named_parameters() if p.requires_grad}
-            results[(name, with_hard_negatives)] = grads
-    if rank == 0:
-        torch.save(results, f"{tmp}/grads.pt")
-    dist.destroy_process_group()
-
-
 def test_two_ddp_workers_give_the_global_batch_gradients(tiny_model_dir: Path, tmp_path: Path):
     """Two workers, each 2 micro-batches of 2: DDP averages the 4 per-micro-batch losses, each of which ranks
     its anchors against the candidates of both workers' micro-batch."""
-    mp.spawn(_ddp_worker, args=(2, str(tiny_model_dir), str(tmp_path)), nprocs=2, join=True)
+    column_sets = {with_hard_negatives: _columns(with_hard_negatives) for with_hard_negatives in (False, True)}
+    mp.spawn(ddp_plain_and_cached_mnrl, args=(2, str(tiny_model_dir), str(tmp_path), column_sets), nprocs=2, join=True)
     results = torch.load(tmp_path / "grads.pt")
     encoder = SentenceEncoder.load(tiny_model_dir).double()
     for with_hard_negatives in (False, True):
