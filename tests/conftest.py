@@ -1,4 +1,5 @@
-"""Shared fixtures: the local data folder and small models every test module can use."""
+"""Shared fixtures (the local data folder, small models) and the test tiers: the `cluster` and `servers` marks, and a
+guard that fails a test starting Ray or a server without its mark."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ RAY_PROCESS = re.compile(r"raylet|gcs_server|ray::|default_worker\.py|\bray (sta
 SERVER_PROCESS = re.compile(r"mlflow server|mlflow\.server|moto_server|gunicorn|uvicorn")
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by these marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
