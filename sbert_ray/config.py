@@ -34,8 +34,8 @@ class ModelConfig:
     # A local folder, a Hub id, or "random:<shape>" (tiny|mini|small|base) for a randomly initialised BERT.
     name: str = "sentence-transformers/all-MiniLM-L6-v2"
     pooling: PoolingMode | None = None  # None keeps the model's own pooling (mean for a plain Hugging Face model)
-    max_seq_length: int = 128
-    normalize: bool | None = None
+    max_seq_length: int = 128  # tokens per text; longer texts are truncated (and counted in the training log)
+    normalize: bool | None = None  # L2-normalise the embeddings; None keeps the saved model's setting
     # Weights are read from safetensors files only; True also allows pickled PyTorch files (pytorch_model.bin),
     # which can run code when loaded: only for models from a source you trust.
     allow_unsafe_weights: bool = False
@@ -46,7 +46,7 @@ class StageConfig:
     """One training stage: a dataset and an objective (the paper trains NLI, then STSb, in two stages)."""
 
     dataset: str = "stsb"  # a registered name (see sbert_ray.data) or a csv/tsv/jsonl path
-    split: str = "train"
+    split: str = "train"  # the split of a registered dataset
     columns: dict[str, str] | None = None  # for user files: record field -> column name
     limit: int | None = None  # use only the first N examples (smoke runs); None = all
     errors: Literal["raise", "skip"] = "raise"  # a bad row stops the run, or is skipped, counted and logged
@@ -55,34 +55,34 @@ class StageConfig:
     loss: dict[str, Any] = field(default_factory=dict)  # the objective's settings, e.g. {concat: [u, v, "|u-v|"]}
     matryoshka_dims: list[int] | None = None  # train the objective at each of these embedding sizes at once
     matryoshka_weights: list[float] | None = None  # one per size; default 1 each
-    epochs: int = 1
+    epochs: int = 1  # passes over the stage's data
     max_steps: int | None = None  # stop the stage after this many optimizer steps; None = run every epoch
     batch_size: int = 16  # global batch (summed over workers and accumulation steps)
-    grad_accum_steps: int = 1
-    learning_rate: float = 2e-5
-    adam_eps: float = 1e-6
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.1
-    max_grad_norm: float = 1.0
+    grad_accum_steps: int = 1  # micro-batches per optimizer step (each worker's share of batch_size split this often)
+    learning_rate: float = 2e-5  # AdamW's peak rate, reached after warm-up, then decayed linearly to 0
+    adam_eps: float = 1e-6  # AdamW's epsilon
+    weight_decay: float = 0.01  # AdamW's decoupled weight decay (not on biases and LayerNorm weights)
+    warmup_ratio: float = 0.1  # share of the stage's optimizer steps with a linear warm-up
+    max_grad_norm: float = 1.0  # gradients are clipped to this global norm before each step
 
 
 @dataclass
 class EvalConfig:
-    dev_dataset: str = "stsb"
-    dev_split: str = "dev"
+    dev_dataset: str = "stsb"  # scored on every checkpoint: its Spearman picks the best checkpoints
+    dev_split: str = "dev"  # the split of dev_dataset
     dev_limit: int | None = None  # score only the first N dev pairs; None = all
     eval_every: int = 0  # optimizer steps between dev evaluations; 0 = only at the end of each stage
-    batch_size: int = 64
+    batch_size: int = 64  # sentences per encoding batch when scoring
     final_tasks: list[str] = field(default_factory=lambda: ["sts"])  # [] skips the final suite
     before_tasks: list[str] = field(default_factory=list)  # tasks scored on the model before training
 
 
 @dataclass
 class ScalingConfig:
-    num_workers: int = 1
-    use_gpu: bool = False
-    cpus_per_worker: float = 1.0
-    gpus_per_worker: float = 1.0
+    num_workers: int = 1  # Ray Train workers, i.e. data-parallel ranks (each its share of every global batch)
+    use_gpu: bool = False  # train on GPUs (NCCL); else on CPUs (gloo)
+    cpus_per_worker: float = 1.0  # CPUs Ray reserves for each worker
+    gpus_per_worker: float = 1.0  # GPUs Ray reserves for each worker when use_gpu (a fraction only with one worker)
     torch_threads: int | None = None  # per worker; None = cpus_per_worker rounded up
     # Ray placement strategy of the workers: SPREAD puts them on different nodes where it can
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
@@ -107,15 +107,15 @@ class ScalingConfig:
 @dataclass
 class CheckpointConfig:
     storage_path: str = "~/sbert-ray/runs"  # stable across jobs so a resubmitted run resumes
-    keep_best: int = 2
+    keep_best: int = 2  # checkpoints kept by dev Spearman, besides the latest
     max_failures: int = 2  # worker restarts from the latest checkpoint; -1 = no limit (Ray's meaning)
 
 
 @dataclass
 class TrackingConfig:
     tracking_uri: str | None = None  # default: $MLFLOW_TRACKING_URI, else sqlite under ~/sbert-ray/mlflow
-    experiment: str = "sbert-ray"
-    run_name: str | None = None
+    experiment: str = "sbert-ray"  # the MLflow experiment of the run
+    run_name: str | None = None  # the MLflow run's name; None: the config's name
     registered_model_name: str | None = None  # register the final model as a new version of this MLflow model
     alias: str | None = None  # and point this alias (e.g. "champion") at that version
     # How long the driver waits for a tracking store that stopped answering before it gives up (training itself
@@ -143,15 +143,15 @@ class TrackingConfig:
 @dataclass
 class TrainConfig:
     name: str = "sbert"  # the run's name: checkpoints live in <storage_path>/<name>; resubmitting resumes
-    seed: int = 42
+    seed: int = 42  # seeds torch, numpy and Python on every worker, random model weights and data order
     data_dir: str | None = None  # default: $SBERT_RAY_DATA_DIR, else the Hugging Face Hub
     output_dir: str | None = None  # where the final model is written; default <storage_path>/<name>/final-model
-    model: ModelConfig = field(default_factory=ModelConfig)
-    stages: list[StageConfig] = field(default_factory=lambda: [StageConfig()])
-    evaluation: EvalConfig = field(default_factory=EvalConfig)
-    scaling: ScalingConfig = field(default_factory=ScalingConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)  # the encoder to train
+    stages: list[StageConfig] = field(default_factory=lambda: [StageConfig()])  # trained in order, in one run
+    evaluation: EvalConfig = field(default_factory=EvalConfig)  # dev scoring during training, tasks before and after
+    scaling: ScalingConfig = field(default_factory=ScalingConfig)  # workers, their resources and arithmetic
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)  # where checkpoints live, how many stay
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)  # the MLflow store, experiment and registry
 
     def validate(self) -> None:
         """Check what the types cannot say, naming the key; normalises each stage's ``loss`` settings to their declared

@@ -17,15 +17,19 @@ from ray._raylet import AuthenticationTokenLoader, Config
 NO_STATE_API = {"RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9"}
 
 
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    """A 2-CPU local cluster for this module, or the one already connected."""
-    started = not ray.is_initialized()
-    if started:
+@pytest.fixture(scope="session")
+def _local_ray_at_exit() -> Iterator[None]:
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def local_ray(_local_ray_at_exit) -> Iterator[None]:
+    """The run's one local 2-CPU cluster, started by the first test that asks for it and kept for the next ones
+    (a start costs seconds). A ``connect`` test shuts it down to join the token head; the next test starts it anew."""
+    if not ray.is_initialized():
         ray.init(address="local", num_cpus=2, include_dashboard=False, runtime_env={"env_vars": NO_STATE_API})
     yield
-    if started:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="session")

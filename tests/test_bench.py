@@ -82,7 +82,8 @@ def test_bench_encode_writes_records_and_an_mlflow_run(tmp_path: Path, data_dir:
             assert ordered["smart_batching_speedup_cpu"] is not None and unordered["smart_batching_speedup"] is None
             assert abs(ordered["spearman_delta_vs_fp32"]) < 1.0  # x100 Spearman, bf16 vs fp32 on STSb test
         ours = by_key["sbert-ray", "fp32", "none", True, batch_size]
-        assert ours["spearman"] == pytest.approx(reference["spearman"], abs=1e-3)  # same model, same numbers
+        # Same model; embeddings equal to ~1e-6 can swap only near-tied ranks: Spearman x100 moves < 1e-3.
+        assert ours["spearman"] == pytest.approx(reference["spearman"], abs=1e-3)
 
     client = MlflowClient(tracking_uri)
     experiment = client.get_experiment_by_name("sbert-ray-bench")
@@ -129,7 +130,8 @@ def test_unsorted_batches_give_the_same_embeddings(encoder: SentenceEncoder) -> 
     np.testing.assert_allclose(
         encoder.encode(SENTENCES, batch_size=3, smart_batching=False),
         encoder.encode(SENTENCES, batch_size=3),
-        atol=1e-5,
+        atol=1e-5,  # the same float32 math at other padded widths: ulps of values below ~4 (~1e-6)
+        rtol=1e-5,
     )
 
 

@@ -4,14 +4,12 @@ one mini-batch's activations alive at a time."""
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.nn.parallel import DistributedDataParallel
+from spawned_workers import ddp_plain_and_cached_mnrl
 
 from sbert_ray.losses import CachedMultipleNegativesRankingLoss, MultipleNegativesRankingLoss
 from sbert_ray.models import SentenceEncoder
@@ -46,9 +44,14 @@ NEGATIVES = [
     "A fish swims.",
     "The wall is blank.",
 ]
-# Gradients of the cached loss are the uncached loss's up to float32 summation order (mini-batches are summed
-# into each parameter's gradient one by one): measured at most 1.4e-6 on gradients of up to 2.2 (7e-7 relative).
-GRAD_TOLERANCE = {"atol": 1e-6, "rtol": 1e-5}
+# The cached loss sums the same terms into each gradient as the uncached one, in another order (mini-batch by
+# mini-batch), so the claim is exact math and the comparisons run the encoder (and with it pooling and the loss) in
+# float64. Reordering a sum of n terms moves it by at most about n * 1.1e-16 * (sum of their absolute values):
+# with n < 1e4 (tokens x features) and absolute sums < 10 that is < 1e-11 (measured: 4e-16), so 1e-9 has a margin
+# of 100 and is still 1e5 times smaller than what one dropped term does. (In float32 the same reordering moved a
+# gradient by 2.7e-6 on one CPU: no fixed float32 tolerance holds on every machine.)
+GRAD_TOLERANCE = {"atol": 1e-9, "rtol": 1e-7}
+FLOAT32_EPS = torch.finfo(torch.float32).eps
 
 
 def _columns(with_hard_negatives: bool) -> list[list[str]]:
@@ -65,7 +68,7 @@ def _loss_and_grads(loss_fn: torch.nn.Module, encoder: SentenceEncoder, features
 
 @pytest.fixture
 def encoder(tiny_model_dir: Path) -> SentenceEncoder:
-    return SentenceEncoder.load(tiny_model_dir)  # eval mode: no dropout
+    return SentenceEncoder.load(tiny_model_dir).double()  # eval mode: no dropout
 
 
 @pytest.mark.parametrize(("with_hard_negatives", "mini_batch_size"), [(False, 1), (True, 3)])  # 3: a short last one
@@ -75,7 +78,7 @@ def test_gradients_equal_uncached_loss(encoder: SentenceEncoder, with_hard_negat
     cached = CachedMultipleNegativesRankingLoss(encoder, mini_batch_size=mini_batch_size)
     # Scaled like the worker's gradient accumulation: the scale must reach every re-forwarded mini-batch.
     cached_loss, cached_grads = _loss_and_grads(cached, encoder, features, scale=0.5)
-    torch.testing.assert_close(cached_loss, loss * 0.5, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(cached_loss, loss * 0.5, **GRAD_TOLERANCE)  # float64 too
     assert grads and all(g.abs().sum() > 0 for g in grads.values())
     torch.testing.assert_close(cached_grads, {k: g * 0.5 for k, g in grads.items()}, **GRAD_TOLERANCE)
 
@@ -85,15 +88,18 @@ def test_re_forward_replays_dropout_and_autocast(encoder: SentenceEncoder, autoc
     """With dropout on, the re-forward must draw the masks of the first pass (and under autocast compute in
     bf16 again), or the cached gradients belong to other embeddings. Reference: the same mini-batches embedded
     in the same order with the same seed, without checkpointing."""
-    encoder.train()
+    encoder.float().train()  # float32: autocast leaves float64 alone
     mini_batch_size = 3
     columns = _columns(with_hard_negatives=True)
 
-    def reference_loss(features):
-        embeddings = [
-            torch.cat([encoder(encoder.tokenize(column[i : i + mini_batch_size])) for i in range(0, 8, 3)])
+    def reference_embeddings() -> list[list[torch.Tensor]]:
+        return [
+            [encoder(encoder.tokenize(column[i : i + mini_batch_size])) for i in range(0, 8, mini_batch_size)]
             for column in columns
         ]
+
+    def reference_loss(features):
+        embeddings = [torch.cat(mini_batches) for mini_batches in reference_embeddings()]
         return MultipleNegativesRankingLoss(encoder).compute_loss_from_embeddings(embeddings)
 
     features = [encoder.tokenize(column) for column in columns]
@@ -105,7 +111,29 @@ def test_re_forward_replays_dropout_and_autocast(encoder: SentenceEncoder, autoc
         torch.manual_seed(7)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             results[name] = _loss_and_grads(loss_fn, encoder, features)
-    torch.testing.assert_close(results["cached"], results["reference"], **GRAD_TOLERANCE)
+    # The same float32 loss of the same embeddings (ops and dropout masks replayed); 1e-6 is ~4 ulps of a loss ~2.
+    torch.testing.assert_close(results["cached"][0], results["reference"][0], atol=1e-6, rtol=1e-6)
+    # Both sides add up the same k = 9 per-mini-batch contributions c_j to each gradient (bf16 under autocast, so
+    # float64 is no option here), in different orders: float32 reordering moves a sum by at most
+    # (k - 1) * eps * sum_j |c_j| each, twice that between the two; compared against four times that bound.
+    torch.manual_seed(7)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        embeddings = [e for mini_batches in reference_embeddings() for e in mini_batches]
+        loss = MultipleNegativesRankingLoss(encoder).compute_loss_from_embeddings(
+            [torch.cat(embeddings[i : i + 3]) for i in range(0, len(embeddings), 3)]
+        )
+    params = {name: p for name, p in encoder.named_parameters() if p.requires_grad}
+    spread = {name: torch.zeros_like(p) for name, p in params.items()}
+    cached_gradients = torch.autograd.grad(loss, embeddings, retain_graph=True)
+    for embedding, cached_gradient in zip(embeddings, cached_gradients, strict=True):
+        contribution = torch.autograd.grad(
+            embedding, list(params.values()), cached_gradient, retain_graph=True, allow_unused=True
+        )
+        for name, c in zip(params, contribution, strict=True):
+            spread[name] += 0 if c is None else c.abs()
+    for name, reference in results["reference"][1].items():
+        bound = 4 * 2 * (len(embeddings) - 1) * FLOAT32_EPS * spread[name]
+        assert ((results["cached"][1][name] - reference).abs() <= bound).all(), name
     # The comparison has teeth only if dropout changed the gradients.
     encoder.eval()
     without_dropout = _loss_and_grads(MultipleNegativesRankingLoss(encoder), encoder, features)[1]
@@ -132,39 +160,13 @@ def test_one_mini_batch_is_re_embedded_at_a_time(encoder: SentenceEncoder):
     assert events == ["re-forward", "backward done"] * 8  # 2 columns x 4 mini-batches
 
 
-def _ddp_worker(rank: int, world_size: int, model_dir: str, tmp: str) -> None:
-    """One DDP worker, as the training loop runs it: its shard of the batch in two micro-batches, the first
-    under no_sync (gradient accumulation), each loss divided by the number of micro-batches."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world_size)
-    results = {}
-    for with_hard_negatives in (False, True):
-        columns = _columns(with_hard_negatives)
-        shard = [column[rank * 4 : rank * 4 + 4] for column in columns]
-        for name in ("plain", "cached"):
-            encoder = SentenceEncoder.load(model_dir)
-            if name == "plain":
-                objective = MultipleNegativesRankingLoss(encoder)
-            else:
-                objective = CachedMultipleNegativesRankingLoss(encoder, mini_batch_size=1)
-            model = DistributedDataParallel(objective)
-            for micro in range(2):
-                features = [encoder.tokenize(column[micro * 2 : micro * 2 + 2]) for column in shard]
-                with model.no_sync() if micro == 0 else nullcontext():
-                    (model(features) / 2).backward()
-            grads = {k: p.grad.clone() for k, p in encoder.named_parameters() if p.requires_grad}
-            results[(name, with_hard_negatives)] = grads
-    if rank == 0:
-        torch.save(results, f"{tmp}/grads.pt")
-    dist.destroy_process_group()
-
-
 def test_two_ddp_workers_give_the_global_batch_gradients(tiny_model_dir: Path, tmp_path: Path):
     """Two workers, each 2 micro-batches of 2: DDP averages the 4 per-micro-batch losses, each of which ranks
     its anchors against the candidates of both workers' micro-batch."""
-    mp.spawn(_ddp_worker, args=(2, str(tiny_model_dir), str(tmp_path)), nprocs=2, join=True)
+    column_sets = {with_hard_negatives: _columns(with_hard_negatives) for with_hard_negatives in (False, True)}
+    mp.spawn(ddp_plain_and_cached_mnrl, args=(2, str(tiny_model_dir), str(tmp_path), column_sets), nprocs=2, join=True)
     results = torch.load(tmp_path / "grads.pt")
-    encoder = SentenceEncoder.load(tiny_model_dir)
+    encoder = SentenceEncoder.load(tiny_model_dir).double()
     for with_hard_negatives in (False, True):
         columns = _columns(with_hard_negatives)
         # Single process: micro-batch m is the rows both workers hold at step m (worker 0's, then worker 1's).

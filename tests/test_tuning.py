@@ -145,6 +145,7 @@ def trial_statuses(sweep_dir: Path) -> list[str]:
     return [json.loads(trial)["status"] for trial, _ in trials]
 
 
+@pytest.mark.cluster  # its drivers start their own local clusters
 def test_killed_sweep_resumes_without_rerunning_finished_trials(write_sweep, capsys):
     """Killed after its first trial, the sweep continues with --resume: the finished trial is not run again, the
     interrupted one runs to the end and the sweep ends with its summary."""

@@ -50,8 +50,9 @@ class MultipleNegativesRankingLoss(EncoderLoss):
         # All positives first, then all negatives, so anchor i's positive is candidate offset + i.
         candidates = candidates.transpose(0, 1).flatten(0, 1)
         # Similarities and softmax in fp32 even under bf16/fp16 autocast: scaled by 20, bf16's 8-bit mantissa
-        # would blur the differences between candidates that the ranking is about.
+        # would blur the differences between candidates that the ranking is about (float64 stays float64).
+        dtype = torch.promote_types(anchors.dtype, torch.float32)
         with torch.autocast(anchors.device.type, enabled=False):
-            scores = self.scale * F.normalize(anchors.float(), dim=-1) @ F.normalize(candidates.float(), dim=-1).T
+            scores = self.scale * F.normalize(anchors.to(dtype), dim=-1) @ F.normalize(candidates.to(dtype), dim=-1).T
             targets = torch.arange(offset, offset + len(anchors), device=anchors.device)
             return F.cross_entropy(scores, targets)

@@ -172,8 +172,10 @@ class SentenceEncoder(nn.Module):
     def forward(self, features: dict[str, Tensor]) -> Tensor:
         """Sentence embeddings [batch, embedding_dim] for tokenized features (on this module's device)."""
         inputs = {name: features[name] for name in self.tokenizer.model_input_names if name in features}
-        # Pooled in float32 whatever the model computed in: a bf16 sum over many tokens loses digits.
-        token_embeddings = self.transformer(**inputs).last_hidden_state.float()
+        # Pooled in at least float32 whatever the model computed in: a bf16 sum over many tokens loses digits (a
+        # float64 model stays float64: tests compare gradients in it).
+        hidden = self.transformer(**inputs).last_hidden_state
+        token_embeddings = hidden.to(torch.promote_types(hidden.dtype, torch.float32))
         embeddings = self.pooling(token_embeddings, features["attention_mask"])
         return F.normalize(embeddings, p=2, dim=1) if self.normalize else embeddings
 

@@ -45,9 +45,9 @@ class SweepConfig:
     base: TrainConfig = field(default_factory=TrainConfig)  # what every trial starts from (its name is replaced)
     search_space: dict[str, dict[str, Any]] = field(default_factory=dict)  # dotted key -> {kind: options}
     num_samples: int = 1  # trials to sample; with grid keys, repetitions of the whole grid
-    search: str = "random"
+    search: str = "random"  # random or grid (Tune's variant generator), optuna (TPE)
     scheduler: str = "asha"  # asha: stop trials early on the dev metric; fifo: run every trial to the end
-    asha: AshaConfig = field(default_factory=AshaConfig)
+    asha: AshaConfig = field(default_factory=AshaConfig)  # the ASHA scheduler's rungs
     max_concurrent_trials: int | None = None  # default: as many trials as the cluster's CPUs / GPUs fit
     retrain_best: bool = False  # retrain the best config on the full training data, score the STS suite
 

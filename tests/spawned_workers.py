@@ -1,0 +1,96 @@
+"""Functions that ``torch.multiprocessing.spawn`` runs in fresh processes. A spawned process imports the module of
+the function it runs, so they live here, beside nothing but torch and the package's model and loss code: from a
+test module that imports sentence-transformers or Ray each process spent ~15 s importing before its first step on
+2 busy cores. The tests pass their sentences in."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from sbert_ray.losses import CachedMultipleNegativesRankingLoss, CosineSimilarityLoss, MultipleNegativesRankingLoss
+from sbert_ray.models import SentenceEncoder
+from sbert_ray.training.sparse_embeddings import densify, sparse_embedding_gradients
+
+CPU = torch.device("cpu")
+
+
+def trainable_grads(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.grad.clone() for name, p in module.named_parameters() if p.requires_grad}
+
+
+def gathered_mnrl(
+    rank: int, world_size: int, model_dir: str, tmp: str, splits: list[tuple[int, ...]], columns: list[list[str]]
+) -> None:
+    """One data-parallel worker: its shard of each batch, gathered loss, DDP-style gradient reduction."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world_size)
+    encoder = SentenceEncoder.load(model_dir).double()  # exact math, compared in float64 (see the test)
+    loss_fn = MultipleNegativesRankingLoss(encoder)
+    for index, sizes in enumerate(splits):
+        start, total = sum(sizes[:rank]), sum(sizes)
+        shard = [column[start : start + sizes[rank]] for column in columns]
+        encoder.zero_grad()
+        # Weighting by the shard's share makes the sum over workers the global mean; for equal shards
+        # this is exactly DDP's gradient averaging.
+        loss = loss_fn([encoder.tokenize(column) for column in shard]) * sizes[rank] / total
+        loss.backward()
+        dist.all_reduce(loss.detach())
+        for param in encoder.parameters():
+            if param.grad is not None:
+                dist.all_reduce(param.grad)
+        if rank == 0:
+            torch.save({"loss": loss.detach(), "grads": trainable_grads(encoder)}, f"{tmp}/result{index}.pt")
+    dist.destroy_process_group()
+
+
+def word_embedding_gradients_both_ways(rank: int, model_dir: str, port: int, out: str, pairs: list[list[str]]) -> None:
+    """One DDP backward per way on this rank's pair: word-embedding gradient sparse, then dense."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    grads = {}
+    for way in ("sparse", "dense"):
+        torch.manual_seed(0)  # the same weights and dropout both ways
+        encoder = SentenceEncoder.load(model_dir)
+        weight = sparse_embedding_gradients(encoder, CPU, world_size=2 if way == "sparse" else 1)
+        assert (weight is not None) == (way == "sparse")
+        objective = DistributedDataParallel(CosineSimilarityLoss(encoder))
+        features = [encoder.tokenize([sentence]) for sentence in pairs[rank]]
+        objective(features, torch.tensor([0.5 + rank / 4])).backward()
+        embeddings = encoder.transformer.get_input_embeddings().weight
+        if weight is not None:
+            assert embeddings.grad.is_sparse  # what crossed between the processes were rows
+            densify(weight)
+        grads[way] = embeddings.grad.clone()
+    torch.save(grads, f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+def ddp_plain_and_cached_mnrl(
+    rank: int, world_size: int, model_dir: str, tmp: str, column_sets: dict[bool, list[list[str]]]
+) -> None:
+    """One DDP worker, as the training loop runs it: its shard of the batch in two micro-batches, the first
+    under no_sync (gradient accumulation), each loss divided by the number of micro-batches; plain and cached MNRL,
+    without and with hard negatives."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world_size)
+    results = {}
+    for with_hard_negatives, columns in column_sets.items():
+        shard = [column[rank * 4 : rank * 4 + 4] for column in columns]
+        for name in ("plain", "cached"):
+            encoder = SentenceEncoder.load(model_dir).double()  # exact math: see test_cached_mnrl.GRAD_TOLERANCE
+            if name == "plain":
+                objective = MultipleNegativesRankingLoss(encoder)
+            else:
+                objective = CachedMultipleNegativesRankingLoss(encoder, mini_batch_size=1)
+            model = DistributedDataParallel(objective)
+            for micro in range(2):
+                features = [encoder.tokenize(column[micro * 2 : micro * 2 + 2]) for column in shard]
+                with model.no_sync() if micro == 0 else nullcontext():
+                    (model(features) / 2).backward()
+            results[(name, with_hard_negatives)] = trainable_grads(encoder)
+    if rank == 0:
+        torch.save(results, f"{tmp}/grads.pt")
+    dist.destroy_process_group()

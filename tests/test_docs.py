@@ -1,0 +1,62 @@
+"""The documentation: the site builds without warnings, the configuration reference documents every key of the config
+dataclasses (it is generated from their comments), and every file README links to exists."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import config_reference
+
+from sbert_ray.config import TrainConfig
+from sbert_ray.tuning import SweepConfig
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def dataclass_keys(cls: type, prefix: str = "") -> list[str]:
+    """Every dotted key of a config dataclass, as the reference names them (`stages.N.` for list items)."""
+    keys = []
+    for f in dataclasses.fields(cls):
+        name = f.name
+        keys.append(f"{prefix}{name}")
+        value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
+            keys += dataclass_keys(type(value[0]), f"{prefix}{name}.N.")
+        elif dataclasses.is_dataclass(value) and not isinstance(value, TrainConfig):
+            keys += dataclass_keys(type(value), f"{prefix}{name}.")
+    return keys
+
+
+def test_every_config_key_is_documented():
+    documented = {root: [key for key, _ in config_reference.keys(root)] for _, root in config_reference.DOCUMENTS}
+    assert documented["TrainConfig"] == dataclass_keys(TrainConfig)
+    assert documented["SweepConfig"] == dataclass_keys(SweepConfig)
+    assert config_reference.undocumented() == []
+
+
+def test_a_key_without_a_comment_is_named(tmp_path, monkeypatch):
+    source = (REPO / "sbert_ray" / "config.py").read_text()
+    line = next(line for line in source.splitlines() if line.strip().startswith("keep_best:"))
+    (tmp_path / "config.py").write_text(source.replace(line, line.split("#")[0].rstrip()))
+    monkeypatch.setattr(config_reference, "SOURCES", [tmp_path / "config.py", config_reference.SOURCES[1]])
+    assert config_reference.undocumented() == ["checkpoint.keep_best"]
+
+
+def test_the_site_builds_strictly_with_the_reference(tmp_path):
+    site = tmp_path / "site"
+    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)]
+    built = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-3000:]
+    reference = (site / "configuration" / "index.html").read_text()
+    assert config_reference.MARKER not in reference
+    assert all(f"<code>{key}</code>" in reference for key in dataclass_keys(TrainConfig))
+
+
+def test_readme_links_point_to_files_that_exist():
+    readme = (REPO / "README.md").read_text()
+    targets = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", readme) if not t.startswith(("http", "#"))]
+    assert targets and [t for t in targets if not (REPO / t).exists()] == []
