@@ -25,7 +25,7 @@ from sbert_ray.data import load_records
 from sbert_ray.evaluation.sts import evaluate_pairs
 from sbert_ray.models.encoder import SentenceEncoder
 from sbert_ray.models.resolve import resolve_model_ref
-from sbert_ray.runs.training import run_training
+from sbert_ray.runs.train_run import run_training
 from sbert_ray.tracking.mlflow_run import RunTracker, resolve_tracking_uri
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"

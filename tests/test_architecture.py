@@ -30,11 +30,18 @@ LAYERS = {
     "cli": 6,
 }
 # Ray's rooms: orchestration, Tune, and the adapters around the Ray-free training core and benchmarks.
-RAY_ALLOWED = ("runs", "training.worker", "training.trainer", "tuning", "bench.train_on_ray", "evaluation.distributed")
+RAY_ALLOWED = (
+    "runs",
+    "training.worker",
+    "training.trainer",
+    "tuning",
+    "bench.train_speed_on_ray",
+    "evaluation.encoder_pool",
+)
 MLFLOW_ALLOWED = ("tracking",)
 # What a GPU machine without Ray, MLflow or datasets runs (`sbert-ray bench encode`, `bench train --local`): none of
 # them may be imported when these modules load (tests/test_without_ray.py runs the benches with them blocked).
-RAY_FREE = ("sbert_ray.cli", "sbert_ray.training.stages", "sbert_ray.bench.train", "sbert_ray.bench.encode")
+RAY_FREE = ("sbert_ray.cli", "sbert_ray.training.stages", "sbert_ray.bench.train_speed", "sbert_ray.bench.encode_speed")
 NOT_ON_THE_GPU_MACHINE = ("ray", "mlflow", "datasets")
 
 

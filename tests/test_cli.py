@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from sbert_ray.bench.train import TrainBenchSettings, worker_layouts
+from sbert_ray.bench.train_speed import TrainBenchSettings, worker_layouts
 from sbert_ray.cli import main
 from sbert_ray.config import ConfigError
 from sbert_ray.evaluation.tasks import parse_tasks
-from sbert_ray.runs.encode import EncodeRequest
-from sbert_ray.runs.evaluation import EvalRequest
+from sbert_ray.runs.encode_corpus import EncodeRequest
+from sbert_ray.runs.eval_run import EvalRequest
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from sbert_ray.data.corpus import open_corpus
 from sbert_ray.data.readers import load_records
 from sbert_ray.data.records import DataError
 from sbert_ray.models.encoder import SentenceEncoder
-from sbert_ray.runs.encode import EncodeRequest, encode_corpus
+from sbert_ray.runs.encode_corpus import EncodeRequest, encode_corpus
 
 # Quotes, commas, a line break inside a value, non-ASCII text: what CSV quoting and the readers must keep intact.
 AWKWARD = ['He said "hello", then left.', "line one\nline two", "Café, naïve, 東京", "   padded   "]
@@ -102,7 +102,7 @@ def test_bad_input_is_refused_naming_the_file_before_ray(tmp_path, tiny_model_di
     def no_ray():
         raise AssertionError("Ray was started for bad input")
 
-    monkeypatch.setattr("sbert_ray.runs.encode.connect_ray", no_ray)
+    monkeypatch.setattr("sbert_ray.runs.encode_corpus.connect_ray", no_ray)
     for name, column, message in bad_inputs(tmp_path):
         path = tmp_path / name
         with pytest.raises(DataError) as error:

@@ -8,9 +8,9 @@ import pytest
 
 from sbert_ray.data.readers import load_records
 from sbert_ray.evaluation import argsim, triplets
-from sbert_ray.evaluation.distributed import RayEncoder
+from sbert_ray.evaluation.encoder_pool import RayEncoder
 from sbert_ray.models.encoder import SentenceEncoder
-from sbert_ray.runs.argsim import finetune_config, finetune_folds
+from sbert_ray.runs.argsim_folds import finetune_config, finetune_folds
 
 
 def test_ray_workers_reproduce_single_process_encoding(local_ray, tiny_model_dir, data_dir):

@@ -14,7 +14,7 @@ import pytest
 
 from sbert_ray.cli import main
 from sbert_ray.config import flatten
-from sbert_ray.evaluation import report
+from sbert_ray.evaluation import reproduction_report
 from sbert_ray.evaluation.paper_numbers import PAPER_TABLES
 from sbert_ray.evaluation.results import format_results, nest
 from sbert_ray.evaluation.tasks import SentEvalTask, StsTask, parse_tasks
@@ -50,7 +50,7 @@ def test_report_renders_from_a_results_file(tmp_path):
     assert "| **ours: minilm, nli-triplets** | 0.8123 |" in text
     assert "| SBERT-NLI-base | 70.97 |" in text
     for entry in ("ukp-aspect", "nli-triplets", "MR"):
-        assert report.DATA_NOTES[entry] in text
+        assert reproduction_report.DATA_NOTES[entry] in text
     assert "- minilm: 6 layers" in text
     assert "| ukp-aspect | folds/fold0/train_pairs | 90 |" in text
     for number in (1, 2, 3, 4, 5):
@@ -83,8 +83,10 @@ def test_report_is_logged_to_mlflow(tmp_path):
     path = tmp_path / "r.json"
     path.write_text(json.dumps(RESULTS))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    result_sets = [report.read_results_file(f"run1={path}")]
-    run_id = report.log_report(report.build_report(result_sets, tmp_path / "out"), result_sets, uri, "reports")
+    result_sets = [reproduction_report.read_results_file(f"run1={path}")]
+    run_id = reproduction_report.log_report(
+        reproduction_report.build_report(result_sets, tmp_path / "out"), result_sets, uri, "reports"
+    )
     client = MlflowClient(uri)
     assert client.get_run(run_id).data.metrics["run1/stsb/spearman_cosine"] == 82.03
     assert "report/report.md" in [a.path for a in client.list_artifacts(run_id, "report")]
@@ -202,5 +204,5 @@ def test_an_undefined_fold_leaves_the_argsim_average_undefined():
 def test_the_report_reads_null_scores(tmp_path):
     results = {name: {"spearman_cosine": 70.0} for name in ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb")}
     results["sickr"] = {"spearman_cosine": None, "undefined": {"spearman_cosine": "all 9 gold scores are equal"}}
-    rows = report.our_rows(1, report.ResultSet("ours", results, source="x.json"))
+    rows = reproduction_report.our_rows(1, reproduction_report.ResultSet("ours", results, source="x.json"))
     assert rows == {"ours: ours": (70.0, 70.0, 70.0, 70.0, 70.0, 70.0, None, None)}  # no average over a gap

@@ -15,7 +15,7 @@ import pytest
 from sbert_ray.cli import main
 from sbert_ray.config import ConfigError, load_config
 from sbert_ray.files import check_file, check_folder, json_text, write_json
-from sbert_ray.runs.training import run_training
+from sbert_ray.runs.train_run import run_training
 
 UNWRITABLE = "/proc/sbert-ray-test"
 

@@ -32,7 +32,7 @@ from sbert_ray.losses import (
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.models.random_bert import random_bert
 from sbert_ray.models.st_layout import ModelError
-from sbert_ray.runs.training import run_training
+from sbert_ray.runs.train_run import run_training
 
 ANCHORS = ["A girl rides a bike.", "The chef slices onions.", "A crowd watches fireworks.", "He fixes the roof."]
 POSITIVES = ["A child is cycling.", "Vegetables are being cut.", "People look at the sky.", "A man repairs a house."]

@@ -20,7 +20,7 @@ from sbert_ray.cli import main
 from sbert_ray.config import ConfigError, load_config, parse_device
 from sbert_ray.models import ModelError, SentenceEncoder, check_model
 from sbert_ray.models.encoder import position_limit
-from sbert_ray.runs.training import run_training
+from sbert_ray.runs.train_run import run_training
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from sentence_transformers import SentenceTransformer
 
 from sbert_ray.data.readers import load_records
 from sbert_ray.models.encoder import SentenceEncoder
-from sbert_ray.runs.encode import EncodeRequest, encode_corpus
+from sbert_ray.runs.encode_corpus import EncodeRequest, encode_corpus
 
 STEPS = 400  # 3200 pairs / global batch 8: long enough that the node dies mid-training
 EVAL_EVERY = 50

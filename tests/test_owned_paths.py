@@ -16,7 +16,7 @@ from sbert_ray.cli import main
 from sbert_ray.config import ConfigError, load_config
 from sbert_ray.runs import record
 from sbert_ray.runs.owned_paths import MODEL_MARKER, check_model_folder, refuse_protected
-from sbert_ray.runs.training import run_training
+from sbert_ray.runs.train_run import run_training
 
 
 def test_root_home_the_working_directory_and_their_parents_are_refused(tmp_path, monkeypatch):

@@ -2,7 +2,7 @@
 
 from sbert_ray.cli import build_parser
 from sbert_ray.progress import QUIET_ENV, progress_bar, quiet
-from sbert_ray.runs.progress import TrainingProgress, duration
+from sbert_ray.runs.progress_lines import TrainingProgress, duration
 
 
 def report(stage: int, step: int, global_step: int, **metrics) -> dict:

@@ -26,7 +26,7 @@ from sbert_ray.config import ConfigError, load_config
 from sbert_ray.data.readers import load_records
 from sbert_ray.models.encoder import SentenceEncoder
 from sbert_ray.runs import record
-from sbert_ray.runs.training import METRICS_SPOOL, absolute_paths
+from sbert_ray.runs.train_run import METRICS_SPOOL, absolute_paths
 from sbert_ray.tracking.store import redact, redact_uri
 
 USER, PASSWORD = "sbert", "Pa55-w0rd-never-shown"  # distinctive: any occurrence of it is a leak

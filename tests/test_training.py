@@ -26,7 +26,7 @@ from sbert_ray.config import ConfigError, load_config
 from sbert_ray.data.sampler import SmartBatchSampler
 from sbert_ray.models import load_encoder
 from sbert_ray.models.encoder import SentenceEncoder
-from sbert_ray.runs.training import TrainingDiverged, prepare, run_training, tokenize_stages
+from sbert_ray.runs.train_run import TrainingDiverged, prepare, run_training, tokenize_stages
 from sbert_ray.training.batches import local_batch_size
 
 

@@ -63,7 +63,7 @@ def test_trial_config_applies_whole_mappings_then_keys_inside_them():
     sampled = {
         "stages.0": "softmax-nli",
         "stages.0.batch_size": 32,
-        "stages.0.loss": loss.corners()[1],
+        "stages.0.loss": loss.extremes()[1],
         "stages.0.limit": 200,
         "stages.0.learning_rate": 3e-5,
     }
@@ -122,12 +122,12 @@ def test_optuna_samples_every_kind_of_key():
 
 
 def test_concurrency_follows_cluster_and_trial_size(connect):  # the session's 2-CPU head
-    def corners(num_workers: list[int]) -> list[TrainConfig]:
+    def extremes(num_workers: list[int]) -> list[TrainConfig]:
         base = load_config(None, ["scaling.cpus_per_worker=0.5", "stages.0.batch_size=16"])
-        return list(SearchSpace(base, {"scaling.num_workers": {"grid": num_workers}}).corner_configs())
+        return list(SearchSpace(base, {"scaling.num_workers": {"grid": num_workers}}).extreme_configs())
 
-    assert max_concurrent_trials(corners([1])) == 3  # 2 CPUs / (0.5 + the trial's token 0.01)
-    assert max_concurrent_trials(corners([1, 2])) == 1  # sized by the largest trial
+    assert max_concurrent_trials(extremes([1])) == 3  # 2 CPUs / (0.5 + the trial's token 0.01)
+    assert max_concurrent_trials(extremes([1, 2])) == 1  # sized by the largest trial
 
 
 # ---------------------------------------------------------------------------------- sweeps on Ray

@@ -110,7 +110,7 @@ def _add_train_arguments(bench_sub, bench_common: argparse.ArgumentParser) -> No
 
 
 def run_encode(args: argparse.Namespace) -> int:
-    from sbert_ray.bench.encode import run_encode_bench
+    from sbert_ray.bench.encode_speed import run_encode_bench
     from sbert_ray.data.readers import resolve_data_dir
 
     check_output(args, "--output")
@@ -143,14 +143,14 @@ def _bench_output(
 ) -> int:
     """What ``sbert-ray bench encode`` ends with: the table, ``--output`` JSON, an MLflow run (unless ``store`` is
     None)."""
-    from sbert_ray.bench import report
+    from sbert_ray.bench import tables
 
-    print(report.format_table(records))
+    print(tables.format_table(records))
     if args.output:
         write_json(records, args.output)
         print(f"wrote {args.output}")
     if store is not None:
-        run_id = report.log_bench(
+        run_id = tables.log_bench(
             records, kind, {**params, "threads": args.threads or "default"}, store.uri, args.experiment
         )
         print(f"MLflow run {run_id} at {store}")
@@ -160,7 +160,13 @@ def _bench_output(
 def run_train(args: argparse.Namespace) -> int:
     """Progress and the table go to stderr, the records as JSON to stdout (and --output): under `ray job submit`
     the job's log then ends with the JSON."""
-    from sbert_ray.bench.train import TrainBenchSettings, bench_config, check_inputs, run_train_bench, worker_layouts
+    from sbert_ray.bench.train_speed import (
+        TrainBenchSettings,
+        bench_config,
+        check_inputs,
+        run_train_bench,
+        worker_layouts,
+    )
     from sbert_ray.data.readers import resolve_data_dir
 
     check_output(args, "--output")
@@ -203,7 +209,7 @@ def _train_bench_output(
     args: argparse.Namespace, records: list[dict], params: dict, store: TrackingStore | None
 ) -> int:
     """The table on stderr, ``--output`` JSON, an MLflow run, then the records as JSON on stdout."""
-    from sbert_ray.bench.train import format_table, log_records
+    from sbert_ray.bench.train_speed import format_table, log_records
 
     print(format_table(records), file=sys.stderr)
     if args.output:

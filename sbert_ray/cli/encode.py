@@ -33,7 +33,7 @@ def add_arguments(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sbert_ray.runs.encode import EncodeRequest, encode_corpus
+    from sbert_ray.runs.encode_corpus import EncodeRequest, encode_corpus
 
     request = EncodeRequest(
         args.model,

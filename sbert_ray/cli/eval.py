@@ -68,10 +68,10 @@ def run(args: argparse.Namespace) -> int:
     from sbert_ray.data.readers import resolve_data_dir
     from sbert_ray.evaluation.baselines import BASELINE_POOLING
     from sbert_ray.evaluation.results import format_results, nest
-    from sbert_ray.evaluation.tasks import headlines, parse_tasks
+    from sbert_ray.evaluation.tasks import parse_tasks, primary_scores
     from sbert_ray.files import write_json
-    from sbert_ray.runs.argsim import finetune_config
-    from sbert_ray.runs.evaluation import EvalRequest, evaluate_model
+    from sbert_ray.runs.argsim_folds import finetune_config
+    from sbert_ray.runs.eval_run import EvalRequest, evaluate_model
 
     check_output(args, "--output")
     tasks = parse_tasks(args.tasks, args.similarities.split(","))  # fail on a typo before loading anything
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         f"precision: {args.precision}   data: {data_dir or 'Hugging Face Hub'}"
     )
     results = evaluate_model(request, progress=lambda task, seconds: print(f"{task.spec}: {seconds:.1f} s", flush=True))
-    print(format_results(results, {entry: metric for entry, (metric, _) in headlines(tasks, results).items()}))
+    print(format_results(results, {entry: metric for entry, (metric, _) in primary_scores(tasks, results).items()}))
     if args.output:
         write_json(nest(results), args.output)
         print(f"wrote {args.output}")

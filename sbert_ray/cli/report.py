@@ -28,16 +28,16 @@ def add_arguments(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sbert_ray.evaluation import report
+    from sbert_ray.evaluation import reproduction_report
 
     check_output(args, "--out", kind="folder")
     # Only when MLflow is used: resolving the default creates its folder.
     store = tracking_store(args) if args.run or not args.no_mlflow else None
     tracking_uri = store and store.uri
-    result_sets = report.gather_result_sets(args.results, args.run, tracking_uri, args.note)
-    path = report.build_report(result_sets, args.out)
+    result_sets = reproduction_report.gather_result_sets(args.results, args.run, tracking_uri, args.note)
+    path = reproduction_report.build_report(result_sets, args.out)
     print(f"wrote {path}")
     if not args.no_mlflow:
-        run_id = report.log_report(path, result_sets, tracking_uri, args.experiment)
+        run_id = reproduction_report.log_report(path, result_sets, tracking_uri, args.experiment)
         print(f"MLflow run {run_id} at {store}")
     return 0

@@ -25,8 +25,8 @@ def add_arguments(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)  # every config error surfaces here, before Ray starts
     # The run layer (torch, transformers, Ray, MLflow: seconds to import) only for a valid config.
-    from sbert_ray.evaluation.tasks import headlines, parse_tasks
-    from sbert_ray.runs.training import TrainingDiverged, run_training
+    from sbert_ray.evaluation.tasks import parse_tasks, primary_scores
+    from sbert_ray.runs.train_run import TrainingDiverged, run_training
     from sbert_ray.tracking.store import redact_uri
 
     try:
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     final = result.headlines
     if result.already_finished:
         print(f"run {config.name!r} already finished with this config: nothing to train (--restart trains it anew)")
-    for entry, (metric, before) in headlines(parse_tasks(config.evaluation.before_tasks), result.before).items():
+    for entry, (metric, before) in primary_scores(parse_tasks(config.evaluation.before_tasks), result.before).items():
         after = _score(final[entry][1]) if entry in final else "not scored"
         print(f"{entry} test {metric}: before {_score(before)} -> after {after}")
     if final:

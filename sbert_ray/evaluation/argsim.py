@@ -4,7 +4,7 @@ averaged over folds.
 Protocols: cross-topic (score each held-out topic group with a model that never saw those topics) and k-fold
 cross-validation over pairs. Here the given model is scored on every fold's test pairs as it is; fine-tuning a
 fresh copy per fold on the fold's training pairs first is a training run per fold, orchestrated by
-``sbert_ray.runs.argsim``.
+``sbert_ray.runs.argsim_folds``.
 
 Datasets: AFS (the paper's corpus, ArgPairs_{DP,GC,GM}.csv, one file per topic; not shipped), and the two
 offline substitutes UKP ASPECT (its official 4 cross-topic folds) and BWS (leave-one-topic-out over 8 topics).

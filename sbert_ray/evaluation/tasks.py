@@ -207,7 +207,7 @@ def parse_tasks(
     return tasks
 
 
-def headlines(tasks: Sequence[EvalTask], results: Results) -> dict[str, tuple[str, float]]:
+def primary_scores(tasks: Sequence[EvalTask], results: Results) -> dict[str, tuple[str, float]]:
     """{entry: (primary metric, value)} over the results of these tasks: what tables and summaries show."""
     return {
         entry: (task.primary_metric, value) for task in tasks for entry, value in task.primary_scores(results).items()

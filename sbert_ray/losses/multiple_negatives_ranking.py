@@ -11,7 +11,7 @@ from torch.nn import functional as F
 
 from sbert_ray.data.records import NLI_LABELS, LabelledPair, Record, Triplet
 from sbert_ray.losses.base import EncoderLoss
-from sbert_ray.losses.distributed import gather_across_workers
+from sbert_ray.losses.gather import gather_across_workers
 from sbert_ray.models.encoder import SentenceEncoder
 
 ENTAILMENT = NLI_LABELS.index("entailment")

@@ -26,17 +26,17 @@ from ray.tune.search.optuna import OptunaSearch
 from sbert_ray.config import ConfigError, TrainConfig, dump_yaml, flatten, to_dict
 from sbert_ray.runs import owned_paths
 from sbert_ray.runs.cluster import connect_ray, refuse_impossible, runs_that_fit
-from sbert_ray.runs.progress import SweepProgress
-from sbert_ray.runs.training import TrainResult, absolute_paths, prepare, run_training, shown
+from sbert_ray.runs.progress_lines import SweepProgress
+from sbert_ray.runs.train_run import TrainResult, absolute_paths, prepare, redacted, run_training
 from sbert_ray.tracking.mlflow_run import environment_tags
 from sbert_ray.tracking.model_registry import register_run_model
 from sbert_ray.tracking.store import redact_uri
-from sbert_ray.tracking.sweep import SweepTracker
+from sbert_ray.tracking.sweep_run import SweepTracker
 from sbert_ray.training.storage import is_remote
-from sbert_ray.tuning import results
+from sbert_ray.tuning import trial_results
 from sbert_ray.tuning.placement_groups import RemoveOrphanedPlacementGroups, release_trial_placement_groups
-from sbert_ray.tuning.results import TrialRow
 from sbert_ray.tuning.space import METRIC, SearchSpace, SweepConfig
+from sbert_ray.tuning.trial_results import TrialRow
 
 # A trial's own process only waits on its TorchTrainer; a token CPU share keeps trials from holding the CPUs their
 # training workers need (a whole CPU per trial deadlocks small machines).
@@ -91,8 +91,8 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
     if base.output_dir:  # each trial's final model goes into a folder of its own under it
         owned_paths.refuse_protected(base.output_dir, "base.output_dir")
     space = SearchSpace(base, sweep.search_space)
-    corners = list(space.corner_configs())
-    _check_data(corners)
+    extremes = list(space.extreme_configs())
+    _check_data(extremes)
     # Tune's files go to storage; the summary is written here (and logged to MLflow) when storage is remote.
     summary = Path(f"~/sbert-ray/sweeps/{sweep.name}" if is_remote(path) else path).expanduser() / "summary"
     if tune.Tuner.can_restore(path) != resume:
@@ -109,12 +109,12 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
             f"MLflow: {redact_uri(tracking.tracking_uri)}  sweep run {tracker.run_id}{' (resumed)' * tracker.resumed}"
         )
         # One param per searched key (option names may hold characters MLflow refuses in param names).
-        settings = flatten(to_dict(dataclasses.replace(sweep, base=shown(base), search_space={})))
+        settings = flatten(to_dict(dataclasses.replace(sweep, base=redacted(base), search_space={})))
         tracker.log_params(settings | {f"search_space.{k}": json.dumps(v) for k, v in sweep.search_space.items()})
         tracker.set_tags(environment_tags())
-        tracker.log_text(dump_yaml(dataclasses.replace(sweep, base=shown(base))), "sweep.yaml")
+        tracker.log_text(dump_yaml(dataclasses.replace(sweep, base=redacted(base))), "sweep.yaml")
         connect_ray()
-        for scaling in {repr(corner.scaling): corner.scaling for corner in corners}.values():
+        for scaling in {repr(extreme.scaling): extreme.scaling for extreme in extremes}.values():
             refuse_impossible(scaling)  # a trial of workers the cluster can never hold would wait for ever
         context = TrialContext(space, f"{path}/trials", tracker.run_id)
         trainable = tune.with_resources(tune.with_parameters(run_trial, context=context), {"cpu": TRIAL_CPU})
@@ -122,11 +122,11 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
         if resume:  # finished and failed trials stay as they are; interrupted ones restart and resume training
             tuner = tune.Tuner.restore(path, trainable=trainable)
         else:
-            tuner = _new_tuner(sweep, space, corners, trainable)
+            tuner = _new_tuner(sweep, space, extremes, trainable)
         grid = tuner.fit()
         release_trial_placement_groups()  # what stopped trials reserved, before retrain_best needs it
         tracker.log_metrics({"sweep/wall_s": time.perf_counter() - start})
-        rows = results.trial_rows(grid, space)
+        rows = trial_results.trial_rows(grid, space)
         _close_trial_runs(tracker, rows, f"{path}/trials")
         best = _summarize(tracker, sweep, space, rows, summary)
         retrained = None
@@ -139,9 +139,9 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
         return SweepResult(tracker.run_id, tracking.tracking_uri, path, summary, rows, best, retrained)
 
 
-def _new_tuner(sweep: SweepConfig, space: SearchSpace, corners: list[TrainConfig], trainable) -> tune.Tuner:
+def _new_tuner(sweep: SweepConfig, space: SearchSpace, extremes: list[TrainConfig], trainable) -> tune.Tuner:
     # Each searcher limits concurrency itself: Tune ignores max_concurrent_trials for BasicVariantGenerator.
-    concurrency = sweep.max_concurrent_trials or max_concurrent_trials(corners)
+    concurrency = sweep.max_concurrent_trials or max_concurrent_trials(extremes)
     searcher = (
         ConcurrencyLimiter(OptunaSearch(seed=sweep.base.seed), max_concurrent=concurrency)  # TPE by default
         if sweep.search == "optuna"
@@ -177,20 +177,20 @@ def _new_tuner(sweep: SweepConfig, space: SearchSpace, corners: list[TrainConfig
     )
 
 
-def max_concurrent_trials(corners: list[TrainConfig]) -> int:
+def max_concurrent_trials(extremes: list[TrainConfig]) -> int:
     """As many trials as the cluster fits, sized by the largest trial of the search space."""
-    return runs_that_fit(corners, driver_cpus=TRIAL_CPU)
+    return runs_that_fit(extremes, driver_cpus=TRIAL_CPU)
 
 
 def _trial_dirname(trial) -> str:
     return trial.trial_id
 
 
-def _check_data(corners: list[TrainConfig]) -> None:
+def _check_data(extremes: list[TrainConfig]) -> None:
     """Read each distinct model (and input length) + training data + dev set of the search space once (a dataset
     that does not fit its objective, or a length the model cannot take, fails here, not in a trial)."""
     seen = set()
-    for config in corners:
+    for config in extremes:
         stages = [(s.dataset, s.split, s.columns, s.limit, s.objective) for s in config.stages]
         key = repr((config.model.name, config.model.max_seq_length, stages))
         if key not in seen:
@@ -215,19 +215,19 @@ def _summarize(
 ) -> TrialRow | None:
     """Results table (CSV + markdown), dev-vs-learning-rate plot and the best config, on disk and in the parent."""
     out.mkdir(parents=True, exist_ok=True)
-    records = results.table(rows, space)
-    results.write_csv(records, out / "results.csv")
-    (out / "results.md").write_text(results.markdown(records))
-    results.plot_dev_vs_learning_rate(rows, out / "dev_spearman_vs_learning_rate.png", sweep.name)
-    best = results.best_row(rows)
+    records = trial_results.table(rows, space)
+    trial_results.write_csv(records, out / "results.csv")
+    (out / "results.md").write_text(trial_results.markdown(records))
+    trial_results.plot_dev_vs_learning_rate(rows, out / "dev_spearman_vs_learning_rate.png", sweep.name)
+    best = trial_results.best_row(rows)
     counts = {status: sum(r.status == status for r in rows) for status in ("finished", "stopped", "error")}
     tracker.log_metrics({f"sweep/trials_{status}": n for status, n in counts.items()})
     if best is not None:
-        (out / "best_config.yaml").write_text(dump_yaml(shown(best.config)))
+        (out / "best_config.yaml").write_text(dump_yaml(redacted(best.config)))
         tracker.log_metrics({f"best/{METRIC}": best.dev_spearman})
         tracker.set_tags({"best_trial": best.trial_id, "best_run_id": best.run_id})
     tracker.log_artifacts(out)
-    print(results.markdown(records))
+    print(trial_results.markdown(records))
     return best
 
 

@@ -4,7 +4,7 @@ reporter that logs rank 0's metrics to the run the driver opened and calls ``ray
 
 Rank 0 additionally scores the dev set and writes checkpoints (the last one holds the final model); all ranks call
 ``ray.train.report`` at the same points, which is also where they synchronise. Saving the final model and scoring
-it are the run layer's (``sbert_ray.runs.training``). On a NaN or infinite loss every rank stops together and
+it are the run layer's (``sbert_ray.runs.train_run``). On a NaN or infinite loss every rank stops together and
 returns it (rather than fail: Ray would restart them from the checkpoint into the same NaN).
 """
 

@@ -71,7 +71,7 @@ class SweepConfig:
             raise ConfigError("search: grid needs every search_space key to be a grid")
         if self.search == "optuna" and "grid" in kinds:
             raise ConfigError("search: optuna samples its own points; use choice instead of grid")
-        for _ in space.corner_configs():  # every combination of options builds a valid training config
+        for _ in space.extreme_configs():  # every combination of options builds a valid training config
             pass
 
 
@@ -117,7 +117,7 @@ class Param:
         """The config value for what Tune sampled (a label for choice / grid)."""
         return self.options[sampled] if self.options else sampled
 
-    def corners(self) -> list[Any]:
+    def extremes(self) -> list[Any]:
         """Labels that cover what this key can take: every option, or both ends of a range."""
         return list(self.options) if self.options else list(self.bounds)
 
@@ -145,10 +145,10 @@ class SearchSpace:
         """Points of the grid keys crossed: the trials of one sample (num_samples repeats them)."""
         return math.prod(len(p.options) for p in self.params if p.kind == "grid")
 
-    def corner_configs(self) -> Iterator[TrainConfig]:
-        """The config of every combination of corners (checks all options and sizes the trials before Ray runs)."""
+    def extreme_configs(self) -> Iterator[TrainConfig]:
+        """The config of every combination of extremes (checks all options and sizes the trials before Ray runs)."""
         keys = [p.key for p in self.params]
-        for combination in itertools.product(*(p.corners() for p in self.params)):
+        for combination in itertools.product(*(p.extremes() for p in self.params)):
             sampled = dict(zip(keys, combination, strict=True))
             try:
                 yield self.config(sampled)

@@ -38,14 +38,14 @@ from sbert_ray.config import ConfigError, EvalConfig, ScalingConfig, TrainConfig
 from sbert_ray.data.readers import check_available, resolve_data_dir
 from sbert_ray.data.records import DataError
 from sbert_ray.evaluation.results import nest
-from sbert_ray.evaluation.tasks import EvalTask, Results, check_tasks, headlines, parse_tasks
+from sbert_ray.evaluation.tasks import EvalTask, Results, check_tasks, parse_tasks, primary_scores
 from sbert_ray.files import check_folder
 from sbert_ray.models import SentenceEncoder, check_model, load_encoder
 from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_card
 from sbert_ray.progress import progress_bar, quiet
 from sbert_ray.runs import owned_paths, record
 from sbert_ray.runs.cluster import check_resources, connect_ray
-from sbert_ray.runs.progress import TrainingProgress
+from sbert_ray.runs.progress_lines import TrainingProgress
 from sbert_ray.runs.run_lease import run_lease
 from sbert_ray.tracking.errors import TrackingError
 from sbert_ray.tracking.mlflow_run import (
@@ -124,7 +124,7 @@ def _is_folder(name: str) -> bool:
     return not name.startswith("random:") and Path(name).expanduser().is_dir()
 
 
-def shown(config: TrainConfig) -> TrainConfig:
+def redacted(config: TrainConfig) -> TrainConfig:
     """``config`` as it is logged, written and printed: the tracking URI without its password."""
     tracking = config.tracking
     uri = tracking.tracking_uri and redact_uri(tracking.tracking_uri)
@@ -314,9 +314,9 @@ def _run_training(
                 flush=True,
             )
             print(f"MLflow artifacts: {redact_uri(tracker.artifact_uri)}", flush=True)
-            tracker.log_params(flatten(to_dict(shown(config))))
+            tracker.log_params(flatten(to_dict(redacted(config))))
             tracker.set_tags(environment_tags() | {NAME_TAG: run_dir})
-            tracker.log_text(dump_yaml(shown(config)), "config.yaml")
+            tracker.log_text(dump_yaml(redacted(config)), "config.yaml")
             stage_data, truncated = tokenize_stages(config, stages)
             tracker.log_metrics(truncated)
             del stages  # the driver's copy of the texts is no longer needed
@@ -374,7 +374,7 @@ def _run_training(
                 model_dir=config.output_dir,
                 before=before,
                 final=final,
-                headlines=headlines(final_tasks, final),
+                headlines=primary_scores(final_tasks, final),
                 metrics=dict(result.metrics),
             )
     except TrackingError as err:
@@ -438,7 +438,7 @@ def model_card_info(
         num_workers=num_workers,
         train_seconds=train_seconds,
         results=final,
-        primary_metrics={entry: metric for entry, (metric, _) in headlines(final_tasks, final).items()},
+        primary_metrics={entry: metric for entry, (metric, _) in primary_scores(final_tasks, final).items()},
         name=config.name,
         mlflow_run_id=tracker.run_id,
         tracking_uri=redact_uri(tracker.tracking_uri),

@@ -28,7 +28,7 @@ from ray.data.datasource import Datasource, ReadTask
 
 from sbert_ray.config import ConfigError
 from sbert_ray.data.corpus import SCHEMA, Corpus, open_corpus
-from sbert_ray.evaluation.distributed import EncoderReplica, shareable
+from sbert_ray.evaluation.encoder_pool import EncoderReplica, shareable
 from sbert_ray.models import load_encoder
 from sbert_ray.progress import quiet
 from sbert_ray.runs import owned_paths

@@ -5,7 +5,7 @@ Every variant trains ``steps`` optimizer steps from the same model; repeats run 
 that a change in machine load hits all variants alike. Per run: the time from ``fit()`` (ours: building the
 ``TorchTrainer``, so Ray Train's worker start-up counts; the reference: loading its model) to the end of the first
 optimizer step, and the steady pairs/s after it. Ours runs the real worker loop (``train_loop_per_worker``) on the
-connected Ray cluster (``bench.train_on_ray``), or with ``local`` the same Ray-free training core
+connected Ray cluster (``bench.train_speed_on_ray``), or with ``local`` the same Ray-free training core
 (``training.stages``) in this process, without importing Ray, MLflow or datasets (one GPU machine without them);
 the reference runs as a Ray task with one worker's resources (or, ``local``, in this process; it needs the
 ``datasets`` package). The model is loaded where each variant runs (a ``random:<shape>`` model is built there from
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from sbert_ray.bench import report
+from sbert_ray.bench import tables
 from sbert_ray.config import ConfigError, EvalConfig, ModelConfig, ScalingConfig, StageConfig, TrainConfig
 from sbert_ray.data.readers import check_available, load_records, resolve_data_dir
 from sbert_ray.files import json_text
@@ -110,7 +110,7 @@ def run_train_bench(
         raise ConfigError("--local runs one worker in this process: use --workers 1")
     on_ray = None
     if not local:
-        from sbert_ray.bench import train_on_ray as on_ray
+        from sbert_ray.bench import train_speed_on_ray as on_ray
 
         on_ray.check_cluster(settings.device)
     reference_threads = reference_threads or max(workers * threads for workers, threads in layouts)
@@ -350,7 +350,7 @@ COLUMNS = (  # (header, record key, format)
 def format_table(records: Sequence[dict]) -> str:
     """One row per record (medians over the repeats); spread is (max - min) / median of the runs' pairs/s."""
     layouts = [{**record, "layout": f"{record['workers']} x {record['threads_per_worker']}"} for record in records]
-    return report.format_table(layouts, COLUMNS)
+    return tables.format_table(layouts, COLUMNS)
 
 
 def chart(records: Sequence[dict], title: str):

@@ -10,13 +10,13 @@ from pathlib import Path
 
 from sbert_ray.config import ConfigError, TrainConfig, check_device_here
 from sbert_ray.evaluation.baselines import load_model
-from sbert_ray.evaluation.distributed import RayEncoder
+from sbert_ray.evaluation.encoder_pool import RayEncoder
 from sbert_ray.evaluation.results import nest
 from sbert_ray.evaluation.tasks import ArgsimTask, EvalTask, Results, check_tasks
 from sbert_ray.evaluation.truncation import evaluate_at_dims
 from sbert_ray.models.encoder import Precision
 from sbert_ray.progress import progress_bar
-from sbert_ray.runs.argsim import finetune_argsim
+from sbert_ray.runs.argsim_folds import finetune_argsim
 from sbert_ray.runs.cluster import connect_ray, input_errors_unwrapped
 from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags
 from sbert_ray.tracking.store import redact_uri
@@ -25,7 +25,7 @@ from sbert_ray.tracking.store import redact_uri
 @dataclass(frozen=True)
 class EvalRequest:
     """What ``sbert-ray eval`` scores and how, checked on creation (before any data or model is read). With
-    ``finetune``, argument-similarity tasks fine-tune a fresh copy of the model per fold first (``runs.argsim``)
+    ``finetune``, argument-similarity tasks fine-tune a fresh copy of the model per fold first (``runs.argsim_folds``)
     from that training config. With ``truncate_dims``, every task is scored at each of those embedding sizes
     (entries ``<entry>@<dim>``). ``precision="bf16"`` encodes with 16-bit weights (``SentenceEncoder.to_precision``).
     With ``tracking_uri``, the evaluation is an MLflow run of ``experiment``."""

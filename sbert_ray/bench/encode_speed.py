@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from sbert_ray.bench.flops import ForwardFlops, matmul_peak, synchronize
-from sbert_ray.bench.report import label
+from sbert_ray.bench.tables import label
 from sbert_ray.config import ConfigError, check_device_here
 from sbert_ray.data.readers import load_records
 from sbert_ray.evaluation.sts import evaluate_pairs

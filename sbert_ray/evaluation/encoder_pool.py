@@ -5,10 +5,11 @@ same as a single process computes: the sentences are ordered exactly as ``Senten
 (token count, longest first, stable), cut into the same batches, and whole batches are dealt round-robin to the
 workers. Each worker's share is then already in encode's order, so it forms the very same padded batches.
 
-Batch embedding of a corpus (``sbert-ray encode``, ``sbert_ray.runs.encode``) runs the same ``EncoderReplica`` in a
-Ray Data actor pool. Evaluation keeps actors of its own: its numbers must equal one process's bit for bit, which
-needs batches cut from one global length order (Ray Data orders sentences within each block), and an evaluation
-encodes many small sets in turn, which long-lived actors serve without loading the model again for each set.
+Batch embedding of a corpus (``sbert-ray encode``, ``sbert_ray.runs.encode_corpus``) runs the same
+``EncoderReplica`` in a Ray Data actor pool. Evaluation keeps actors of its own: its numbers must equal one
+process's bit for bit, which needs batches cut from one global length order (Ray Data orders sentences within each
+block), and an evaluation encodes many small sets in turn, which long-lived actors serve without loading the model
+again for each set.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from sbert_ray.models.encoder import SentenceEncoder, smart_batches
 
 class EncoderReplica:
     """One copy of an encoder on a Ray actor's device (its GPU, or ``threads`` CPU threads): what the actors of
-    ``RayEncoder`` and of batch embedding (``sbert_ray.runs.encode``) hold. ``encoder`` may be a reference to a
+    ``RayEncoder`` and of batch embedding (``sbert_ray.runs.encode_corpus``) hold. ``encoder`` may be a reference to a
     CPU copy in the object store, which every actor on a node reads once."""
 
     def __init__(self, encoder: SentenceEncoder | ray.ObjectRef, device: str, threads: int):
