@@ -1,17 +1,17 @@
 """One training run: check the config, open the MLflow run, score the model "before", fit the ``TorchTrainer``,
 keep the final model, score it, log everything. ``sbert-ray train``, every sweep trial and every
-argument-similarity fold run through ``run_training``.
+argument-similarity fold run through ``run_training``, which reads as its phases:
 
-    config (validated) -> paths made absolute; the run's lease taken (runs.run_lease: one process per run)
-      -> the run's record (runs.record): new, resumed, finished or refused
-      -> prepare: tracking store reachable; data, model, evaluation tasks checked          (no Ray, no MLflow yet)
-      -> Ray: the workers' resources refused if the cluster can never hold them, else waited for (a while)
-      -> MLflow run (params, tags, config.yaml; the tracking URI masked everywhere), record written
-      -> each stage's data tokenised once for the cluster: a Ray task, numpy arrays in the object store
-      -> "before" tasks: a Ray task on a worker's resources, on the configured model
-      -> TorchTrainer(train_loop_per_worker, the config itself) .fit() -> Result (last checkpoint = final model)
-      -> final model copied to output_dir and logged; final tasks: a Ray task, on the checkpoint's model
-      -> TrainResult (scores from Ray, never read back from MLflow); record marked finished
+    preflight   paths made absolute and evaluation tasks parsed (once: the ``TrainPlan``); the run's lease
+                (runs.run_lease: one process per run); its record (runs.record): new, resumed, finished or refused;
+                tracking store reachable; data, model, tasks checked; Ray: the workers' resources refused if the
+                cluster can never hold them                                    (no MLflow yet; nothing trained)
+    open_run    MLflow run (params, tags, config.yaml; the tracking URI masked everywhere), record written
+    (stages)    each stage's data tokenised once for the cluster: a Ray task, numpy arrays in the object store
+    score       "before" tasks: a Ray task on a worker's resources, on the configured model (runs.scoring)
+    fit         TorchTrainer(train_loop_per_worker, the config as a plain dict) .fit() -> Result; divergence check
+    finish      final model swapped into output_dir; final tasks on the checkpoint's model; model card, artifacts,
+                registry, plots -> TrainResult (scores from Ray, never read back from MLflow); record finished
 
 MLflow outages: rank 0 keeps metrics the store does not take in a file (``metrics_spool``) and sends them when it
 answers again; after training the driver waits up to ``tracking.wait_s`` for it, then logs the rest and ends the
@@ -20,12 +20,13 @@ run FINISHED.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,19 +35,20 @@ import ray.train
 import torch
 from ray.train.torch import TorchTrainer
 
-from sbert_ray.config import ConfigError, EvalConfig, ScalingConfig, TrainConfig, dump_yaml, flatten, to_dict
+from sbert_ray.config import ConfigError, EvalConfig, StageConfig, TrainConfig, dump_yaml, flatten, to_dict
 from sbert_ray.data.readers import check_available, resolve_data_dir
 from sbert_ray.data.records import DataError
 from sbert_ray.evaluation.results import nest
 from sbert_ray.evaluation.tasks import EvalTask, Results, check_tasks, parse_tasks, primary_scores
 from sbert_ray.files import check_folder
-from sbert_ray.models import SentenceEncoder, check_model, load_encoder
+from sbert_ray.models import check_model, load_encoder
 from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_card
 from sbert_ray.progress import progress_bar, quiet
 from sbert_ray.runs import owned_paths, record
 from sbert_ray.runs.cluster import check_resources, connect_ray
 from sbert_ray.runs.progress_lines import TrainingProgress
 from sbert_ray.runs.run_lease import run_lease
+from sbert_ray.runs.scoring import ModelSource, checkpoint_model, evaluate_on_worker_resources
 from sbert_ray.tracking.errors import TrackingError
 from sbert_ray.tracking.mlflow_run import (
     NAME_TAG,
@@ -136,6 +138,19 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, list[StageExamples]]:
     data, model and evaluation tasks before Ray starts. Returns the config and each stage's training examples
     (read once, here; tokenised later on the cluster)."""
     config = absolute_paths(config)
+    return _checked(config, *evaluation_tasks(config))
+
+
+def evaluation_tasks(config: TrainConfig) -> tuple[tuple[EvalTask, ...], tuple[EvalTask, ...]]:
+    """``evaluation.before_tasks`` and ``final_tasks`` of a config ``absolute_paths`` made (and checked)."""
+    evaluation = config.evaluation
+    return tuple(parse_tasks(evaluation.before_tasks)), tuple(parse_tasks(evaluation.final_tasks))
+
+
+def _checked(
+    config: TrainConfig, before_tasks: Sequence[EvalTask], final_tasks: Sequence[EvalTask]
+) -> tuple[TrainConfig, list[StageExamples]]:
+    """``prepare`` of an absolute config and its parsed tasks: places, tracking store, model, data, in this order."""
     storage = config.checkpoint.storage_path
     # The final model is copied here from the last checkpoint (a download when storage is remote).
     output_dir = config.output_dir or (
@@ -150,16 +165,26 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, list[StageExamples]]:
         check_reachable(config.tracking.tracking_uri)
     except TrackingError as err:
         raise ConfigError(f"tracking.tracking_uri: {err}") from None
-    data_dir = config.data_dir
+    _check_model(config)
+    # Cheap checks first (is every dataset there?), then the training data read in full.
+    _check_datasets(config, {"before_tasks": before_tasks, "final_tasks": final_tasks})
+    return config, _read_stages(config)
+
+
+def _check_model(config: TrainConfig) -> None:
     model_size = check_model(config.model.name, config.model.max_seq_length, config.model.allow_unsafe_weights)
     for i, stage in enumerate(config.stages):
         if stage.matryoshka_dims and max(stage.matryoshka_dims) > model_size:
             raise ConfigError(
                 f"stages.{i}.matryoshka_dims: {max(stage.matryoshka_dims)} exceeds the model's {model_size}"
             )
-    # Cheap checks first (is every dataset there?), then the training data read in full.
-    for key in ("before_tasks", "final_tasks"):
-        check_tasks(parse_tasks(getattr(config.evaluation, key)), data_dir, f"evaluation.{key}")
+
+
+def _check_datasets(config: TrainConfig, tasks: dict[str, Sequence[EvalTask]]) -> None:
+    """Every evaluation task's data, the dev set and each stage's dataset are there (nothing read in full yet)."""
+    data_dir = config.data_dir
+    for key, parsed in tasks.items():
+        check_tasks(parsed, data_dir, f"evaluation.{key}")
     datasets = [("evaluation.dev_dataset", config.evaluation.dev_dataset, config.evaluation.dev_split)]
     datasets += [(f"stages.{i}", s.dataset, s.split) for i, s in enumerate(config.stages) if not is_user_file(s)]
     for key, name, split in datasets:
@@ -167,11 +192,16 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, list[StageExamples]]:
             check_available(name, split, data_dir)
         except DataError as err:
             raise ConfigError(f"{key}: {err}") from None
+
+
+def _read_stages(config: TrainConfig) -> list[StageExamples]:
+    """Each stage's examples read in full (which validates every row and the objective/record match); a stage too
+    small for one optimizer step is refused."""
     stages = []
     reading = progress_bar(config.stages, desc="reading training data", unit="stage")
-    for i, stage in enumerate(reading):  # reading validates every row and the objective/record match
+    for i, stage in enumerate(reading):
         try:
-            columns, labels = texts_and_labels(load_training_records(stage, data_dir), stage)
+            columns, labels = texts_and_labels(load_training_records(stage, config.data_dir), stage)
         except ValueError as err:
             raise ConfigError(f"stages.{i}: {err}") from None
         stages.append((columns, labels))
@@ -180,7 +210,7 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, list[StageExamples]]:
                 f"stages.{i}: {len(columns[0])} examples give no optimizer step of global batch {stage.batch_size} "
                 f"over {config.scaling.num_workers} workers"
             )
-    return config, stages
+    return stages
 
 
 def tokenize_stages(config: TrainConfig, stages: list[StageExamples]) -> tuple[list[ray.ObjectRef], dict[str, int]]:
@@ -251,6 +281,19 @@ def check_diverged(result: ray.train.Result) -> None:
     )
 
 
+@dataclass(frozen=True)
+class TrainPlan:
+    """What preflight resolved, once, for the phases after it."""
+
+    config: TrainConfig  # paths absolute, output_dir filled in, checked
+    run_dir: str  # <storage>/<name>: checkpoints, record, lease
+    before_tasks: tuple[EvalTask, ...]
+    final_tasks: tuple[EvalTask, ...]
+    examples: tuple[int, ...]  # training examples per stage
+    steps: tuple[int, ...]  # optimizer steps per stage
+    previous: record.RunRecord | None  # the record of the run this one resumes; None: a new run
+
+
 def run_training(
     config: TrainConfig,
     parent_run_id: str | None = None,
@@ -264,128 +307,177 @@ def run_training(
     ``TuneReportCallback``) go to the ``TorchTrainer``. ``progress`` prints a line per report point (off under
     --quiet). Another process running the same name on the same storage is refused (``runs.run_lease``)."""
     config = absolute_paths(config)
-    check_folder(config.checkpoint.storage_path, "checkpoint.storage_path")  # before the lease is written there
-    with run_lease(f"{config.checkpoint.storage_path}/{config.name}"):
-        return _run_training(config, parent_run_id, callbacks, restart, progress)
-
-
-def _run_training(
-    config: TrainConfig, parent_run_id: str | None, callbacks: list | None, restart: bool, progress: bool
-) -> TrainResult:
-    tracking_uri = config.tracking.tracking_uri
     run_dir = f"{config.checkpoint.storage_path}/{config.name}"
-    previous = record.previous_run(run_dir, config, redact_uri(tracking_uri), restart)
-    if previous is not None and previous.status == "finished" and not restart:
-        saved = previous.result | {"headlines": {k: tuple(v) for k, v in previous.result["headlines"].items()}}
-        return TrainResult(**saved | {"already_finished": True})
-    config, stages = prepare(config)
+    check_folder(config.checkpoint.storage_path, "checkpoint.storage_path")  # before the lease is written there
+    with run_lease(run_dir):
+        previous = record.previous_run(run_dir, config, redact_uri(config.tracking.tracking_uri), restart)
+        if previous is not None and previous.status == "finished" and not restart:
+            saved = previous.result | {"headlines": {k: tuple(v) for k, v in previous.result["headlines"].items()}}
+            return TrainResult(**saved | {"already_finished": True})
+        plan, stages = preflight(config, run_dir, previous, restart)
+        callbacks = list(callbacks or [])
+        if progress and not quiet():
+            callbacks.append(TrainingProgress(list(plan.steps)))
+        return _train(plan, stages, parent_run_id, callbacks)
+
+
+def preflight(
+    config: TrainConfig, run_dir: str, previous: record.RunRecord | None, restart: bool
+) -> tuple[TrainPlan, list[StageExamples]]:
+    """Everything checked before the MLflow run opens (``config`` made absolute): tracking store, data, model,
+    tasks, the final model's folder, the cluster's room for the workers. --restart moves the old run aside here.
+    Returns the plan and each stage's examples as read."""
+    before_tasks, final_tasks = evaluation_tasks(config)  # parsed once for the whole run
+    config, stages = _checked(config, before_tasks, final_tasks)
     # Here, not in prepare: a sweep checks its base config there, whose output_dir holds one model per trial.
     owned_paths.check_model_folder(config.output_dir, leaving=run_dir if restart else None)
-    examples = [len(columns[0]) for columns, _ in stages]
+    examples = tuple(len(columns[0]) for columns, _ in stages)
     if restart:
-        _replace_previous(run_dir, previous, tracking_uri)
+        _replace_previous(run_dir, previous, config.tracking.tracking_uri)
         previous = None
-    callbacks = list(callbacks or [])
-    if progress and not quiet():
-        steps = [
-            stage_steps(n, stage, config.scaling.num_workers)[1]
-            for stage, n in zip(config.stages, examples, strict=True)
-        ]
-        callbacks.append(TrainingProgress(steps))
-    evaluation = config.evaluation
-    before_tasks, final_tasks = parse_tasks(evaluation.before_tasks), parse_tasks(evaluation.final_tasks)
     connect_ray()
     check_resources(config.scaling)  # workers the cluster cannot hold: refused before the MLflow run and record
+    steps = tuple(
+        stage_steps(n, stage, config.scaling.num_workers)[1] for stage, n in zip(config.stages, examples, strict=True)
+    )
+    return TrainPlan(config, run_dir, before_tasks, final_tasks, examples, steps, previous), stages
+
+
+def _train(plan: TrainPlan, stages: list[StageExamples], parent_run_id: str | None, callbacks: list) -> TrainResult:
+    """The phases after preflight, in the run's MLflow run; the record is marked finished at the end."""
     trained = False
     try:
-        with RunTracker(
-            tracking_uri,
-            config.tracking.experiment,
-            run_name=config.tracking.run_name or config.name,
-            parent_run_id=parent_run_id,
-            run_id=previous.mlflow_run_id if previous else None,
-            wait_s=config.tracking.wait_s,
-        ) as tracker:
-            tracker.spool = Path(metrics_spool(config, tracker.run_id)).expanduser()  # flushed after training
-            run_record = previous or record.new_record(config, tracker.run_id, redact_uri(tracking_uri))
-            run_record.save(run_dir)
-            print(
-                f"MLflow: {redact_uri(tracking_uri)}  run {tracker.run_id}{' (resumed)' if tracker.resumed else ''}",
-                flush=True,
-            )
-            print(f"MLflow artifacts: {redact_uri(tracker.artifact_uri)}", flush=True)
-            tracker.log_params(flatten(to_dict(redacted(config))))
-            tracker.set_tags(environment_tags() | {NAME_TAG: run_dir})
-            tracker.log_text(dump_yaml(redacted(config)), "config.yaml")
-            stage_data, truncated = tokenize_stages(config, stages)
-            tracker.log_metrics(truncated)
-            del stages  # the driver's copy of the texts is no longer needed
-
-            def evaluate(load, tasks) -> Results:
-                return evaluate_on_worker_resources(load, tasks, config.data_dir, evaluation.batch_size, config.scaling)
-
-            before = {}
-            if before_tasks:
-                load = functools.partial(load_encoder, **to_dict(config.model), seed=config.seed)
-                before = evaluate(load, before_tasks)
-                tracker.log_metrics({f"before/{key}": value for key, value in before.items()})
-
-            start = time.perf_counter()
-            result = build_trainer(config, stage_data, tracking_uri, tracker.run_id, callbacks).fit()
-            train_seconds = time.perf_counter() - start
-            try:
-                check_diverged(result)
-            except TrainingDiverged as err:
-                record.diverged(run_record, str(err), run_dir)
-                raise
+        with open_run(plan, parent_run_id) as (tracker, run_record):
+            stage_data = send_stages(plan, stages, tracker)
+            before = score_before(plan, tracker)
+            result, train_seconds = fit(plan, stage_data, tracker, run_record, callbacks)
             save_final_model(
                 result.checkpoint,
-                Path(config.output_dir),
-                run=config.name,
-                run_dir=run_dir,
+                Path(plan.config.output_dir),
+                run=plan.config.name,
+                run_dir=plan.run_dir,
                 mlflow_run_id=tracker.run_id,
             )
             trained = True
-            final = {}
-            if final_tasks:
-                final = evaluate(functools.partial(checkpoint_model, result.checkpoint), final_tasks)
-                tracker.log_metrics(
-                    {f"final/{key}": value for key, value in final.items()}, step=result.metrics["global_step"]
-                )
-                tracker.log_dict(nest(final), "evaluation.json")
-            card = model_card_info(config, examples, result.metrics, train_seconds, final_tasks, final, tracker)
-            write_model_card(config.output_dir, card)
-            tracker.log_artifacts(config.output_dir, "model")
-            tracking = config.tracking
-            tracker.call(
-                log_sentence_transformer,
-                tracking_uri,
-                tracker.run_id,
-                config.output_dir,
-                tracking.registered_model_name,
-                tracking.alias,
-            )
-            tracker.flush(wait_s=tracking.wait_s)  # the plots read the metric history back
-            plot_curves(tracker, {"train/loss": "plots/loss.png", "dev/spearman_cosine": "plots/dev_spearman.png"})
-            train_result = TrainResult(
-                run_id=tracker.run_id,
-                tracking_uri=tracking_uri,
-                artifact_uri=tracker.artifact_uri,
-                model_dir=config.output_dir,
-                before=before,
-                final=final,
-                headlines=primary_scores(final_tasks, final),
-                metrics=dict(result.metrics),
-            )
+            train_result = finish(plan, result, train_seconds, before, tracker)
     except TrackingError as err:
         if not trained:
             raise
         raise TrackingError(
-            f"{err}. Training finished: the final model is at {config.output_dir}. Run the same command again when "
-            "the tracking store answers: it resumes this run (no training steps) and logs what is missing"
+            f"{err}. Training finished: the final model is at {plan.config.output_dir}. Run the same command again "
+            "when the tracking store answers: it resumes this run (no training steps) and logs what is missing"
         ) from None
-    record.finish(run_record, dataclasses.asdict(train_result) | {"tracking_uri": redact_uri(tracking_uri)}, run_dir)
+    tracking_uri = redact_uri(plan.config.tracking.tracking_uri)
+    record.finish(run_record, dataclasses.asdict(train_result) | {"tracking_uri": tracking_uri}, plan.run_dir)
     return train_result
+
+
+@contextlib.contextmanager
+def open_run(plan: TrainPlan, parent_run_id: str | None) -> Iterator[tuple[RunTracker, record.RunRecord]]:
+    """The run's MLflow run (new, or the one ``plan.previous`` resumes) with its params, tags and config.yaml,
+    and its record written to the run folder."""
+    config, tracking_uri = plan.config, plan.config.tracking.tracking_uri
+    with RunTracker(
+        tracking_uri,
+        config.tracking.experiment,
+        run_name=config.tracking.run_name or config.name,
+        parent_run_id=parent_run_id,
+        run_id=plan.previous.mlflow_run_id if plan.previous else None,
+        wait_s=config.tracking.wait_s,
+    ) as tracker:
+        tracker.spool = Path(metrics_spool(config, tracker.run_id)).expanduser()  # flushed after training
+        run_record = plan.previous or record.new_record(config, tracker.run_id, redact_uri(tracking_uri))
+        run_record.save(plan.run_dir)
+        print(
+            f"MLflow: {redact_uri(tracking_uri)}  run {tracker.run_id}{' (resumed)' if tracker.resumed else ''}",
+            flush=True,
+        )
+        print(f"MLflow artifacts: {redact_uri(tracker.artifact_uri)}", flush=True)
+        tracker.log_params(flatten(to_dict(redacted(config))))
+        tracker.set_tags(environment_tags() | {NAME_TAG: plan.run_dir})
+        tracker.log_text(dump_yaml(redacted(config)), "config.yaml")
+        yield tracker, run_record
+
+
+def send_stages(plan: TrainPlan, stages: list[StageExamples], tracker: RunTracker) -> list[ray.ObjectRef]:
+    """Each stage's examples tokenised into the object store (``tokenize_stages``); the driver's texts dropped."""
+    stage_data, truncated = tokenize_stages(plan.config, stages)
+    tracker.log_metrics(truncated)
+    stages.clear()  # the driver's copy of the texts is no longer needed
+    return stage_data
+
+
+def score_before(plan: TrainPlan, tracker: RunTracker) -> Results:
+    """``evaluation.before_tasks`` on the configured model, logged as ``before/<entry>/<metric>``."""
+    if not plan.before_tasks:
+        return {}
+    config = plan.config
+    load = functools.partial(load_encoder, **to_dict(config.model), seed=config.seed)
+    before = _score(plan, load, plan.before_tasks)
+    tracker.log_metrics({f"before/{key}": value for key, value in before.items()})
+    return before
+
+
+def _score(plan: TrainPlan, load: ModelSource, tasks: Sequence[EvalTask]) -> Results:
+    config = plan.config
+    return evaluate_on_worker_resources(load, tasks, config.data_dir, config.evaluation.batch_size, config.scaling)
+
+
+def fit(
+    plan: TrainPlan, stage_data: list[ray.ObjectRef], tracker: RunTracker, run_record: record.RunRecord, callbacks: list
+) -> tuple[ray.train.Result, float]:
+    """The ``TorchTrainer`` fitted (resuming from the run's latest checkpoint); a NaN/inf stop is recorded and
+    raised. Returns the result and the seconds ``fit`` took."""
+    start = time.perf_counter()
+    trainer = build_trainer(plan.config, stage_data, plan.config.tracking.tracking_uri, tracker.run_id, callbacks)
+    result = trainer.fit()
+    train_seconds = time.perf_counter() - start
+    try:
+        check_diverged(result)
+    except TrainingDiverged as err:
+        record.diverged(run_record, str(err), plan.run_dir)
+        raise
+    return result, train_seconds
+
+
+def finish(
+    plan: TrainPlan, result: ray.train.Result, train_seconds: float, before: Results, tracker: RunTracker
+) -> TrainResult:
+    """The final model (already in ``output_dir``) scored, carded, logged and registered; the curves plotted."""
+    config, tracking = plan.config, plan.config.tracking
+    final = score_final(plan, result, tracker)
+    write_model_card(config.output_dir, model_card_info(plan, result.metrics, train_seconds, final, tracker))
+    tracker.log_artifacts(config.output_dir, "model")
+    tracker.call(
+        log_sentence_transformer,
+        tracking.tracking_uri,
+        tracker.run_id,
+        config.output_dir,
+        tracking.registered_model_name,
+        tracking.alias,
+    )
+    tracker.flush(wait_s=tracking.wait_s)  # the plots read the metric history back
+    plot_curves(tracker, {"train/loss": "plots/loss.png", "dev/spearman_cosine": "plots/dev_spearman.png"})
+    return TrainResult(
+        run_id=tracker.run_id,
+        tracking_uri=tracking.tracking_uri,
+        artifact_uri=tracker.artifact_uri,
+        model_dir=config.output_dir,
+        before=before,
+        final=final,
+        headlines=primary_scores(plan.final_tasks, final),
+        metrics=dict(result.metrics),
+    )
+
+
+def score_final(plan: TrainPlan, result: ray.train.Result, tracker: RunTracker) -> Results:
+    """``evaluation.final_tasks`` on the last checkpoint's model, logged at the last step and as evaluation.json."""
+    if not plan.final_tasks:
+        return {}
+    final = _score(plan, functools.partial(checkpoint_model, result.checkpoint), plan.final_tasks)
+    tracker.log_metrics({f"final/{key}": value for key, value in final.items()}, step=result.metrics["global_step"])
+    tracker.log_dict(nest(final), "evaluation.json")
+    return final
 
 
 def _replace_previous(run_dir: str, previous: record.RunRecord | None, tracking_uri: str) -> None:
@@ -399,46 +491,18 @@ def _replace_previous(run_dir: str, previous: record.RunRecord | None, tracking_
 
 
 def model_card_info(
-    config: TrainConfig,
-    examples: list[int],
-    metrics: dict,
-    train_seconds: float,
-    final_tasks: Sequence[EvalTask],
-    final: Results,
-    tracker: RunTracker,
+    plan: TrainPlan, metrics: dict, train_seconds: float, final: Results, tracker: RunTracker
 ) -> ModelCardInfo:
     """What the final model's card says beyond its folder: data and settings per stage, hardware, time, scores."""
-    num_workers = config.scaling.num_workers
-    stages = [
-        StageInfo(
-            objective=stage.objective,
-            dataset=stage.dataset,
-            split=stage.split,
-            n_examples=n,
-            loss=stage.loss,
-            batch_size=stage.batch_size,
-            learning_rate=stage.learning_rate,
-            epochs=stage.epochs,
-            steps=stage_steps(n, stage, num_workers)[1],
-            hyperparameters={
-                "warmup_ratio": stage.warmup_ratio,
-                "weight_decay": stage.weight_decay,
-                "adam_eps": stage.adam_eps,
-                "max_grad_norm": stage.max_grad_norm,
-                "grad_accum_steps": stage.grad_accum_steps,
-            },
-        )
-        for stage, n in zip(config.stages, examples, strict=True)
-    ]
-    tracking = config.tracking
+    config, tracking = plan.config, plan.config.tracking
     return ModelCardInfo(
         base_model=config.model.name,
-        stages=stages,
+        stages=[_stage_info(*stage) for stage in zip(config.stages, plan.examples, plan.steps, strict=True)],
         hardware=metrics.get("hardware", "unknown"),
-        num_workers=num_workers,
+        num_workers=config.scaling.num_workers,
         train_seconds=train_seconds,
         results=final,
-        primary_metrics={entry: metric for entry, (metric, _) in primary_scores(final_tasks, final).items()},
+        primary_metrics={entry: metric for entry, (metric, _) in primary_scores(plan.final_tasks, final).items()},
         name=config.name,
         mlflow_run_id=tracker.run_id,
         tracking_uri=redact_uri(tracker.tracking_uri),
@@ -447,40 +511,25 @@ def model_card_info(
     )
 
 
-def checkpoint_model(checkpoint: ray.train.Checkpoint) -> SentenceEncoder:
-    """The model a training checkpoint holds (local or object storage alike)."""
-    with checkpoint.as_directory() as directory:
-        return SentenceEncoder.load(Path(directory) / MODEL_DIR)
-
-
-ModelSource = Callable[[], SentenceEncoder]  # called where the evaluation runs, which loads the model there
-
-
-def _evaluate(
-    load: ModelSource, tasks: Sequence[EvalTask], data_dir: str | None, batch_size: int, device: str, threads: int
-) -> Results:
-    torch.set_num_threads(threads)
-    encoder = load().to(device)
-    results: Results = {}
-    for task in tasks:
-        results |= task.run(encoder, data_dir, batch_size)
-    return results
-
-
-def evaluate_on_worker_resources(
-    load: ModelSource, tasks: Sequence[EvalTask], data_dir: str | None, batch_size: int, scaling: ScalingConfig
-) -> Results:
-    """Run ``tasks`` on the model ``load`` returns, in a Ray task sized like one training worker (its CPUs and
-    threads, its GPU when training used one): "before" and final evaluation run here on the same footing, and
-    their scores come back as the task's return value."""
-    task = ray.remote(_evaluate).options(
-        num_cpus=scaling.cpus_per_worker,
-        num_gpus=scaling.gpus_per_worker if scaling.use_gpu else 0,
-        # Never inside the caller's placement group: a Tune trial's holds only the trial's token CPU.
-        scheduling_strategy="DEFAULT",
+def _stage_info(stage: StageConfig, examples: int, steps: int) -> StageInfo:
+    return StageInfo(
+        objective=stage.objective,
+        dataset=stage.dataset,
+        split=stage.split,
+        n_examples=examples,
+        loss=stage.loss,
+        batch_size=stage.batch_size,
+        learning_rate=stage.learning_rate,
+        epochs=stage.epochs,
+        steps=steps,
+        hyperparameters={
+            "warmup_ratio": stage.warmup_ratio,
+            "weight_decay": stage.weight_decay,
+            "adam_eps": stage.adam_eps,
+            "max_grad_norm": stage.max_grad_norm,
+            "grad_accum_steps": stage.grad_accum_steps,
+        },
     )
-    device = "cuda" if scaling.use_gpu else "cpu"
-    return ray.get(task.remote(load, list(tasks), data_dir, batch_size, device, scaling.threads_per_worker()))
 
 
 def save_final_model(checkpoint: ray.train.Checkpoint, output_dir: Path, **run: str) -> None:
