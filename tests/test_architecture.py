@@ -1,4 +1,4 @@
-"""The layering in README's architecture section, checked on the import statements of the package (module level
+"""The layering in docs/architecture.md, checked on the import statements of the package (module level
 and inside functions alike): dependencies point down, no import circles, Ray and MLflow only where they belong."""
 
 from __future__ import annotations

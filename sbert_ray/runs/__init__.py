@@ -1,10 +1,14 @@
 """The orchestration layer: what Ray and MLflow do for each kind of run.
 
-- ``training``: one training run (config check, MLflow run, "before" and final evaluation, the TorchTrainer);
-- ``argsim``: cross-validated argument-similarity fine-tuning (a training run per fold);
+- ``train_run``: one training run in phases (preflight -> open run -> score before -> fit -> finish), ``scoring``
+  its evaluations as Ray tasks on a training worker's resources, ``record`` and ``run_lease`` what a run remembers
+  and who runs it, ``owned_paths`` what it may replace;
+- ``eval_run``: ``sbert-ray eval`` (scoring a given model, optionally as an MLflow run);
+- ``argsim_folds``: cross-validated argument-similarity fine-tuning (a training run per fold);
 - ``sweep``: a Ray Tune sweep whose trials are training runs;
-- ``evaluation``: scoring a model as a Ray task on a training worker's resources;
-- ``cluster``: joining Ray and sizing how many runs fit at once.
+- ``encode_corpus``: ``sbert-ray encode`` on Ray Data;
+- ``cluster``: joining Ray (on 127.0.0.1 when we start it), checking the resources a run asks for, and sizing how
+  many runs fit at once; ``progress_lines`` what the driver prints while Ray works.
 
 Nothing below this package imports it: workers only train and report, evaluators only score.
 """

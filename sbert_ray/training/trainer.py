@@ -16,12 +16,10 @@ def torch_trainer(
     stage_data: list,
     run_config: ray.train.RunConfig,
     tracking: dict | None = None,
-    local: bool = False,
 ) -> TorchTrainer:
     """``config.scaling.num_workers`` workers with their CPUs (and GPUs), training on ``stage_data`` (each stage's
     ``TokenizedColumns``, or an object-store reference to them); rank 0 logs to the MLflow run ``tracking``
     names (``RunLogger``'s arguments: tracking URI, run id, spool file for metrics during outages) when one is given.
-    ``local``: Ray Train's local mode, one worker in this process and no cluster (benchmarks on one GPU).
     Call ``fit()`` right away: the workers time their first optimizer step from now."""
     scaling = config.scaling
     return TorchTrainer(
@@ -35,7 +33,7 @@ def torch_trainer(
             "fit_started": time.time(),  # wall clock: workers may be other processes on other nodes
         },
         scaling_config=ray.train.ScalingConfig(
-            num_workers=0 if local else scaling.num_workers,
+            num_workers=scaling.num_workers,
             use_gpu=scaling.use_gpu,
             resources_per_worker=scaling.resources_per_worker(),
             placement_strategy=scaling.placement_strategy,

@@ -43,7 +43,7 @@ def train_loop_per_worker(loop_config: dict) -> dict:
     and ``diverged`` when a NaN/inf loss stopped the run."""
     config = from_dict(TrainConfig, loop_config["config"])
     context = ray.train.get_context()
-    # Ray Train's local mode (benchmarks) gives a GPU whenever one is visible: use_gpu decides.
+    # use_gpu decides, not what is visible: a CPU run on a machine with GPUs stays on the CPU.
     device = ray.train.torch.get_device() if config.scaling.use_gpu else torch.device("cpu")
     meter = StepMeter(loop_config["fit_started"], device)  # from fit(): Ray Train's start-up counts
     precision, world_size = resolve_precision(config.scaling.precision, device), context.get_world_size()
