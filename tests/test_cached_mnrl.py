@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from spawned_workers import ddp_plain_and_cached_mnrl
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from sbert_ray.losses import CachedMultipleNegativesRankingLoss, MultipleNegativesRankingLoss
 from sbert_ray.models import SentenceEncoder
@@ -158,6 +159,45 @@ def test_one_mini_batch_is_re_embedded_at_a_time(encoder: SentenceEncoder):
     in_backward = True
     loss.backward()
     assert events == ["re-forward", "backward done"] * 8  # 2 columns x 4 mini-batches
+
+
+class HostReads(TorchDispatchMode):
+    """Counts the operations that read a tensor's values on the host (on a GPU each waits for the queued work):
+    scalar reads (int(), .item(), a tensor in an ``if``), nonzero (its size depends on the values) and
+    ``.tolist()`` (which reads a CPU tensor without dispatching an operation, so it is counted by wrapping)."""
+
+    READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default}
+    TOLIST = torch.Tensor.tolist  # the unwrapped one: a second counter replaces the first's wrapper, not wraps it
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch):
+        super().__init__()
+        self.count = 0
+
+        def counted_tolist(tensor):
+            self.count += 1
+            return HostReads.TOLIST(tensor)
+
+        monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func in self.READS
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_cached_loss_reads_the_device_once_per_step_beyond_its_encoder(
+    encoder: SentenceEncoder, monkeypatch: pytest.MonkeyPatch
+):
+    """The mini-batches' widths are read to the host in one go for all columns, not one read per mini-batch.
+    The encoder's own reads per forward (transformers' check of the attention mask) are counted apart."""
+    features = [encoder.tokenize(column) for column in _columns(with_hard_negatives=True)]
+    with HostReads(monkeypatch) as encoder_reads:
+        encoder(features[0])
+    forwards = []
+    encoder.register_forward_hook(lambda module, inputs, output: forwards.append(1))
+    with HostReads(monkeypatch) as cached_reads:
+        CachedMultipleNegativesRankingLoss(encoder, mini_batch_size=3)(features)
+    assert len(forwards) == 3 * 3  # 3 columns of 8 rows: mini-batches of 3, 3 and 2
+    assert cached_reads.count == len(forwards) * encoder_reads.count + 1
 
 
 def test_two_ddp_workers_give_the_global_batch_gradients(tiny_model_dir: Path, tmp_path: Path):

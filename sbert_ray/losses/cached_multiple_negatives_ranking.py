@@ -3,6 +3,7 @@ negatives at the memory cost of one mini-batch, with the same loss and gradients
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -42,23 +43,37 @@ class CachedMultipleNegativesRankingLoss(MultipleNegativesRankingLoss):
         self.mini_batch_size = mini_batch_size
 
     def embed(self, features: Sequence[dict[str, Tensor]]) -> list[Tensor]:
+        widths = _used_widths([column["attention_mask"] for column in features], self.mini_batch_size)
         return [
             torch.cat(
                 [
                     checkpoint(self.encoder, mini_batch, use_reentrant=False)
-                    for mini_batch in _mini_batches(column, self.mini_batch_size)
+                    for mini_batch in _mini_batches(column, self.mini_batch_size, column_widths)
                 ]
             )
-            for column in features
+            for column, column_widths in zip(features, widths, strict=True)
         ]
 
 
-def _mini_batches(features: dict[str, Tensor], size: int) -> Iterator[dict[str, Tensor]]:
+def _used_widths(masks: Sequence[Tensor], size: int) -> list[list[int]]:
+    """For each column's attention mask, the width each mini-batch of ``size`` rows uses (its last column that
+    any of its rows attends to, plus one), all read to the host at once: one sync per step, not one per
+    mini-batch."""
+    per_column = []
+    for mask in masks:
+        rows, width = mask.shape
+        count = -(-rows // size)
+        padded = torch.nn.functional.pad(mask, (0, 0, 0, count * size - rows))  # rows of zeros: attend nowhere
+        used_columns = padded.view(count, size, width).any(dim=1)
+        per_column.append((used_columns * torch.arange(1, width + 1, device=mask.device)).amax(dim=1))
+    widths = iter(torch.cat(per_column).tolist())
+    return [list(itertools.islice(widths, len(column))) for column in per_column]
+
+
+def _mini_batches(features: dict[str, Tensor], size: int, widths: Sequence[int]) -> Iterator[dict[str, Tensor]]:
     """Consecutive row slices of a padded batch without the padding columns at the end that none of their rows
-    uses (padding is masked out anyway, and a mini-batch of short sentences should not pay for the batch's
-    longest; a left-padded batch keeps its width)."""
+    uses (``widths``: per slice; padding is masked out anyway, and a mini-batch of short sentences should not pay
+    for the batch's longest; a left-padded batch keeps its width)."""
     rows = features["attention_mask"].shape[0]
-    for start in range(0, rows, size):
-        used_columns = features["attention_mask"][start : start + size].any(dim=0)
-        width = int(used_columns.nonzero().max()) + 1
+    for start, width in zip(range(0, rows, size), widths, strict=True):
         yield {name: tensor[start : start + size, :width] for name, tensor in features.items()}

@@ -18,10 +18,12 @@ def gather_across_workers(local: Tensor) -> tuple[Tensor, int]:
     """
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return local, 0
-    size = torch.tensor([local.shape[0]], device=local.device)
+    # Filled on the device (no host-to-device copy, which would wait for the queued work); the one host sync of
+    # the gather is reading every worker's count, which sizes the padding.
+    size = local.new_full((1,), local.shape[0], dtype=torch.long)
     sizes = [torch.empty_like(size) for _ in range(dist.get_world_size())]
     dist.all_gather(sizes, size)
-    counts = [int(count) for count in sizes]
+    counts = torch.cat(sizes).tolist()
     padded = torch.cat([local, local.new_zeros(max(counts) - local.shape[0], *local.shape[1:])])
     gathered = dist_fn.all_gather(padded)
     rows = torch.cat([chunk[:count] for chunk, count in zip(gathered, counts, strict=True)])

@@ -11,7 +11,9 @@ import functools
 import json
 import logging
 import os
+import queue
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from importlib.metadata import version
@@ -34,6 +36,9 @@ MAX_METRICS_PER_BATCH = 1000  # MLflow's limit for one log_batch
 METRICS_TIMEOUT_S = 5.0  # one metrics request of a training worker: short enough never to stall training
 CALL_TIMEOUT_S = 60.0  # one request of the driver's (artifact uploads included)
 RETRY_AFTER_S = 10.0  # a worker that found the store away keeps its metrics in the spool this long, then tries again
+# How long a report point or the end of training waits for the metrics thread to hand on what it was given: a few
+# requests of METRICS_TIMEOUT_S (the thread sends everything queued in one go).
+DRAIN_TIMEOUT_S = 6 * METRICS_TIMEOUT_S
 
 T = TypeVar("T")
 
@@ -119,11 +124,13 @@ def git_commit() -> str:
 class RunLogger:
     """Logs to one existing run by id; what rank 0 of the Train workers uses.
 
-    With a ``spool`` file, metrics go through it: a batch the store does not take (down, slow, refusing) stays in
-    the file, and the next call ``RETRY_AFTER_S`` later sends everything waiting there, in order, with the original
-    timestamps. Nothing blocks longer than one short request, and tracking never fails training; ``flush`` with a
-    ``wait_s`` (the driver, after training) is where a store that stays away is reported. Every other call waits
-    out an outage for up to ``wait_s`` and raises ``TrackingError`` after that."""
+    With a ``spool`` file, metrics go through it, off the caller's thread: ``log_metrics`` only queues them for a
+    daemon thread, which appends them to the file and sends what waits there. A batch the store does not take
+    (down, slow, refusing) stays in the file, and ``RETRY_AFTER_S`` later the thread sends everything waiting there,
+    in order, with the original timestamps. Tracking never fails training. ``drain`` waits (bounded) until the
+    thread has handled everything queued (report points, the end of training: then the metrics are in the store
+    or the file); ``flush`` with a ``wait_s`` (the driver, after training) is where a store that stays away is
+    reported. Every other call waits out an outage for up to ``wait_s`` and raises ``TrackingError`` after that."""
 
     def __init__(self, tracking_uri: str, run_id: str, spool: str | Path | None = None, wait_s: float = 0.0):
         self.tracking_uri = tracking_uri
@@ -131,6 +138,8 @@ class RunLogger:
         self.spool = Path(spool).expanduser() if spool else None
         self.wait_s = wait_s
         self._retry_at = 0.0  # while the store is away: when to try it again
+        self._queued: queue.SimpleQueue | None = None  # metric batches (and drain markers) for the thread
+        self._spool_lock = threading.Lock()  # the spool file and _retry_at: the thread's, or a caller's flush
 
     @functools.cached_property
     def client(self) -> MlflowClient:
@@ -149,15 +158,57 @@ class RunLogger:
         if self.spool is None:
             self.call(self.client.log_batch, self.run_id, metrics=batch)
             return
-        self.spool.parent.mkdir(parents=True, exist_ok=True)
-        with self.spool.open("a") as f:
-            f.write(_spool_lines(batch))
-        if time.monotonic() >= self._retry_at:
-            self.flush()
+        if self._queued is None:
+            self._queued = queue.SimpleQueue()
+            threading.Thread(target=self._send_queued, name="mlflow-metrics", daemon=True).start()
+        self._queued.put(batch)
+
+    def drain(self, timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+        """Wait up to ``timeout_s`` until the metrics thread has spooled (and tried to send) every batch queued
+        before this call; warns when it has not."""
+        if self._queued is None:
+            return
+        handled = threading.Event()
+        self._queued.put(handled)  # the thread sets it after every batch queued before it
+        if not handled.wait(timeout_s):
+            logger.warning(
+                "MLflow at %s: metrics still queued after %.0f s; they are sent in the background and are lost if "
+                "this process ends first",
+                redact_uri(self.tracking_uri),
+                timeout_s,
+            )
+
+    def _send_queued(self) -> None:
+        """The metrics thread: everything queued at once into the spool file, then, unless the store is known to
+        be away, one try to send what waits there; drain markers are set once the batches before them are."""
+        while True:
+            items = [self._queued.get()]
+            while not self._queued.empty():
+                items.append(self._queued.get())
+            batches = [item for item in items if not isinstance(item, threading.Event)]
+            try:
+                with self._spool_lock:
+                    if batches:
+                        self.spool.parent.mkdir(parents=True, exist_ok=True)
+                        with self.spool.open("a") as f:
+                            f.write("".join(_spool_lines(batch) for batch in batches))
+                    if time.monotonic() >= self._retry_at:
+                        self._send_spool(wait_s=0.0)
+            except Exception:  # tracking never fails training; the spool file keeps what reached it
+                logger.exception("logging metrics to MLflow at %s failed", redact_uri(self.tracking_uri))
+            for item in items:
+                if isinstance(item, threading.Event):
+                    item.set()
 
     def flush(self, wait_s: float = 0.0) -> None:
-        """Send the metrics waiting in the spool file. With ``wait_s``, wait that long for a store that does not
-        answer and raise ``TrackingError`` if it never takes them; without, keep them for a later call."""
+        """Send the metrics waiting in the spool file (after the queued ones are in it). With ``wait_s``, wait that
+        long for a store that does not answer and raise ``TrackingError`` if it never takes them; without, keep
+        them for a later call."""
+        self.drain()
+        with self._spool_lock:
+            self._send_spool(wait_s)
+
+    def _send_spool(self, wait_s: float) -> None:
         pending = _read_spool(self.spool) if self.spool else []
         while pending:
             try:

@@ -56,13 +56,15 @@ def train_loop_per_worker(loop_config: dict) -> dict:
         checkpoint = ray.train.get_checkpoint()
         restored = None if checkpoint is None else Path(checkpoint.to_directory(resume_dir))
         encoder, state = start_worker(config, worker, restored)
-        reporter = RayReporter(
-            config, worker, encoder, RunLogger(**tracking) if worker.rank == 0 and tracking else None
-        )
+        run_logger = RunLogger(**tracking) if worker.rank == 0 and tracking else None
+        reporter = RayReporter(config, worker, encoder, run_logger)
         try:
             train_stages(config, encoder, state, restored, _stage_data(loop_config), worker, reporter, meter)
         except Diverged as diverged:
             return _summary(worker, meter, diverged)
+        finally:
+            if run_logger:
+                run_logger.drain()  # the metrics thread dies with this process: hand its queue on first
     return _summary(worker, meter)
 
 
@@ -76,8 +78,10 @@ def _stage_data(loop_config: dict) -> Callable[[int], object]:
 
 def _ddp(objective: torch.nn.Module, bf16_gradients: bool) -> torch.nn.Module:
     """The objective in DistributedDataParallel when several workers train (as it is alone): gradients live in
-    the all-reduce buckets (no copy in and out each step), buckets overlap backward at DDP_BUCKET_CAP_MB."""
-    options = {"gradient_as_bucket_view": True, "bucket_cap_mb": DDP_BUCKET_CAP_MB}
+    the all-reduce buckets (no copy in and out each step), buckets overlap backward at DDP_BUCKET_CAP_MB. Buffers
+    are not broadcast before each forward: the encoders' buffers (BERT's position_ids, token_type_ids) are
+    constants, equal on every rank from the same weights, so the broadcast would only cost a collective."""
+    options = {"gradient_as_bucket_view": True, "bucket_cap_mb": DDP_BUCKET_CAP_MB, "broadcast_buffers": False}
     model = ray.train.torch.prepare_model(objective, move_to_device=False, parallel_strategy_kwargs=options)
     if bf16_gradients:
         model.register_comm_hook(None, default_hooks.bf16_compress_hook)
@@ -111,6 +115,8 @@ class RayReporter:
         dev = evaluate_pairs(self.encoder, self.dev_pairs, batch_size=self.batch_size)
         metrics["dev_spearman"] = state.dev_spearman = dev["spearman_cosine"]
         self.log({"dev/spearman_cosine": dev["spearman_cosine"]}, step=state.global_step)
+        if self.logger:
+            self.logger.drain()  # the metrics up to this checkpoint survive this worker's loss after it
         with tempfile.TemporaryDirectory(prefix="sbert-ray-ckpt-") as directory:
             save(Path(directory))
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
