@@ -78,6 +78,7 @@ def beir_folder(tmp_path):
     texts = ["a cat sat on the mat", "dogs bark at night", "the stock market fell", "a cat sat on the mat"]
     corpus = [{"_id": f"d{k}", "title": "", "text": texts[k % 4]} for k in range(12)]
     corpus.append({"_id": "t", "title": "Cats", "text": "a cat on a mat"})
+    corpus.append({"_id": 99, "title": None, "text": "puppies howl"})  # an integer id, a null title
     queries = [
         {"_id": "q1", "text": "where did the cat sit?"},
         {"_id": "q2", "text": "what do dogs do at night?"},
@@ -93,6 +94,7 @@ def test_beir_folder_with_ties_matches_information_retrieval_evaluator(tiny, tin
     data = read_beir(beir_folder)
     assert data.relevant == {"q1": {"d11", "d3", "t"}, "q2": {"d9"}, "q3": {"d2"}}  # score 0 is not relevant
     assert set(data.queries) == {"q1", "q2", "q3"} and data.corpus["t"] == "Cats a cat on a mat"
+    assert data.corpus["99"] == "puppies howl"
     [task] = parse_tasks(f"retrieval:{beir_folder}")
     task.check()
     ours = {key.removeprefix("toy/"): value for key, value in task.run(tiny, batch_size=64).items()}
@@ -174,9 +176,13 @@ def test_beir_split_from_a_qrels_path(tmp_path, beir_folder):
         (lambda f: (f / "qrels" / "test.tsv").write_text(""), r"test.tsv, line 1: expected the header"),
         (lambda f: (f / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n"), r"test.tsv: no judgement"),
         (lambda f: (f / "corpus.jsonl").write_text(""), r"corpus.jsonl: no rows"),
-        (lambda f: _append(f / "corpus.jsonl", '{"_id": "d1", "text": "again"}\n'), r"line 14: id 'd1' appears twice"),
-        (lambda f: _append(f / "queries.jsonl", '{"_id": "q5"}\n'), r"queries.jsonl, line 5: no 'text' text"),
+        (lambda f: _append(f / "corpus.jsonl", '{"_id": "d1", "text": "again"}\n'), r"line 15: id 'd1' appears twice"),
+        (
+            lambda f: _append(f / "queries.jsonl", '{"_id": "q5"}\n'),
+            r"queries.jsonl, line 5: 'text' must be text, got None",
+        ),
         (lambda f: _append(f / "queries.jsonl", "{not json\n"), r"queries.jsonl, line 5: invalid JSON"),
+        (lambda f: _append(f / "corpus.jsonl", '{"_id": ["d"], "text": "x"}\n'), r"line 15: '_id' must be a string"),
         (lambda f: _append(f / "queries.jsonl", '{"_id": "q5", "text": " "}\n'), r"line 5: empty text for id 'q5'"),
     ],
 )

@@ -68,23 +68,32 @@ def _json_object(line: str, path: Path, number: int) -> dict:
     return row
 
 
-def _field(row: dict, key: str, path: Path, number: int, required: bool = True) -> str:
-    """A text field of a JSON row; ids may be JSON integers (some BEIR exports write them so)."""
-    value = row.get(key, None if required else "")
-    if isinstance(value, int) and not isinstance(value, bool) and key == "_id":
+def _row_id(row: dict, path: Path, number: int) -> str:
+    """A row's ``_id``: text, or a JSON integer (some BEIR exports write them so) as its decimal text."""
+    value = row.get("_id")
+    if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    if not isinstance(value, str):
-        missing = "no" if value is None else f"a {type(value).__name__} as"
-        raise DataError(f"{path}, line {number}: {missing} {key!r} text")
+    if not isinstance(value, str) or not value:
+        raise DataError(f"{path}, line {number}: '_id' must be a string or an integer, got {value!r}")
     return value
 
 
-def _read_texts(path: Path, fields: Sequence[str]) -> dict[str, str]:
-    """{_id: the row's ``fields`` joined by a space and stripped} for a corpus or queries file."""
+def _row_text(row: dict, key: str, path: Path, number: int, optional: bool = False) -> str:
+    value = row.get(key)
+    if value is None and optional:
+        return ""
+    if not isinstance(value, str):
+        raise DataError(f"{path}, line {number}: {key!r} must be text, got {value!r}"[:200])
+    return value
+
+
+def _read_texts(path: Path, with_title: bool) -> dict[str, str]:
+    """{_id: text} of a corpus (title and text joined by a space, stripped) or queries file."""
     texts: dict[str, str] = {}
     for number, row in _json_lines(path):
-        key = _field(row, "_id", path, number)
-        text = " ".join(_field(row, name, path, number, required=name == "text") for name in fields).strip()
+        key = _row_id(row, path, number)
+        title = _row_text(row, "title", path, number, optional=True) if with_title else ""
+        text = f"{title} {_row_text(row, 'text', path, number)}".strip()
         if not text:
             raise DataError(f"{path}, line {number}: empty text for id {key!r}")
         if key in texts:
@@ -126,8 +135,8 @@ def read_beir(folder: str | Path, split: str = "test") -> RetrievalSet:
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise DataError(f"{folder}: no such folder (expected corpus.jsonl, queries.jsonl and qrels/{split}.tsv)")
-    corpus = _read_texts(folder / "corpus.jsonl", ("title", "text"))
-    queries = _read_texts(folder / "queries.jsonl", ("text",))
+    corpus = _read_texts(folder / "corpus.jsonl", with_title=True)
+    queries = _read_texts(folder / "queries.jsonl", with_title=False)
     relevant = _read_qrels(folder / "qrels" / f"{split}.tsv", queries, corpus)
     return RetrievalSet({key: queries[key] for key in queries if key in relevant}, corpus, relevant)
 
