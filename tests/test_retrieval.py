@@ -102,6 +102,14 @@ def test_beir_folder_with_ties_matches_information_retrieval_evaluator(tiny, tin
     assert task.primary_scores({f"toy/{k}": v for k, v in ours.items()}) == {"toy": ours["ndcg_at_10_cosine"]}
 
 
+def test_a_normalised_model_is_scored_by_cosine_only(tiny, tiny_model_dir, beir_folder):
+    normalised = SentenceEncoder.load(str(tiny_model_dir), normalize=True)
+    data = read_beir(beir_folder)
+    unit, raw = evaluate_retrieval(normalised, data), evaluate_retrieval(tiny, data)
+    assert not any(key.endswith("_dot") for key in unit) and "ndcg_at_10_dot" in raw
+    assert unit == pytest.approx({key: value for key, value in raw.items() if not key.endswith("_dot")})
+
+
 def reference_top_k(scores: torch.Tensor, k: int) -> list[list[int]]:
     """Each row's k best columns by (score descending, column ascending), by Python's sort."""
     return [sorted(range(len(row)), key=lambda c: (-row[c], c))[:k] for row in scores.tolist()]
