@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import ClassVar
 
 from sbert_ray.config import ConfigError, flatten
-from sbert_ray.data.readers import check_available, read_user_file, resolve_data_dir
+from sbert_ray.data.readers import check_available, load_records, read_user_file, resolve_data_dir
 from sbert_ray.data.records import DataError
+from sbert_ray.data.retrieval_sets import RetrievalSet, read_beir, stsb_retrieval
 from sbert_ray.evaluation import argsim, senteval, sts, triplets
 
 Results = dict[str, float]  # "<entry>/<metric>" -> value
@@ -168,6 +169,63 @@ class SentEvalTask(EvalTask):
         return _flat(senteval.run_senteval(model, data_dir, self.tasks, batch_size))
 
 
+class RetrievalTask(EvalTask):
+    """Retrieval: nDCG@10 and the rest of sentence-transformers' InformationRetrievalEvaluator metrics
+    (``evaluation.retrieval``) on a retrieval set that ``load`` gives, under the entry ``entry``."""
+
+    primary_metric = "ndcg_at_10_cosine"
+    entry: str
+
+    @abstractmethod
+    def load(self, data_dir=None) -> RetrievalSet:
+        """The queries, corpus and judgements."""
+
+    def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
+        from sbert_ray.evaluation.retrieval import evaluate_retrieval  # torch: loaded to score, not to parse specs
+
+        return _flat({self.entry: evaluate_retrieval(model, self.load(data_dir), batch_size)})
+
+
+class BeirRetrievalTask(RetrievalTask):
+    """``retrieval:<folder>`` (the BEIR layout, its qrels/test.tsv) or ``retrieval:<folder>/qrels/<split>.tsv``;
+    the entry is the folder's name, with ``-<split>`` after it for a split other than test."""
+
+    def __init__(self, spec: str, path: str) -> None:
+        super().__init__(spec)
+        if not path:
+            raise ConfigError("task 'retrieval' needs a BEIR folder: retrieval:/path/to/folder")
+        self.path = Path(path)
+        qrels = self.path.suffix == ".tsv" and self.path.parent.name == "qrels"
+        self.folder, self.split = (self.path.parents[1], self.path.stem) if qrels else (self.path, "test")
+        self.entry = self.folder.name + ("" if self.split == "test" else f"-{self.split}")
+
+    def load(self, data_dir=None) -> RetrievalSet:
+        return read_beir(self.folder, self.split)
+
+    def check(self, data_dir=None) -> None:
+        self.load(data_dir)
+
+
+class StsbRetrievalTask(RetrievalTask):
+    """``stsb-retrieval`` (STSb test) or ``stsb-retrieval:dev``: retrieval built from an STSb split
+    (``retrieval_sets.stsb_retrieval``), from the data folder or the Hub like ``stsb``."""
+
+    SPLITS = ("test", "dev")
+
+    def __init__(self, spec: str, split: str) -> None:
+        super().__init__(spec)
+        if split not in self.SPLITS:
+            raise ConfigError(f"unknown STSb split {split!r}; choose from {', '.join(self.SPLITS)}")
+        self.split = split
+        self.entry = "stsb-retrieval" + ("" if split == "test" else f"-{split}")
+
+    def load(self, data_dir=None) -> RetrievalSet:
+        return stsb_retrieval(load_records("stsb", self.split, data_dir))
+
+    def check(self, data_dir=None) -> None:
+        check_available("stsb", self.split, data_dir)
+
+
 # name -> task factory(spec, argument after "name:", similarities)
 TaskFactory = Callable[[str, str, Sequence[str]], EvalTask]
 TASKS: dict[str, TaskFactory] = {
@@ -177,6 +235,8 @@ TASKS: dict[str, TaskFactory] = {
     **{name: (lambda spec, arg, sims, name=name: ArgsimTask(spec, name, arg)) for name in argsim.ARGSIM_DATASETS},
     **{name: (lambda spec, arg, sims, name=name: TripletTask(spec, name, arg)) for name in triplets.TRIPLET_DATASETS},
     "senteval": lambda spec, arg, sims: SentEvalTask(spec, arg.split(",") if arg else senteval.SENTEVAL_TASKS),
+    "retrieval": lambda spec, arg, sims: BeirRetrievalTask(spec, arg),
+    "stsb-retrieval": lambda spec, arg, sims: StsbRetrievalTask(spec, arg or "test"),
 }
 
 
