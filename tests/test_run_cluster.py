@@ -32,10 +32,12 @@ def is_loopback(address: str) -> bool:
 
 
 @pytest.mark.cluster
-def test_the_local_cluster_we_start_listens_on_loopback_only(monkeypatch):  # first: before local_ray starts one
+def test_the_local_cluster_we_start_listens_on_loopback_only(monkeypatch):
     """GCS, raylet, workers, agents, dashboard and metrics export: no socket on another interface (Ray's default
-    is every interface, and the machine's outward address as the node's)."""
-    assert not ray.is_initialized()
+    is every interface, and the machine's outward address as the node's). The run's shared cluster (``local_ray``)
+    is shut down first, so that this is the cluster ``connect_ray`` starts; the next test that needs one starts it
+    anew."""
+    ray.shutdown()
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.delenv("SBERT_RAY_NODE_IP", raising=False)
     connect_ray()
