@@ -42,12 +42,33 @@ class ModelConfig:
 
 
 @dataclass
+class DatasetSource:
+    """One of several datasets a stage draws its batches from (``stages.<i>.datasets``)."""
+
+    name: str | None = None  # a registered dataset (see sbert_ray.data); or give path
+    path: str | None = None  # a csv/tsv/jsonl/parquet file, a folder or glob of shards, or an s3:// prefix
+    split: str = "train"  # the split of a registered dataset
+    columns: dict[str, str] | None = None  # for files: record field -> column name
+    weight: float = 1.0  # proportional sampling: draws this x its batches per epoch (2: twice over, 0.5: half)
+
+
+@dataclass
 class StageConfig:
     """One training stage: a dataset and an objective (the paper trains NLI, then STSb, in two stages)."""
 
-    dataset: str = "stsb"  # a registered name (see sbert_ray.data) or a csv/tsv/jsonl path
+    # A registered name (see sbert_ray.data), or the user's data: a csv/tsv/jsonl/parquet file, a folder or glob of
+    # shards, or an object-storage prefix (s3://bucket/shards/); streamed through Ray Data, never read whole
+    dataset: str = "stsb"
     split: str = "train"  # the split of a registered dataset
     columns: dict[str, str] | None = None  # for user files: record field -> column name
+    datasets: list[DatasetSource] | None = None  # several datasets instead of `dataset`: each batch from one of them
+    sampling: Literal["proportional", "round_robin"] = "proportional"  # how batches are drawn from `datasets`
+    # Smart batching window: this many micro-batches' worth of rows are sorted by length together. Larger pads less
+    # and shuffles wider; it is also how much of the stream a worker holds, and what it skips on a short pass.
+    window_batches: int = 200
+    # No text twice in a worker's batch (a row that would repeat one waits for the next batch); None: on for
+    # in-batch-negative objectives (mnrl, cached_mnrl), where a duplicate would be its own false negative
+    no_duplicates: bool | None = None
     limit: int | None = None  # use only the first N examples (smoke runs); None = all
     errors: Literal["raise", "skip"] = "raise"  # a bad row stops the run, or is skipped, counted and logged
     score_max: float = 5.0  # score targets are score / score_max (STSb's 0-5 -> 0-1, as in the paper)
@@ -203,6 +224,14 @@ class TrainConfig:
         for name in ("learning_rate", "adam_eps", "max_grad_norm", "score_max"):
             _greater(f"{key}.{name}", getattr(stage, name), 0)
         _at_least(f"{key}.weight_decay", stage.weight_decay, 0)
+        _at_least(f"{key}.window_batches", stage.window_batches, 1)
+        for j, source in enumerate(stage.datasets or []):
+            if (source.name is None) == (source.path is None):
+                which = "both" if source.name else "neither"
+                raise ConfigError(f"{key}.datasets.{j}: give either name or path, not {which}")
+            _greater(f"{key}.datasets.{j}.weight", source.weight, 0)
+        if stage.datasets == []:
+            raise ConfigError(f"{key}.datasets: an empty list; give datasets or leave it out for `dataset`")
         if not 0 <= stage.warmup_ratio < 1:
             raise ConfigError(f"{key}.warmup_ratio must be in [0, 1), got {stage.warmup_ratio}")
         per_step = self.scaling.num_workers * stage.grad_accum_steps

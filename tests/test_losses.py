@@ -16,6 +16,7 @@ from torch import Tensor
 
 from sbert_ray.config import StageConfig
 from sbert_ray.data.records import NLI_LABELS, LabelledPair, ScoredPair
+from sbert_ray.data.sources import record_tables
 from sbert_ray.losses import (
     OBJECTIVES,
     CosineSimilarityLoss,
@@ -25,7 +26,6 @@ from sbert_ray.losses import (
     TripletLoss,
 )
 from sbert_ray.models import SentenceEncoder
-from sbert_ray.training.batches import texts_and_labels
 
 ANCHORS = ["A man plays a guitar.", "Two dogs run in a field.", "A woman is cooking.", "Kids play football."]
 POSITIVES = ["Someone plays music.", "Animals are running.", "A person prepares food.", "Children play a sport."]
@@ -127,18 +127,19 @@ def test_cosine_similarity_loss_matches_sentence_transformers(
 
 def test_regression_targets_are_scaled_and_range_checked_once() -> None:
     stage = StageConfig(dataset="pairs.csv", objective="regression", score_max=5.0)
-    columns, targets = texts_and_labels([ScoredPair("a", "b", 4.0), ScoredPair("c", "d", 0.0)], stage)
-    assert columns == [["a", "c"], ["b", "d"]] and targets.tolist() == pytest.approx([0.8, 0.0])
-    with pytest.raises(ValueError, match=r"outside \[0, score_max=5.0\] \(0 to 42\)"):
-        texts_and_labels([ScoredPair("a", "b", 42.0), ScoredPair("c", "d", 0.0)], stage)
+    (table,) = record_tables([ScoredPair("a", "b", 4.0), ScoredPair("c", "d", 0.0)], stage, "pairs.csv")
+    assert table.column("text_0").to_pylist() == ["a", "c"] and table.column("text_1").to_pylist() == ["b", "d"]
+    assert table.column("label").to_pylist() == pytest.approx([0.8, 0.0])
+    with pytest.raises(ValueError, match=r"^pairs.csv: scores outside \[0, score_max=5.0\]"):
+        list(record_tables([ScoredPair("a", "b", 42.0), ScoredPair("c", "d", 0.0)], stage, "pairs.csv"))
 
 
 def test_mnrl_keeps_entailed_pairs_and_objectives_refuse_other_records() -> None:
     pairs = [LabelledPair("p", "h1", NLI_LABELS.index("entailment")), LabelledPair("p", "h2", 0)]
-    columns, labels = texts_and_labels(pairs, StageConfig(dataset="nli", objective="mnrl"))
-    assert columns == [["p"], ["h1"]] and labels is None
+    (table,) = record_tables(pairs, StageConfig(dataset="nli", objective="mnrl"), "nli")
+    assert table.to_pydict() == {"text_0": ["p"], "text_1": ["h1"]}
     with pytest.raises(ValueError, match="objective 'triplet' needs Triplet"):
-        texts_and_labels(pairs, StageConfig(dataset="nli", objective="triplet"))
+        list(record_tables(pairs, StageConfig(dataset="nli", objective="triplet"), "nli"))
 
 
 def test_every_registered_objective_declares_what_it_trains_on() -> None:

@@ -464,7 +464,7 @@ def test_deeply_nested_json_is_a_row_error(tmp_path) -> None:
 def test_user_file_suffixes_are_read_in_any_case(tmp_path, suffix) -> None:
     """DATA.CSV was taken for a registered dataset's name and refused as unknown."""
     from sbert_ray.config import StageConfig
-    from sbert_ray.training.batches import is_user_file, load_training_records
+    from sbert_ray.data.sources import is_path, read_tables, stage_sources
 
     rows = [("A man eats.", "A person eats.", 4.5), ("A cat.", "A car.", 0.5)]
     if suffix == ".JSONL":
@@ -473,5 +473,9 @@ def test_user_file_suffixes_are_read_in_any_case(tmp_path, suffix) -> None:
         sep = "," if suffix == ".CSV" else "\t"
         text = "".join(sep.join(map(str, row)) + "\n" for row in [("sentence1", "sentence2", "score"), *rows])
     stage = StageConfig(dataset=str(write(tmp_path / f"PAIRS{suffix}", text)), objective="regression")
-    assert is_user_file(stage)
-    assert load_training_records(stage, None) == [ScoredPair(*row) for row in rows]
+    assert is_path(stage.dataset)
+    (source,) = stage_sources(stage, 0)
+    (table,) = read_tables(source, source.files[0], stage, None)
+    assert table.column("text_0").to_pylist() == [r[0] for r in rows]
+    assert table.column("text_1").to_pylist() == [r[1] for r in rows]
+    assert table.column("label").to_pylist() == pytest.approx([0.9, 0.1])  # score / score_max, float32

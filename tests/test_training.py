@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -15,6 +16,7 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import psutil
+import pyarrow as pa
 import pytest
 import ray
 import torch
@@ -23,11 +25,11 @@ from mlflow.tracking import MlflowClient
 from sentence_transformers import SentenceTransformer
 
 from sbert_ray.config import ConfigError, load_config
-from sbert_ray.data.sampler import SmartBatchSampler
+from sbert_ray.data.sources import read_tables
 from sbert_ray.models import load_encoder
 from sbert_ray.models.encoder import SentenceEncoder
-from sbert_ray.runs.train_run import TrainingDiverged, prepare, run_training, tokenize_stages
-from sbert_ray.training.batches import local_batch_size
+from sbert_ray.runs.stage_data import stage_datasets
+from sbert_ray.runs.train_run import TrainingDiverged, count_stages, prepare, run_training
 
 
 def only_run(tracking_uri: str):
@@ -88,60 +90,40 @@ def test_training_run_is_complete_in_mlflow(local_ray, tiny_train_config, tmp_pa
     assert 2 <= len(list((Path(config.checkpoint.storage_path) / "tiny").glob("checkpoint_*"))) <= 3
 
 
-def batches_as_before(columns, labels, tokenizer, max_seq_length, sampler_args, epoch):
-    """What a worker trained on before tokenisation moved to the run layer: Python lists of ids per worker,
-    lengths from them, ``tokenizer.pad`` per column (the reference the new batches must equal)."""
-    encodings = [
-        tokenizer(column, truncation=True, max_length=max_seq_length, return_attention_mask=False)["input_ids"]
-        for column in columns
-    ]
-    lengths = [max(lens) for lens in zip(*([len(ids) for ids in enc] for enc in encodings), strict=True)]
-    sampler = SmartBatchSampler(lengths, *sampler_args)
-    sampler.set_epoch(epoch)
-    for indices in sampler:
-        features = [tokenizer.pad({"input_ids": [enc[i] for i in indices]}, return_tensors="pt") for enc in encodings]
-        yield indices, features, None if labels is None else labels[indices]
-
-
-def test_stages_are_tokenised_once_into_the_object_store_with_unchanged_batches(local_ray, tiny_train_config):
-    """Regression (float targets), softmax (class labels) and triplet (three columns) stages, tokenised by the
-    run layer's Ray task with truncation at 16 tokens: every rank's micro-batches over two epochs hold the token
-    ids, masks and labels the per-worker tokenisation gave, from arrays read zero-copy out of the object store."""
+def test_stages_stream_through_ray_data_tokenised_as_the_tokenizer_does(local_ray, tiny_train_config):
+    """Regression (float targets), softmax (class labels) and triplet (three columns) stages, counted, read and
+    tokenised by Ray Data with truncation at 16 tokens: every row arrives once, with the token ids the tokenizer
+    gives, its length, one hash per text (equal texts, equal hashes), its truncated texts and its label."""
     stages = [
         "stages.1.dataset=nli-offline", "stages.1.objective=softmax", "stages.1.limit=300",
         "stages.2.dataset=nli-triplets", "stages.2.split=test", "stages.2.objective=triplet", "stages.2.limit=300",
     ]  # fmt: skip
-    config, examples = prepare(load_config(tiny_train_config(limit=300), ["model.max_seq_length=16", *stages]))
-    refs, truncated = tokenize_stages(config, examples)
+    config, sources = prepare(load_config(tiny_train_config(limit=300), ["model.max_seq_length=16", *stages]))
+    rows = count_stages(config, sources)
+    assert rows == [[300], [300], [300]]
+    ray.data.DataContext.get_current().execution_options.preserve_order = True  # to compare row by row
+    datasets, described = stage_datasets(config, sources, rows)
+    assert [[d["key"] for d in stage] for stage in described] == [["stage0.0"], ["stage1.0"], ["stage2.0"]]
     tokenizer = load_encoder("random:tiny").tokenizer
-    world_size = config.scaling.num_workers
-    for i, ((columns, labels), ref) in enumerate(zip(examples, refs, strict=True)):
-        data = ray.get(ref)
-        assert not data.columns[0].ids.flags.writeable  # a view of the object store, not a copy
-        assert data.columns[0].ids.dtype == np.int32 and data.columns[0].offsets.dtype == np.int64
-        full = [len(ids) for column in columns for ids in tokenizer(column)["input_ids"]]
-        assert truncated[f"data/stages.{i}/truncated_texts"] == data.truncated == sum(n > 16 for n in full) > 0
-        batch_size = local_batch_size(config.stages[i], world_size)
-        for rank in range(world_size):
-            sampler_args = (batch_size, world_size, rank, config.seed + i)
-            sampler = SmartBatchSampler(data.lengths, *sampler_args)
-            for epoch in (0, 1):
-                sampler.set_epoch(epoch)
-                before = list(batches_as_before(columns, labels, tokenizer, 16, sampler_args, epoch))
-                after = list(sampler)
-                assert [indices for indices, _, _ in before] == after
-                for (indices, features, batch_labels), _ in zip(before, after, strict=True):
-                    new_features, new_labels = data.collate(indices, torch.device("cpu"))
-                    for old, new in zip(features, new_features, strict=True):
-                        assert set(new) == set(old)
-                        for key in old:
-                            assert new[key].dtype == old[key].dtype and torch.equal(new[key], old[key])
-                    assert (new_labels is None) == (batch_labels is None)
-                    if batch_labels is not None:
-                        assert new_labels.dtype == batch_labels.dtype and torch.equal(new_labels, batch_labels)
+    for i, stage in enumerate(config.stages):
+        streamed = pa.concat_tables(datasets[f"stage{i}.0"].iter_batches(batch_size=None, batch_format="pyarrow"))
+        read = pa.concat_tables(read_tables(sources[i][0], None, stage, config.data_dir)).slice(0, 300)
+        assert streamed.num_rows == 300
+        full = []
+        for k in range(3 if stage.objective == "triplet" else 2):
+            texts = read.column(f"text_{k}").to_pylist()
+            ids = tokenizer(texts, truncation=True, max_length=16)["input_ids"]
+            assert streamed.column(f"ids_{k}").to_pylist() == ids
+            hashes = dict(zip(texts, streamed.column(f"hash_{k}").to_pylist(), strict=True))
+            assert len(set(hashes.values())) == len(hashes)  # one hash per distinct text
+            full.append([len(t) for t in tokenizer(texts)["input_ids"]])
+        assert streamed.column("length").to_pylist() == [min(16, max(n)) for n in zip(*full, strict=True)]
+        assert sum(streamed.column("truncated").to_pylist()) == sum(n > 16 for n in itertools.chain(*full)) > 0
+        assert ("label" in streamed.column_names) == (stage.objective != "triplet")
+        if stage.objective != "triplet":
+            assert streamed.column("label").to_pylist() == read.column("label").to_pylist()
 
 
-@pytest.mark.cluster  # its drivers start their own local clusters
 def test_resubmitted_run_resumes(tiny_train_config):
     """A driver killed mid-run (as a cancelled job): running the same config again continues the same run."""
     path = tiny_train_config(name="resubmit", limit=800, eval_every=20)

@@ -1,24 +1,25 @@
-"""What a stage trains on: a user file's scores checked against score_max at their line, and every example the
-limit, the tokeniser or the step arithmetic leaves out counted and logged (nothing dropped silently)."""
+"""What a stage trains on, streamed (Ray-free here: the same functions run in Ray Data's tasks and the workers):
+sources listed and read with their rows checked, tokenisation, and the windowed batches: exactly as many per
+worker whatever the shard, alike in length across ranks, deterministic for a seed, no duplicate texts in a
+batch, several sources mixed batch by batch, and a resume that continues with the very batches it would have
+taken. Nothing dropped silently: what a pass leaves out or repeats is counted."""
 
 from __future__ import annotations
 
-import logging
+import itertools
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+import torch
 
-from sbert_ray.config import StageConfig
+from sbert_ray.config import ConfigError, DatasetSource, StageConfig, TrainConfig
 from sbert_ray.data import DataError
-from sbert_ray.data.sampler import SmartBatchSampler
+from sbert_ray.data.sources import list_files, read_tables, stage_sources
 from sbert_ray.models.random_bert import random_bert
-from sbert_ray.training.batches import (
-    TokenizedColumns,
-    count_truncated,
-    load_training_records,
-    log_coverage,
-)
-
-LOGGER = "sbert_ray.training.batches"
+from sbert_ray.training.batches import tokenize_table, truncated_rows
+from sbert_ray.training.stream import BatchPlan, SourceCounts, SourceStream, StageBatches, pass_batches
 
 
 @pytest.fixture(scope="module")
@@ -26,19 +27,44 @@ def tokenizer():
     return random_bert("tiny").tokenizer
 
 
+def tokenized(texts: list[list[str]], tokenizer, max_seq_length: int = 32) -> pa.Table:
+    return tokenize_table(pa.table({f"text_{k}": c for k, c in enumerate(texts)}), tokenizer, max_seq_length)
+
+
+def shard(tokenizer, rows: int, seed: int, table_rows: int = 50) -> list[pa.Table]:
+    """A worker's stream: pairs of random lengths, in tables of ``table_rows``."""
+    rng = np.random.default_rng(seed)
+    words = [" ".join(["w"] * int(n)) + f" {seed} {i}" for i, n in enumerate(rng.integers(1, 25, rows))]
+    table = tokenized([words, [w + " b" for w in words]], tokenizer)
+    return [table.slice(i, table_rows) for i in range(0, rows, table_rows)]
+
+
 def test_user_file_scores_must_lie_in_zero_to_score_max(tmp_path) -> None:
     path = tmp_path / "pairs.tsv"
     path.write_text("sentence1\tsentence2\tscore\na\tb\t3\nc\td\t100\n")
     stage = StageConfig(dataset=str(path), objective="regression", score_max=5.0)
+    (source,) = stage_sources(stage, 0)
     with pytest.raises(DataError, match=rf"^{path}, line 3: score 100 is outside this data's scale \[0, 5\]$"):
-        load_training_records(stage, None)
+        list(read_tables(source, source.files[0], stage, None))
 
 
-def test_limit_is_logged(data_dir, caplog) -> None:
-    with caplog.at_level(logging.INFO, logger=LOGGER):
-        records = load_training_records(StageConfig(limit=100), data_dir)
-    assert len(records) == 100
-    assert "stsb: training on the first 100 of 5749 examples (limit)" in caplog.text
+def test_shards_are_listed_from_folders_and_globs_and_parquet_carries_mined_negatives(tmp_path) -> None:
+    for i in range(3):
+        rows = {"anchor": [f"a{i}{j}" for j in range(4)], "positive": [f"p{i}{j}" for j in range(4)]}
+        rows |= {"negative_1": [f"n{i}{j}" for j in range(4)], "negative_2": [f"m{i}{j}" for j in range(4)]}
+        pq.write_table(pa.table(rows), tmp_path / f"part-{i}.parquet")
+    assert list_files(str(tmp_path), "k") == [str(tmp_path / f"part-{i}.parquet") for i in range(3)]
+    assert list_files(str(tmp_path / "part-[12].parquet"), "k") == [str(tmp_path / f"part-{i}.parquet") for i in (1, 2)]
+    stage = StageConfig(dataset=str(tmp_path), objective="mnrl")
+    (source,) = stage_sources(stage, 0)
+    table = pa.concat_tables(t for f in source.files for t in read_tables(source, f, stage, None))
+    assert table.column_names == ["text_0", "text_1", "text_2", "text_3"]  # anchor, positive, 2 negatives
+    assert table.column("text_3").to_pylist()[:2] == ["m00", "m01"] and table.num_rows == 12
+    (tmp_path / "notes.csv").write_text("x\n")
+    with pytest.raises(ConfigError, match="stages.0.dataset: .* mixes file types"):
+        stage_sources(stage, 0)
+    with pytest.raises(ConfigError, match=r"stages.0.dataset: .*missing.parquet does not exist"):
+        stage_sources(StageConfig(dataset=str(tmp_path / "missing.parquet")), 0)
 
 
 def test_truncated_texts_are_counted(tokenizer) -> None:
@@ -46,29 +72,94 @@ def test_truncated_texts_are_counted(tokenizer) -> None:
     texts = ["a b c", "a b", "a b c d e f", "a"]
     for max_length, expected in ((5, 1), (4, 2), (8, 0)):
         ids = tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
-        assert count_truncated(tokenizer, texts, ids, max_length) == expected
-    data = TokenizedColumns.tokenize([texts, ["x " * 10] * 4], None, tokenizer, max_seq_length=5)
-    assert (data.texts, data.truncated) == (8, 1 + 4)
+        assert truncated_rows(tokenizer, texts, ids, max_length).sum() == expected
+    table = tokenized([texts, ["x " * 10] * 4], tokenizer, max_seq_length=5)
+    assert table.column("truncated").to_pylist() == [1, 1, 2, 1]
 
 
-def test_leftover_micro_batches_are_counted_from_the_sampler() -> None:
-    # 10 examples, micro-batches of 2: 5 batches. With 2 accumulation steps only 2 whole steps fit (4 batches),
-    # so the 5th batch is never trained on in an epoch.
-    sampler = SmartBatchSampler([5] * 10, batch_size=2)
-    assert sampler.unseen(batches_per_rank=4) == 2
-    assert sampler.unseen(batches_per_rank=5) == 0
-    # Two ranks: 5 batches padded to 3 each (one repeated); one step of 2 micro-batches each leaves 2 unseen.
-    ranks = [SmartBatchSampler([5] * 10, batch_size=2, num_replicas=2, rank=r) for r in range(2)]
-    used = {i for sampler in ranks for batch in list(sampler)[:2] for i in batch}
-    assert ranks[0].unseen(batches_per_rank=2) == 10 - len(used) == 2
+@pytest.mark.parametrize("rows", [230, 400, 1000])  # a short shard, the expected one, a long one
+def test_every_pass_gives_exactly_its_batches_whatever_the_shard(tokenizer, rows) -> None:
+    plan = BatchPlan(batch_size=8, world_size=2, rank=0, seed=1, window_batches=5)
+    per_pass = plan.batches_per_pass(800)  # 800 rows over 2 workers: 50 batches each
+    counts = SourceCounts()
+    batches = list(pass_batches(shard(tokenizer, rows, seed=0), per_pass, plan, (1, 0, 0), counts))
+    assert len(batches) == per_pass == 50
+    seen = [i for rows_, batch in batches for i in rows_.hashes[0][batch]]
+    # A short shard repeats its first (whole) batches to fill the pass; a long one leaves its surplus unseen.
+    assert counts.unseen == max(0, rows - 400) and counts.repeated == 8 * max(0, per_pass - -(-rows // 8))
+    assert len(seen) == min(rows, 400) + counts.repeated
 
 
-def test_coverage_is_logged_once_per_stage(tokenizer, caplog) -> None:
-    data = TokenizedColumns.tokenize([["a b c d e f"] * 10, ["a"] * 10], None, tokenizer, max_seq_length=5)
-    sampler = SmartBatchSampler(data.lengths, batch_size=2)
-    with caplog.at_level(logging.WARNING, logger=LOGGER):
-        log_coverage(0, data, sampler, batches_per_epoch=4)
-    assert (
-        "stage 0: 10 of 20 texts truncated to max_seq_length; 2 of 10 examples of epoch 0 fall in micro-batches "
-        "left over after the last whole optimizer step" in caplog.text
+def test_the_ranks_batches_of_a_step_are_alike_in_length_and_deterministic(tokenizer) -> None:
+    plans = [BatchPlan(batch_size=8, world_size=2, rank=r, seed=3, window_batches=10) for r in range(2)]
+    runs = [
+        [b for _, b in pass_batches(shard(tokenizer, 400, seed=r), 50, p, (3, 0, 0), SourceCounts())]
+        for r, p in enumerate(plans)
+    ]
+    widths = [[int(rows.lengths[b].max()) for rows, b in pass_batches(shard(tokenizer, 400, seed=r), 50, p,
+               (3, 0, 0), SourceCounts())] for r, p in enumerate(plans)]  # fmt: skip
+    assert np.corrcoef(widths[0], widths[1])[0, 1] > 0.9  # step k: similar lengths on both ranks
+    again = [b for _, b in pass_batches(shard(tokenizer, 400, seed=0), 50, plans[0], (3, 0, 0), SourceCounts())]
+    assert all(np.array_equal(a, b) for a, b in zip(runs[0], again, strict=True))
+    other = [b for _, b in pass_batches(shard(tokenizer, 400, seed=0), 50, plans[0], (4, 0, 0), SourceCounts())]
+    assert not all(np.array_equal(a, b) for a, b in zip(runs[0], other, strict=True))
+
+
+def test_no_text_appears_twice_in_a_batch_and_every_row_is_trained_once(tokenizer) -> None:
+    """A brute-force check: many repeated anchors (NLI premises recur) and a positive equal to another's anchor."""
+    rng = np.random.default_rng(0)
+    anchors = [f"premise {int(i)}" for i in rng.integers(0, 30, 300)]
+    positives = [f"hypothesis {i}" if i % 7 else f"premise {i % 30}" for i in range(300)]
+    table = tokenized([anchors, positives], tokenizer)
+    plan = BatchPlan(batch_size=8, world_size=1, rank=0, seed=0, window_batches=4, no_duplicates=True)
+    counts = SourceCounts()
+    batches = list(pass_batches([table], plan.batches_per_pass(300), plan, (0, 0, 0), counts))
+    for rows, batch in batches[: len(batches) - 0]:
+        texts = [h for column in rows.hashes for h in column[batch]]
+        assert len(texts) == len(set(texts))
+    trained = sorted((rows.hashes[0][i], rows.hashes[1][i]) for rows, batch in batches for i in batch)
+    assert counts.deferred_duplicates > 0
+    expected = sorted(zip(table.column("hash_0").to_pylist(), table.column("hash_1").to_pylist(), strict=True))
+    assert len(trained) - counts.repeated + counts.unseen == 300
+    assert set(trained) <= set(expected)
+
+
+def collate(batch):
+    rows, index = batch
+    return (
+        [{"input_ids": torch.from_numpy(rows.hashes[0][index])}],
+        None,
+        [torch.from_numpy(h[index]) for h in rows.hashes],
     )
+
+
+def sources(tokenizer, sizes=(160, 80), weights=(1.0, 2.0)) -> list[SourceStream]:
+    tables = {n: shard(tokenizer, n, seed=n) for n in sizes}
+    return [SourceStream(f"s{n}", n, w, lambda n=n: tables[n]) for n, w in zip(sizes, weights, strict=True)]
+
+
+def test_several_sources_mix_batch_by_batch_and_a_resume_continues_with_the_same_batches(tokenizer) -> None:
+    plan = BatchPlan(batch_size=8, world_size=1, rank=0, seed=0, window_batches=3)
+    streams = sources(tokenizer)  # 20 and 10 batches a pass; weight 2 draws the second twice over: 40 an epoch
+    whole = StageBatches(streams, plan, 40, epoch=0, position=0, collate=collate)
+    taken = list(itertools.islice(whole, 100))
+    origin = [{int(h) for h in b.text_hashes[0]} for b in taken]
+    own = [{int(h) for t in s.open_pass() for h in t.column("hash_0").to_pylist()} for s in streams]
+    drawn = [next(j for j, hashes in enumerate(own) if o <= hashes) for o in origin]  # each batch: one source
+    assert drawn[:40].count(0) == 20 and drawn[:40].count(1) == 20
+    assert whole.metrics()["data/s160/samples"] == 8 * drawn.count(0)
+    resumed = StageBatches(streams, plan, 40, epoch=1, position=13, collate=collate)
+    for before, after in zip(taken[53:], resumed, strict=False):
+        assert (before.epoch, before.position) == (after.epoch, after.position)
+        assert torch.equal(before.text_hashes[0], after.text_hashes[0])
+    robin = StageBatches(streams, BatchPlan(8, 1, 0, 0, 3, sampling="round_robin"), 20, 0, 0, collate)
+    assert len(list(itertools.islice(robin, 20))) == 20
+
+
+def test_a_stage_gives_either_dataset_or_datasets_with_name_or_path() -> None:
+    with pytest.raises(ConfigError, match=r"stages.0.datasets.0: give either name or path, not both"):
+        TrainConfig(stages=[StageConfig(datasets=[DatasetSource(name="stsb", path="x.csv")])]).validate()
+    with pytest.raises(ConfigError, match=r"stages.0.datasets.1.weight must be > 0"):
+        TrainConfig(
+            stages=[StageConfig(datasets=[DatasetSource(name="stsb"), DatasetSource(name="x", weight=0)])]
+        ).validate()

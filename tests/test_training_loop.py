@@ -9,6 +9,7 @@ division by the accumulation steps, a clip skipped) are of order 1.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from pathlib import Path
@@ -19,12 +20,12 @@ import torch
 from sbert_ray.config import EvalConfig, ModelConfig, ScalingConfig, StageConfig, TrainConfig
 from sbert_ray.losses import CosineSimilarityLoss
 from sbert_ray.models import SentenceEncoder
-from sbert_ray.training.batches import load_training_records, texts_and_labels, tokenize_stage
 from sbert_ray.training.loop import LOG_EVERY, Diverged, LocalReporter, MicroBatch, StepSettings, train_stage
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.optimization import Optimization, prepare_optimization
 from sbert_ray.training.stages import Worker, start_worker, train_stages
 from sbert_ray.training.state import MODEL_DIR, TRAINING_FILE, TrainState
+from sbert_ray.training.stream import local_sources
 
 CPU = torch.device("cpu")
 PAIRS = [
@@ -192,11 +193,14 @@ def two_stage_config(model_dir: Path, data_dir: Path) -> TrainConfig:
     )
 
 
-def train(config: TrainConfig, data: list, reporter: LocalReporter, restored: Path | None = None) -> TrainState:
+def train(config: TrainConfig, reporter: LocalReporter, restored: Path | None = None) -> TrainState:
     worker = Worker(CPU)
     encoder, state = start_worker(config, worker, restored)
     meter = StepMeter(time.time(), CPU)
-    return train_stages(config, encoder, state, restored, data.__getitem__, worker, reporter, meter)
+    data = functools.partial(
+        local_sources, config, tokenizer=encoder.tokenizer, max_seq_length=encoder.max_seq_length
+    )
+    return train_stages(config, encoder, state, restored, data, worker, reporter, meter)
 
 
 def test_a_run_resumed_from_a_mid_epoch_checkpoint_ends_where_the_uninterrupted_one_does(
@@ -206,21 +210,19 @@ def test_a_run_resumed_from_a_mid_epoch_checkpoint_ends_where_the_uninterrupted_
     the epoch boundary and into the second stage: the same losses at every later report point and the same final
     weights, head and optimizer state, bit for bit (one process, the same kernels on the same inputs)."""
     config = two_stage_config(tiny_model_dir, data_dir)
-    data = []
-    for stage in config.stages:
-        columns, labels = texts_and_labels(load_training_records(stage, data_dir), stage)
-        data.append(tokenize_stage(config.model, columns, labels)[0])
 
     whole = LocalReporter(tmp_path / "whole")
-    train(config, data, whole)
+    train(config, whole)
     assert [r["global_step"] for r in whole.reports] == [2, 4, 6, 8, 10]  # stage 0: 2, 4, 6; stage 1: 8, 10
 
     with pytest.raises(Interrupted):
-        train(config, data, StopAfter(tmp_path / "first", global_step=2))
+        train(config, StopAfter(tmp_path / "first", global_step=2))
     checkpoint = tmp_path / "first" / "step-2"
-    assert TrainState.load(checkpoint) == TrainState(stage=0, epoch=0, batch=4, step=2, global_step=2)
+    assert TrainState.load(checkpoint) == TrainState(
+        stage=0, epoch=0, batch=4, step=2, global_step=2, samples={"stsb": 16}
+    )
     resumed = LocalReporter(tmp_path / "resumed")
-    final = train(config, data, resumed, restored=checkpoint)
+    final = train(config, resumed, restored=checkpoint)
 
     assert (final.stage, final.global_step, final.stage_done) == (1, 10, True)
     positions_and_losses = [

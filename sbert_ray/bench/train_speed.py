@@ -16,6 +16,7 @@ training run.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import statistics
@@ -29,16 +30,16 @@ import torch
 
 from sbert_ray.bench import tables
 from sbert_ray.config import ConfigError, EvalConfig, ModelConfig, ScalingConfig, StageConfig, TrainConfig
-from sbert_ray.data.readers import check_available, load_records, resolve_data_dir
+from sbert_ray.data.readers import check_available, load_records
 from sbert_ray.files import json_text
 from sbert_ray.models import build_random_bert, check_model, resolve_model_ref
 from sbert_ray.models.load import RANDOM_PREFIX
-from sbert_ray.training.batches import TokenizedColumns, load_training_records, texts_and_labels, tokenize_stage
 from sbert_ray.training.loop import LocalReporter
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.precision import resolve_precision
 from sbert_ray.training.stages import Worker, start_worker, train_stages
 from sbert_ray.training.storage import resolve_storage
+from sbert_ray.training.stream import local_sources
 
 OURS, REFERENCE = "sbert-ray", "sentence-transformers"
 STARTUP_KEYS = ("time_to_worker_start_s", "time_to_data_s")
@@ -146,8 +147,7 @@ def _measure(settings: TrainBenchSettings, variant: Variant, storage: str, on_ra
         gpus = int(settings.device == "cuda")
         return on_ray.run_as_task(reference_trainer_run, settings, threads, num_cpus=threads, num_gpus=gpus)
     config = bench_config(settings, variant.workers, threads, storage)
-    data = stage_data(config)
-    return ours_in_process(config, data) if on_ray is None else on_ray.ours(config, data)
+    return ours_in_process(config) if on_ray is None else on_ray.ours(config)
 
 
 def model_folder(ref: str, workdir: Path, seed: int) -> str:
@@ -187,22 +187,17 @@ def bench_config(settings: TrainBenchSettings, workers: int, threads: int, stora
     return config
 
 
-def stage_data(config: TrainConfig) -> TokenizedColumns:
-    """The stage tokenised up front, as a training run does once per cluster (not part of the timed steps)."""
-    stage = config.stages[0]
-    columns, labels = texts_and_labels(load_training_records(stage, resolve_data_dir(config.data_dir)), stage)
-    data, _ = tokenize_stage(config.model, columns, labels)
-    return data
-
-
-def ours_in_process(config: TrainConfig, data: TokenizedColumns) -> dict:
-    """The worker's training core in this process, no Ray: one worker, report points kept in memory (no dev
-    scoring, no checkpoint). Timed from here, so the model's loading counts as a worker's does."""
+def ours_in_process(config: TrainConfig) -> dict:
+    """The worker's training core in this process, no Ray: one worker, its data read and tokenised in this
+    process as it streams, report points kept in memory (no dev scoring, no checkpoint). Timed from here, so the
+    model's loading counts as a worker's does."""
     device = torch.device("cuda" if config.scaling.use_gpu else "cpu")
     meter = StepMeter(time.time(), device)
     worker = Worker(device, resolve_precision(config.scaling.precision, device))
     encoder, state = start_worker(config, worker, restored=None)
-    train_stages(config, encoder, state, None, lambda index: data, worker, LocalReporter(), meter)
+    tokenizer, max_seq_length = encoder.tokenizer, encoder.max_seq_length
+    stage_data = functools.partial(local_sources, config, tokenizer=tokenizer, max_seq_length=max_seq_length)
+    train_stages(config, encoder, state, None, stage_data, worker, LocalReporter(), meter)
     return {"precision": worker.precision, **meter.summary()}
 
 

@@ -10,7 +10,9 @@ import ray
 import ray.train
 
 from sbert_ray.config import ConfigError, TrainConfig
-from sbert_ray.training.batches import TokenizedColumns
+from sbert_ray.data.sources import stage_sources
+from sbert_ray.runs.stage_data import stage_datasets
+from sbert_ray.runs.train_run import count_stages
 from sbert_ray.training.trainer import torch_trainer
 
 
@@ -19,15 +21,18 @@ def check_cluster(device: str) -> None:
         raise ConfigError("--device cuda: the Ray cluster has no GPU")
 
 
-def ours(config: TrainConfig, data: TokenizedColumns) -> dict:
-    """``train_loop_per_worker`` on ``config.scaling.num_workers`` workers; its summary (``Result.return_value``)."""
+def ours(config: TrainConfig) -> dict:
+    """``train_loop_per_worker`` on ``config.scaling.num_workers`` workers, streaming the stage's data as a training
+    run does; its summary (``Result.return_value``)."""
     scaling = config.scaling
     run_config = ray.train.RunConfig(
         name=f"{scaling.num_workers}x{scaling.torch_threads}",
         storage_path=config.checkpoint.storage_path,
         failure_config=ray.train.FailureConfig(max_failures=0),
     )
-    return torch_trainer(config, [ray.put(data)], run_config).fit().return_value
+    sources = [stage_sources(stage, i) for i, stage in enumerate(config.stages)]
+    rows = count_stages(config, sources)
+    return torch_trainer(config, stage_datasets(config, sources, rows), run_config).fit().return_value
 
 
 def run_as_task(function: Callable[..., dict], *args, num_cpus: int, num_gpus: int) -> dict:

@@ -29,6 +29,7 @@ class EncoderLoss(nn.Module, ABC):
     record_types: ClassVar[tuple[type[Record], ...]]
     user_file_kind: ClassVar[Kind]
     label_field: ClassVar[str | None] = None  # "label" (class index) or "score" (scaled to [0, 1] by score_max)
+    in_batch_negatives: ClassVar[bool] = False  # the batch's other examples are negatives: duplicates hurt
 
     def __init__(self, encoder: SentenceEncoder) -> None:
         super().__init__()

@@ -28,6 +28,7 @@ class MultipleNegativesRankingLoss(EncoderLoss):
 
     record_types = (Triplet, LabelledPair)  # (anchor, positive, negative) triplets, or NLI pairs
     user_file_kind = "triplet"
+    in_batch_negatives = True
 
     def __init__(self, encoder: SentenceEncoder, scale: float = 20.0, gather_across_workers: bool = True) -> None:
         super().__init__(encoder)

@@ -7,7 +7,8 @@ argument-similarity fold run through ``run_training``, which reads as its phases
                 tracking store reachable; data, model, tasks checked; Ray: the workers' resources refused if the
                 cluster can never hold them                                    (no MLflow yet; nothing trained)
     open_run    MLflow run (params, tags, config.yaml; the tracking URI masked everywhere), record written
-    (stages)    each stage's data tokenised once for the cluster: a Ray task, numpy arrays in the object store
+    (stages)    each stage's sources as lazy Ray datasets: read, tokenised and split as the workers stream them
+                (runs.stage_data; counted in preflight)
     score       "before" tasks: a Ray task on a worker's resources, on the configured model (runs.scoring)
     fit         TorchTrainer(train_loop_per_worker, the config as a plain dict) .fit() -> Result; divergence check
     finish      final model swapped into output_dir; final tasks on the checkpoint's model; model card, artifacts,
@@ -32,23 +33,24 @@ from pathlib import Path
 
 import ray
 import ray.train
-import torch
 from ray.train.torch import TorchTrainer
 
 from sbert_ray.config import ConfigError, EvalConfig, StageConfig, TrainConfig, dump_yaml, flatten, to_dict
 from sbert_ray.data.readers import check_available, resolve_data_dir
 from sbert_ray.data.records import DataError
+from sbert_ray.data.sources import Source, is_path, stage_sources
 from sbert_ray.evaluation.results import nest
 from sbert_ray.evaluation.tasks import EvalTask, Results, check_tasks, parse_tasks, primary_scores
 from sbert_ray.files import check_folder
 from sbert_ray.models import check_model, load_encoder
 from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_card
-from sbert_ray.progress import progress_bar, quiet
+from sbert_ray.progress import quiet
 from sbert_ray.runs import owned_paths, record
 from sbert_ray.runs.cluster import check_resources, connect_ray
 from sbert_ray.runs.progress_lines import TrainingProgress
 from sbert_ray.runs.run_lease import run_lease
 from sbert_ray.runs.scoring import ModelSource, checkpoint_model, evaluate_on_worker_resources
+from sbert_ray.runs.stage_data import StageData, count_rows, stage_datasets
 from sbert_ray.tracking.errors import TrackingError
 from sbert_ray.tracking.mlflow_run import (
     NAME_TAG,
@@ -60,20 +62,13 @@ from sbert_ray.tracking.mlflow_run import (
 )
 from sbert_ray.tracking.model_registry import log_sentence_transformer, model_uri
 from sbert_ray.tracking.store import check_reachable, redact_uri, warn_if_password
-from sbert_ray.training.batches import (
-    is_user_file,
-    load_training_records,
-    stage_steps,
-    texts_and_labels,
-    tokenize_stage,
-)
 from sbert_ray.training.state import MODEL_DIR
 from sbert_ray.training.storage import is_remote, resolve_storage
+from sbert_ray.training.stream import batch_plan, stage_steps
 from sbert_ray.training.trainer import torch_trainer
 
 logger = logging.getLogger(__name__)
 METRICS_SPOOL = "mlflow_pending_metrics.jsonl"  # in the run folder: metrics waiting for the tracking store
-StageExamples = tuple[list[list[str]], torch.Tensor | None]  # a stage's text columns and labels, as read
 
 
 @dataclass
@@ -102,7 +97,7 @@ def absolute_paths(config: TrainConfig) -> TrainConfig:
         data_dir=str(data_dir.resolve()) if data_dir else None,
         output_dir=_absolute(config.output_dir) if config.output_dir else None,
         model=dataclasses.replace(model, name=_absolute(model.name) if _is_folder(model.name) else model.name),
-        stages=[dataclasses.replace(s, dataset=_absolute(s.dataset)) if is_user_file(s) else s for s in config.stages],
+        stages=[_absolute_data(stage) for stage in config.stages],
         evaluation=dataclasses.replace(
             evaluation,
             before_tasks=_absolute_tasks(evaluation, "before_tasks"),
@@ -122,6 +117,13 @@ def _absolute(path: str) -> str:
     return str(Path(path).expanduser().resolve())
 
 
+def _absolute_data(stage: StageConfig) -> StageConfig:
+    """The stage's local data paths made absolute (object-storage URIs and registered names stay)."""
+    local = lambda spec: _absolute(spec) if is_path(spec) and "://" not in spec else spec  # noqa: E731
+    datasets = stage.datasets and [dataclasses.replace(d, path=d.path and local(d.path)) for d in stage.datasets]
+    return dataclasses.replace(stage, dataset=local(stage.dataset), datasets=datasets)
+
+
 def _is_folder(name: str) -> bool:
     return not name.startswith("random:") and Path(name).expanduser().is_dir()
 
@@ -133,10 +135,10 @@ def redacted(config: TrainConfig) -> TrainConfig:
     return dataclasses.replace(config, tracking=dataclasses.replace(tracking, tracking_uri=uri))
 
 
-def prepare(config: TrainConfig) -> tuple[TrainConfig, list[StageExamples]]:
+def prepare(config: TrainConfig) -> tuple[TrainConfig, list[list[Source]]]:
     """Fill in what depends on where the run lives, and check the storage and output folders, the tracking store,
-    data, model and evaluation tasks before Ray starts. Returns the config and each stage's training examples
-    (read once, here; tokenised later on the cluster)."""
+    data, model and evaluation tasks before Ray starts. Returns the config and each stage's sources (listed, not
+    read: they are counted on the cluster, then streamed)."""
     config = absolute_paths(config)
     return _checked(config, *evaluation_tasks(config))
 
@@ -149,7 +151,7 @@ def evaluation_tasks(config: TrainConfig) -> tuple[tuple[EvalTask, ...], tuple[E
 
 def _checked(
     config: TrainConfig, before_tasks: Sequence[EvalTask], final_tasks: Sequence[EvalTask]
-) -> tuple[TrainConfig, list[StageExamples]]:
+) -> tuple[TrainConfig, list[list[Source]]]:
     """``prepare`` of an absolute config and its parsed tasks: places, tracking store, model, data, in this order."""
     storage = config.checkpoint.storage_path
     # The final model is copied here from the last checkpoint (a download when storage is remote).
@@ -166,9 +168,8 @@ def _checked(
     except TrackingError as err:
         raise ConfigError(f"tracking.tracking_uri: {err}") from None
     _check_model(config)
-    # Cheap checks first (is every dataset there?), then the training data read in full.
     _check_datasets(config, {"before_tasks": before_tasks, "final_tasks": final_tasks})
-    return config, _read_stages(config)
+    return config, [stage_sources(stage, i) for i, stage in enumerate(config.stages)]
 
 
 def _check_model(config: TrainConfig) -> None:
@@ -186,7 +187,9 @@ def _check_datasets(config: TrainConfig, tasks: dict[str, Sequence[EvalTask]]) -
     for key, parsed in tasks.items():
         check_tasks(parsed, data_dir, f"evaluation.{key}")
     datasets = [("evaluation.dev_dataset", config.evaluation.dev_dataset, config.evaluation.dev_split)]
-    datasets += [(f"stages.{i}", s.dataset, s.split) for i, s in enumerate(config.stages) if not is_user_file(s)]
+    for i, stage in enumerate(config.stages):
+        named = [(d.name, d.split) for d in stage.datasets or []] or [(stage.dataset, stage.split)]
+        datasets += [(f"stages.{i}", name, split) for name, split in named if name and not is_path(name)]
     for key, name, split in datasets:
         try:
             check_available(name, split, data_dir)
@@ -194,39 +197,25 @@ def _check_datasets(config: TrainConfig, tasks: dict[str, Sequence[EvalTask]]) -
             raise ConfigError(f"{key}: {err}") from None
 
 
-def _read_stages(config: TrainConfig) -> list[StageExamples]:
-    """Each stage's examples read in full (which validates every row and the objective/record match); a stage too
-    small for one optimizer step is refused."""
-    stages = []
-    reading = progress_bar(config.stages, desc="reading training data", unit="stage")
-    for i, stage in enumerate(reading):
-        try:
-            columns, labels = texts_and_labels(load_training_records(stage, config.data_dir), stage)
-        except ValueError as err:
-            raise ConfigError(f"stages.{i}: {err}") from None
-        stages.append((columns, labels))
-        if stage_steps(len(columns[0]), stage, config.scaling.num_workers)[1] == 0:
+def count_stages(config: TrainConfig, sources: list[list[Source]]) -> list[list[int]]:
+    """Each source's examples, counted on the cluster (``runs.stage_data.count_rows``: every row checked unless
+    parquet footers tell); a stage too small for one optimizer step is refused."""
+    rows = []
+    for i, (stage, listed) in enumerate(zip(config.stages, sources, strict=True)):
+        rows.append([count_rows(source, stage, config.data_dir) for source in listed])
+        if _stage_steps(config, i, rows[i])[1] == 0:
             raise ConfigError(
-                f"stages.{i}: {len(columns[0])} examples give no optimizer step of global batch {stage.batch_size} "
+                f"stages.{i}: {sum(rows[i])} examples give no optimizer step of global batch {stage.batch_size} "
                 f"over {config.scaling.num_workers} workers"
             )
-    return stages
+    return rows
 
 
-def tokenize_stages(config: TrainConfig, stages: list[StageExamples]) -> tuple[list[ray.ObjectRef], dict[str, int]]:
-    """Tokenise each stage's examples once for the whole cluster, in a Ray task of its own: the result stays in
-    the object store (lineage rebuilds it if its node dies) and every worker reads it zero-copy on its node.
-    Returns one reference per stage, and per stage the texts truncated to max_seq_length (an MLflow metric; the
-    worker logs them with what else training will not see)."""
-    task = ray.remote(num_returns=2)(tokenize_stage).options(
-        # No CPU reserved: it runs before this run's workers start, and a reservation could wait behind the CPUs
-        # a sweep's other trials hold. Never inside a Tune trial's placement group either.
-        num_cpus=0,
-        scheduling_strategy="DEFAULT",
-    )
-    submitted = [task.remote(config.model, columns, labels) for columns, labels in stages]
-    truncated = {f"data/stages.{i}/truncated_texts": ray.get(counts) for i, (_, counts) in enumerate(submitted)}
-    return [data for data, _ in submitted], truncated
+def _stage_steps(config: TrainConfig, index: int, rows: list[int]) -> tuple[int, int]:
+    stage = config.stages[index]
+    plan = batch_plan(stage, index, config.seed, config.scaling.num_workers, rank=0)
+    weights = [d.weight for d in stage.datasets] if stage.datasets else [1.0]
+    return stage_steps(rows, weights, stage, plan)
 
 
 def metrics_spool(config: TrainConfig, run_id: str) -> str:
@@ -239,11 +228,15 @@ def metrics_spool(config: TrainConfig, run_id: str) -> str:
 
 
 def build_trainer(
-    config: TrainConfig, stage_data: list[ray.ObjectRef], tracking_uri: str, run_id: str, callbacks: list | None = None
+    config: TrainConfig,
+    data: tuple[dict[str, ray.data.Dataset], StageData],
+    tracking_uri: str,
+    run_id: str,
+    callbacks: list | None = None,
 ) -> TorchTrainer:
     return torch_trainer(
         config,
-        stage_data,
+        data,
         ray.train.RunConfig(
             # Same name + storage = same run: a resubmitted job resumes from its latest checkpoint.
             name=config.name,
@@ -289,7 +282,8 @@ class TrainPlan:
     run_dir: str  # <storage>/<name>: checkpoints, record, lease
     before_tasks: tuple[EvalTask, ...]
     final_tasks: tuple[EvalTask, ...]
-    examples: tuple[int, ...]  # training examples per stage
+    sources: tuple[list[Source], ...]  # per stage
+    rows: tuple[list[int], ...]  # training examples per stage and source
     steps: tuple[int, ...]  # optimizer steps per stage
     previous: record.RunRecord | None  # the record of the run this one resumes; None: a new run
 
@@ -314,43 +308,39 @@ def run_training(
         if previous is not None and previous.status == "finished" and not restart:
             saved = previous.result | {"headlines": {k: tuple(v) for k, v in previous.result["headlines"].items()}}
             return TrainResult(**saved | {"already_finished": True})
-        plan, stages = preflight(config, run_dir, previous, restart)
+        plan = preflight(config, run_dir, previous, restart)
         callbacks = list(callbacks or [])
         if progress and not quiet():
             callbacks.append(TrainingProgress(list(plan.steps)))
-        return _train(plan, stages, parent_run_id, callbacks)
+        return _train(plan, parent_run_id, callbacks)
 
 
-def preflight(
-    config: TrainConfig, run_dir: str, previous: record.RunRecord | None, restart: bool
-) -> tuple[TrainPlan, list[StageExamples]]:
+def preflight(config: TrainConfig, run_dir: str, previous: record.RunRecord | None, restart: bool) -> TrainPlan:
     """Everything checked before the MLflow run opens (``config`` made absolute): tracking store, data, model,
-    tasks, the final model's folder, the cluster's room for the workers. --restart moves the old run aside here.
-    Returns the plan and each stage's examples as read."""
+    tasks, the final model's folder, the cluster's room for the workers, every source counted (and its rows
+    checked) on the cluster. --restart moves the old run aside here."""
     before_tasks, final_tasks = evaluation_tasks(config)  # parsed once for the whole run
-    config, stages = _checked(config, before_tasks, final_tasks)
+    config, sources = _checked(config, before_tasks, final_tasks)
     # Here, not in prepare: a sweep checks its base config there, whose output_dir holds one model per trial.
     owned_paths.check_model_folder(config.output_dir, leaving=run_dir if restart else None)
-    examples = tuple(len(columns[0]) for columns, _ in stages)
+    connect_ray()
+    rows = count_stages(config, sources)
     if restart:
         _replace_previous(run_dir, previous, config.tracking.tracking_uri)
         previous = None
-    connect_ray()
     check_resources(config.scaling)  # workers the cluster cannot hold: refused before the MLflow run and record
-    steps = tuple(
-        stage_steps(n, stage, config.scaling.num_workers)[1] for stage, n in zip(config.stages, examples, strict=True)
-    )
-    return TrainPlan(config, run_dir, before_tasks, final_tasks, examples, steps, previous), stages
+    steps = tuple(_stage_steps(config, i, n)[1] for i, n in enumerate(rows))
+    return TrainPlan(config, run_dir, before_tasks, final_tasks, tuple(sources), tuple(rows), steps, previous)
 
 
-def _train(plan: TrainPlan, stages: list[StageExamples], parent_run_id: str | None, callbacks: list) -> TrainResult:
+def _train(plan: TrainPlan, parent_run_id: str | None, callbacks: list) -> TrainResult:
     """The phases after preflight, in the run's MLflow run; the record is marked finished at the end."""
     trained = False
     try:
         with open_run(plan, parent_run_id) as (tracker, run_record):
-            stage_data = send_stages(plan, stages, tracker)
+            data = stage_datasets(plan.config, list(plan.sources), list(plan.rows))
             before = score_before(plan, tracker)
-            result, train_seconds = fit(plan, stage_data, tracker, run_record, callbacks)
+            result, train_seconds = fit(plan, data, tracker, run_record, callbacks)
             save_final_model(
                 result.checkpoint,
                 Path(plan.config.output_dir),
@@ -399,14 +389,6 @@ def open_run(plan: TrainPlan, parent_run_id: str | None) -> Iterator[tuple[RunTr
         yield tracker, run_record
 
 
-def send_stages(plan: TrainPlan, stages: list[StageExamples], tracker: RunTracker) -> list[ray.ObjectRef]:
-    """Each stage's examples tokenised into the object store (``tokenize_stages``); the driver's texts dropped."""
-    stage_data, truncated = tokenize_stages(plan.config, stages)
-    tracker.log_metrics(truncated)
-    stages.clear()  # the driver's copy of the texts is no longer needed
-    return stage_data
-
-
 def score_before(plan: TrainPlan, tracker: RunTracker) -> Results:
     """``evaluation.before_tasks`` on the configured model, logged as ``before/<entry>/<metric>``."""
     if not plan.before_tasks:
@@ -424,12 +406,16 @@ def _score(plan: TrainPlan, load: ModelSource, tasks: Sequence[EvalTask]) -> Res
 
 
 def fit(
-    plan: TrainPlan, stage_data: list[ray.ObjectRef], tracker: RunTracker, run_record: record.RunRecord, callbacks: list
+    plan: TrainPlan,
+    data: tuple[dict[str, ray.data.Dataset], StageData],
+    tracker: RunTracker,
+    run_record: record.RunRecord,
+    callbacks: list,
 ) -> tuple[ray.train.Result, float]:
     """The ``TorchTrainer`` fitted (resuming from the run's latest checkpoint); a NaN/inf stop is recorded and
     raised. Returns the result and the seconds ``fit`` took."""
     start = time.perf_counter()
-    trainer = build_trainer(plan.config, stage_data, plan.config.tracking.tracking_uri, tracker.run_id, callbacks)
+    trainer = build_trainer(plan.config, data, plan.config.tracking.tracking_uri, tracker.run_id, callbacks)
     result = trainer.fit()
     train_seconds = time.perf_counter() - start
     try:
@@ -497,7 +483,7 @@ def model_card_info(
     config, tracking = plan.config, plan.config.tracking
     return ModelCardInfo(
         base_model=config.model.name,
-        stages=[_stage_info(*stage) for stage in zip(config.stages, plan.examples, plan.steps, strict=True)],
+        stages=[_stage_info(*stage) for stage in zip(config.stages, map(sum, plan.rows), plan.steps, strict=True)],
         hardware=metrics.get("hardware", "unknown"),
         num_workers=config.scaling.num_workers,
         train_seconds=train_seconds,

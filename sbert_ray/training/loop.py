@@ -48,6 +48,7 @@ class MicroBatch:
     size: int  # examples on this worker
     epoch: int
     position: int
+    text_hashes: list[torch.Tensor] | None = None  # int64 [batch] per column: equal texts, equal hashes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,9 +121,11 @@ def train_stage(
     state: TrainState,
     reporter: Reporter,
     meter: StepMeter,
+    data_metrics: Callable[[], dict[str, float]] = dict,
 ) -> TrainState:
     """Train ``model`` (the objective, in DDP when several workers train) on ``batches`` from ``state`` until the
-    stage's last step; returns the state there. Raises ``Diverged`` on a NaN or infinite loss."""
+    stage's last step; returns the state there. ``data_metrics()``: what the data stream did so far, logged with
+    the loss. Raises ``Diverged`` on a NaN or infinite loss."""
     objective = model.module if isinstance(model, DistributedDataParallel) else model
     world_size = dist.get_world_size() if objective is not model else 1
     sparse_embeddings = sparse_gradient_weight(objective.encoder)
@@ -159,13 +162,16 @@ def train_stage(
                     "train/learning_rate": optimization.scheduler.get_last_lr()[0],
                     "train/pairs_per_s": window["pairs_per_s"],
                     "train/epoch": state.epoch + state.batch / settings.batches_per_epoch,
-                },
+                }
+                | data_metrics(),
                 step=state.global_step,
             )
             window_losses.zero_()
             window_steps = 0
         if report:
             state.stage_done = last
+            sources = data_metrics().items()
+            state.samples = {k[5:-8]: int(v) for k, v in sources if k.startswith("data/") and k.endswith("/samples")}
             reporter.report(state, checkpoint_writer(state, objective, optimization, device, world_size), window)
             meter.restart()  # the dev evaluation is not training time
         if last:

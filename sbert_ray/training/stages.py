@@ -18,15 +18,14 @@ import numpy as np
 import torch
 
 from sbert_ray.config import StageConfig, TrainConfig
-from sbert_ray.data.sampler import SmartBatchSampler
 from sbert_ray.losses.registry import build_loss
 from sbert_ray.models import SentenceEncoder, load_encoder
-from sbert_ray.training.batches import TokenizedColumns, epoch_batches, local_batch_size, log_coverage, stage_steps
 from sbert_ray.training.loop import Reporter, StepSettings, train_stage
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.optimization import prepare_optimization
 from sbert_ray.training.sparse_embeddings import sparse_embedding_gradients
 from sbert_ray.training.state import MODEL_DIR, TrainState, load_rng_states, set_rng_state
+from sbert_ray.training.stream import SourceStream, StageBatches, batch_plan, stage_steps
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +81,7 @@ def train_stages(
     encoder: SentenceEncoder,
     state: TrainState,
     restored: Path | None,
-    stage_data: Callable[[int], TokenizedColumns],
+    stage_data: Callable[[int], list[SourceStream]],
     worker: Worker,
     reporter: Reporter,
     meter: StepMeter,
@@ -105,22 +104,17 @@ def _train_stage(
     encoder: SentenceEncoder,
     state: TrainState,
     resume_from: Path | None,
-    data: TokenizedColumns,
+    sources: list[SourceStream],
     worker: Worker,
     reporter: Reporter,
     meter: StepMeter,
 ) -> TrainState:
-    """One stage's sampler, objective and optimizer (restored from ``resume_from``), then its steps."""
+    """One stage's batches, objective and optimizer (restored from ``resume_from``), then its steps."""
     device, world_size = worker.device, worker.world_size
-    sampler = SmartBatchSampler(
-        data.lengths, local_batch_size(stage, world_size), num_replicas=world_size, rank=worker.rank,
-        seed=config.seed + state.stage,
-    )  # fmt: skip
-    steps = stage_steps(len(data), stage, world_size)  # prepare() checked both are > 0
+    plan = batch_plan(stage, state.stage, config.seed, world_size, worker.rank)
+    steps = stage_steps([s.rows for s in sources], [s.weight for s in sources], stage, plan)  # preflight: > 0
     settings = StepSettings.for_stage(stage, steps, config.evaluation.eval_every, device, worker.precision)
     meter.data_ready()
-    if worker.rank == 0:
-        log_coverage(state.stage, data, sampler, settings.batches_per_epoch)
     # A head restored from the checkpoint must not advance the random stream restored with it.
     rng_devices = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(rng_devices) if resume_from is not None else nullcontext():
@@ -130,5 +124,10 @@ def _train_stage(
         reporter.log({"train/resumed_from_step": state.step}, step=state.global_step)
     sparse_embedding_gradients(encoder, device, world_size)  # before DDP wraps the objective: it decides then
     model = worker.distribute(objective)
-    batches = epoch_batches(data, sampler, settings.batches_per_epoch, state.epoch, state.batch, device)
-    return train_stage(model, batches, optimization, settings, state, reporter, meter)
+    tokenizer = encoder.tokenizer
+    pad_left = tokenizer.padding_side == "left"
+    batches = StageBatches(
+        sources, plan, settings.batches_per_epoch, state.epoch, state.batch,
+        collate=lambda batch: batch[0].collate(batch[1], tokenizer.pad_token_id, pad_left, device),
+    )  # fmt: skip
+    return train_stage(model, batches, optimization, settings, state, reporter, meter, batches.metrics)

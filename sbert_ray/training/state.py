@@ -30,6 +30,9 @@ class TrainState:
     global_step: int = 0  # optimizer steps over all stages (the MLflow step axis)
     stage_done: bool = False
     dev_spearman: float | None = None  # the latest dev score, carried into the final report for Tune
+    # Examples of each source this worker consumed in the stage (the stream position itself follows from epoch
+    # and batch: a resumed worker regenerates its batches to there)
+    samples: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def save(self, directory: Path) -> None:
         (directory / STATE_FILE).write_text(json.dumps(dataclasses.asdict(self)))

@@ -8,17 +8,19 @@ import ray.train
 from ray.train.torch import TorchTrainer
 
 from sbert_ray.config import TrainConfig, to_dict
+from sbert_ray.runs.stage_data import data_config
 from sbert_ray.training.worker import train_loop_per_worker
 
 
 def torch_trainer(
     config: TrainConfig,
-    stage_data: list,
+    data: tuple[dict, list],
     run_config: ray.train.RunConfig,
     tracking: dict | None = None,
 ) -> TorchTrainer:
-    """``config.scaling.num_workers`` workers with their CPUs (and GPUs), training on ``stage_data`` (each stage's
-    ``TokenizedColumns``, or an object-store reference to them); rank 0 logs to the MLflow run ``tracking``
+    """``config.scaling.num_workers`` workers with their CPUs (and GPUs), training on ``data`` (the Ray datasets
+    of every stage's sources and what workers need to stream them: ``runs.stage_data.stage_datasets``); rank 0
+    logs to the MLflow run ``tracking``
     names (``RunLogger``'s arguments: tracking URI, run id, spool file for metrics during outages) when one is given.
     Call ``fit()`` right away: the workers time their first optimizer step from now."""
     scaling = config.scaling
@@ -28,7 +30,7 @@ def torch_trainer(
             # A plain dict: Ray Train's controller unpickles this config too, and a TrainConfig would make it
             # import this package (and torch) while the worker processes start beside it.
             "config": to_dict(config),
-            "stage_data": stage_data,
+            "stage_data": data[1],
             "tracking": tracking,
             "fit_started": time.time(),  # wall clock: workers may be other processes on other nodes
         },
@@ -39,4 +41,6 @@ def torch_trainer(
             placement_strategy=scaling.placement_strategy,
         ),
         run_config=run_config,
+        datasets=data[0],
+        dataset_config=data_config(),
     )

@@ -1,5 +1,5 @@
 """``train_loop_per_worker``: what every Ray Train worker runs, a thin adapter around the Ray-free training core
-(``training.stages``, ``training.loop``): DDP set up by Ray Train, each stage's data from the object store, and a
+(``training.stages``, ``training.loop``): DDP set up by Ray Train, each stage's data from its Ray Data shards, and a
 reporter that logs rank 0's metrics to the run the driver opened and calls ``ray.train.report``.
 
 Rank 0 additionally scores the dev set and writes checkpoints (the last one holds the final model); all ranks call
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import ray
@@ -32,6 +32,7 @@ from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.precision import resolve_precision
 from sbert_ray.training.stages import Worker, start_worker, train_stages
 from sbert_ray.training.state import TrainState
+from sbert_ray.training.stream import SourceStream
 
 # DDP all-reduces gradients in buckets of this size as soon as backward has filled one (the last layers' first),
 # so communication overlaps the rest of backward.
@@ -68,12 +69,22 @@ def train_loop_per_worker(loop_config: dict) -> dict:
     return _summary(worker, meter)
 
 
-def _stage_data(loop_config: dict) -> Callable[[int], object]:
-    """Stage i's ``TokenizedColumns``: tokenised once for the cluster, read zero-copy from the object store."""
-    stage_data = loop_config["stage_data"]
-    return lambda index: (
-        ray.get(stage_data[index]) if isinstance(stage_data[index], ray.ObjectRef) else stage_data[index]
-    )
+def _stage_data(loop_config: dict) -> Callable[[int], list[SourceStream]]:
+    """Stage i's sources as this worker's shards of their Ray datasets (``runs.stage_data``), each pass a new
+    iteration of the shard."""
+
+    def streams(index: int) -> list[SourceStream]:
+        return [
+            SourceStream(source["name"], source["rows"], source["weight"], _passes(source["key"]))
+            for source in loop_config["stage_data"][index]
+        ]
+
+    return streams
+
+
+def _passes(key: str) -> Callable[[], Iterable]:
+    shard = ray.train.get_dataset_shard(key)
+    return lambda: shard.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2)
 
 
 def _ddp(objective: torch.nn.Module, bf16_gradients: bool) -> torch.nn.Module:

@@ -1,0 +1,264 @@
+"""Where a training stage's examples come from, read as a stream of Arrow tables of text columns and labels.
+
+A source is a registered dataset (``stsb``, ``nli``, ...: local files or the Hub, read by ``data.readers``) or the
+user's own data: one file, a folder or glob of shards, or an object-storage prefix (``s3://bucket/shards/``) of
+csv/tsv/jsonl/parquet files. Every table a source yields has the columns ``text_0 .. text_{k-1}`` (one per siamese
+branch: e.g. anchor, positive, negative_1, ...) and, when the objective has one, ``label`` (class index, or the
+score divided by the stage's ``score_max``). Only the rows the objective trains on are kept.
+
+One file is read by one task (``read_tables``), in tables of ``ROWS_PER_TABLE`` rows, so many shards read in
+parallel across a cluster and no process ever holds more than a file's table at a time (parquet, read by row
+group) or a csv/tsv/jsonl file's records (their readers check every row, naming its line).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import itertools
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from sbert_ray.config import ConfigError, StageConfig
+from sbert_ray.data.readers import load_records, read_user_file
+from sbert_ray.data.records import (
+    NLI_LABEL_IDS,
+    RECORD_TYPES,
+    TEXT_FIELDS,
+    DataError,
+    Record,
+    Records,
+    lookup,
+    parse_score,
+)
+from sbert_ray.losses.base import EncoderLoss
+from sbert_ray.losses.registry import OBJECTIVES
+
+FILE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".parquet")
+ROWS_PER_TABLE = 8192  # rows per table a read task yields: Ray Data gathers them into blocks
+GLOB_CHARS = "*?["
+
+
+@dataclass(frozen=True)
+class Source:
+    """One dataset of a stage: ``spec`` as the config gives it, the files it is (none: a registered dataset), and
+    its share of the stage's batches (``weight``)."""
+
+    key: str  # the config key that names it, for messages: "stages.0.dataset", "stages.1.datasets.2"
+    spec: str
+    split: str
+    files: tuple[str, ...]
+    weight: float = 1.0
+    columns: dict[str, str] | None = None
+
+    @property
+    def name(self) -> str:
+        """A short name for logs and MLflow metric names."""
+        return Path(self.spec.rstrip("/")).name.replace("*", "x") or self.spec
+
+
+def is_path(spec: str) -> bool:
+    """A path or URI of the user's data (a file with a data suffix, a folder, a glob or ``scheme://``), not the
+    name of a registered dataset."""
+    return (
+        "://" in spec
+        or Path(spec).suffix.lower() in FILE_SUFFIXES
+        or any(c in spec for c in GLOB_CHARS)
+        or Path(spec).expanduser().is_dir()
+    )
+
+
+def stage_sources(stage: StageConfig, index: int) -> list[Source]:
+    """The stage's sources, their files listed (a missing or empty one is a ConfigError naming its key)."""
+    if stage.datasets:
+        entries = [
+            (f"stages.{index}.datasets.{j}", d.name or d.path, d.split, d.weight, d.columns)
+            for j, d in enumerate(stage.datasets)
+        ]
+    else:
+        entries = [(f"stages.{index}.dataset", stage.dataset, stage.split, 1.0, stage.columns)]
+    return [
+        Source(key, spec, split, tuple(list_files(spec, key)) if is_path(spec) else (), weight, columns)
+        for key, spec, split, weight, columns in entries
+    ]
+
+
+def list_files(spec: str, key: str) -> list[str]:
+    """The data files ``spec`` names, sorted: itself, a folder's (or prefix's) files with a data suffix, or a
+    glob's matches; local or on any filesystem pyarrow opens (s3://, gs://, hdfs://)."""
+    filesystem, path = _filesystem(spec, key)
+    pattern = next((i for i, c in enumerate(path) if c in GLOB_CHARS), None)
+    if pattern is not None:
+        base = path[: path.rfind("/", 0, pattern) + 1] or "."
+        found = [f for f in _files_under(filesystem, base, key) if fnmatch.fnmatch(f, path)]
+    else:
+        info = filesystem.get_file_info(path)
+        if info.type == pafs.FileType.NotFound:
+            raise ConfigError(f"{key}: {spec} does not exist")
+        found = [path] if info.type == pafs.FileType.File else _files_under(filesystem, path, key)
+    files = sorted(f for f in found if Path(f).suffix.lower() in FILE_SUFFIXES)
+    if not files:
+        raise ConfigError(f"{key}: {spec} holds no {'/'.join(FILE_SUFFIXES)} files")
+    suffixes = {Path(f).suffix.lower() for f in files}
+    if len(suffixes) > 1:
+        raise ConfigError(f"{key}: {spec} mixes file types ({', '.join(sorted(suffixes))}); use one per source")
+    prefix = spec[: spec.index("://") + 3] if "://" in spec else ""
+    return [prefix + f for f in files]
+
+
+def _filesystem(spec: str, key: str) -> tuple[pafs.FileSystem, str]:
+    if "://" not in spec:
+        return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(spec))
+    try:
+        return pafs.FileSystem.from_uri(spec.split("*")[0]) if "*" in spec else pafs.FileSystem.from_uri(spec)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise ConfigError(f"{key}: cannot open {spec}: {err}") from None
+
+
+def _files_under(filesystem: pafs.FileSystem, folder: str, key: str) -> list[str]:
+    try:
+        infos = filesystem.get_file_info(pafs.FileSelector(folder.rstrip("/"), recursive=True))
+    except (FileNotFoundError, OSError) as err:
+        raise ConfigError(f"{key}: cannot list {folder}: {err}") from None
+    return [i.path for i in infos if i.type == pafs.FileType.File and not Path(i.path).name.startswith((".", "_"))]
+
+
+def read_tables(source: Source, file: str | None, stage: StageConfig, data_dir) -> Iterator[pa.Table]:
+    """One file of the source (``file``; None: the registered dataset), as tables of the objective's examples."""
+    if file is None:
+        records = load_records(source.spec, source.split, data_dir, errors=stage.errors)
+        yield from record_tables(records, stage, source.spec)
+    elif file.lower().endswith(".parquet"):
+        yield from _parquet_tables(file, source, stage)
+    elif "://" in file:  # a csv/tsv/jsonl object: its reader checks lines, so it reads a local copy
+        with _local_copy(file) as path:
+            yield from _file_tables(path, file, source, stage)
+    else:
+        yield from _file_tables(file, file, source, stage)
+
+
+def _file_tables(path: str, name: str, source: Source, stage: StageConfig) -> Iterator[pa.Table]:
+    loss = OBJECTIVES[stage.objective]
+    score_range = (0.0, stage.score_max) if loss.label_field == "score" else None
+    try:
+        kind, columns = loss.user_file_kind, source.columns
+        records = read_user_file(path, kind, columns, errors=stage.errors, score_range=score_range)
+    except DataError as err:
+        raise DataError(str(err).replace(path, name, 1)) from None
+    yield from record_tables(records, stage, name)
+
+
+def record_tables(records: Records, stage: StageConfig, where: str) -> Iterator[pa.Table]:
+    """Records as tables of the examples the stage's objective trains on (``where`` names them in errors)."""
+    loss = OBJECTIVES[stage.objective]
+    wrong = next((r for r in records if not isinstance(r, loss.record_types)), None)
+    if wrong is not None:
+        names = ", ".join(t.__name__ for t in loss.record_types)
+        raise DataError(f"{where} gives {type(wrong).__name__} records; objective {stage.objective!r} needs {names}")
+    kept = (r for r in records if loss.keeps(r))
+    while chunk := list(itertools.islice(kept, ROWS_PER_TABLE)):
+        yield _records_table(chunk, stage, where)
+
+
+def _records_table(records: list[Record], stage: StageConfig, where: str) -> pa.Table:
+    fields = TEXT_FIELDS[type(records[0])]
+    table = {f"text_{i}": pa.array([getattr(r, name) for r in records], pa.string()) for i, name in enumerate(fields)}
+    label_field = OBJECTIVES[stage.objective].label_field
+    if label_field == "label":
+        table["label"] = pa.array([r.label for r in records], pa.int64())
+    elif label_field == "score":
+        scores = np.array([r.score for r in records], dtype=np.float32) / stage.score_max
+        if scores.min() < 0 or scores.max() > 1:
+            raise DataError(f"{where}: scores outside [0, score_max={stage.score_max}]")
+        table["label"] = pa.array(scores)
+    return pa.table(table)
+
+
+def _parquet_tables(file: str, source: Source, stage: StageConfig) -> Iterator[pa.Table]:
+    """A parquet file by row group: columns named as a user file's (``columns`` maps field -> column); for
+    in-batch-negative objectives every ``negative_<n>`` column is a further hard negative (mined n-tuples)."""
+    loss = OBJECTIVES[stage.objective]
+    record_type = RECORD_TYPES[loss.user_file_kind]
+    filesystem, path = _filesystem(file, source.key)
+    parquet = pq.ParquetFile(filesystem.open_input_file(path))
+    names = parquet.schema_arrow.names
+    mapping = source.columns or {}
+    texts = [mapping.get(f, f) for f in TEXT_FIELDS[record_type]]
+    if record_type.__name__ == "Triplet" and "negative" not in mapping and "negative" not in names:
+        texts = texts[:2] + sorted((n for n in names if n.startswith("negative_")), key=lambda n: int(n[9:]))
+    label = mapping.get(loss.label_field, loss.label_field) if loss.label_field else None
+    missing = [c for c in [*texts, label] if c and c not in names]
+    if missing or len(texts) < 2:
+        raise DataError(f"{file}: no column {missing[0] if missing else 'negative_1'!r} (its columns: {names})")
+    first_row = 0
+    for batch in parquet.iter_batches(batch_size=ROWS_PER_TABLE, columns=[*texts, *([label] if label else [])]):
+        table = {f"text_{i}": _texts(batch.column(name), file, name, first_row) for i, name in enumerate(texts)}
+        if label:
+            table["label"] = _labels(batch.column(label), file, label, first_row, stage)
+        first_row += batch.num_rows
+        yield pa.table(table)
+
+
+def _texts(column: pa.Array, file: str, name: str, first_row: int) -> pa.Array:
+    column = column.cast(pa.string())
+    if column.null_count:
+        row = first_row + int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+        raise DataError(f"{file}, row {row + 1}: column {name!r} is empty")
+    return column
+
+
+def _labels(column: pa.Array, file: str, name: str, first_row: int, stage: StageConfig) -> pa.Array:
+    """Class labels by NLI name or index; scores as numbers in [0, score_max], divided by it."""
+    label_field = OBJECTIVES[stage.objective].label_field
+    values = column.to_pylist()
+    try:
+        for i, value in enumerate(values):
+            if label_field == "label":
+                values[i] = int(lookup(value, NLI_LABEL_IDS, name))
+            else:
+                values[i] = parse_score(value, name)
+                if not 0 <= values[i] <= stage.score_max:
+                    raise ValueError(f"{name} {values[i]:g} is outside [0, score_max={stage.score_max}]")
+    except ValueError as err:
+        raise DataError(f"{file}, row {first_row + i + 1}: {err}") from None
+    if label_field == "label":
+        return pa.array(values, pa.int64())
+    return pa.array(np.asarray(values, dtype=np.float32) / stage.score_max)
+
+
+class _local_copy:
+    """A remote object copied to a local temporary file for the duration of a ``with``."""
+
+    def __init__(self, uri: str):
+        self.uri = uri
+
+    def __enter__(self) -> str:
+        filesystem, path = pafs.FileSystem.from_uri(self.uri)
+        handle, self.path = tempfile.mkstemp(suffix=Path(path).suffix)
+        with os.fdopen(handle, "wb") as out, filesystem.open_input_stream(path) as stream:
+            while chunk := stream.read(1 << 22):
+                out.write(chunk)
+        return self.path
+
+    def __exit__(self, *exc) -> None:
+        os.unlink(self.path)
+
+
+def known_rows(source: Source, stage: StageConfig) -> int | None:
+    """The source's examples from parquet footers when that is exact (parquet files, an objective that keeps
+    every row, no row skipped on errors); None when only reading the rows tells."""
+    keeps_all = OBJECTIVES[stage.objective].keeps.__func__ is EncoderLoss.keeps.__func__ and stage.errors == "raise"
+    if not source.files or not keeps_all or not all(f.lower().endswith(".parquet") for f in source.files):
+        return None
+    total = 0
+    for file in source.files:
+        filesystem, path = _filesystem(file, source.key)
+        total += pq.ParquetFile(filesystem.open_input_file(path)).metadata.num_rows
+    return total

@@ -1,0 +1,111 @@
+"""Each stage's training data as Ray Data streams, which the Train workers consume as their shards.
+
+    sources     listed and counted before training (``count_rows``): parquet from its footers, anything else by
+                a read of every row on the cluster, which also checks each one (an error names the file and line)
+    read        one read task per file (or per registered dataset): tables of the objective's examples
+    tokenize    a map stage on the cluster's CPUs: token ids, lengths and text hashes per row
+    split       Ray Train's streaming_split, equal rows per worker, in a fixed order (``preserve_order``): the
+                same data order for the same seed, and a resume regenerates its position exactly
+
+The driver never holds the records and no process holds more than a file's table plus a worker's window.
+Read and tokenize tasks reserve no CPU: training workers hold the cluster's CPUs (on a small cluster all of
+them), and a task waiting for a CPU behind them would stall the stream. They share the CPUs instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+
+import pyarrow as pa
+import ray
+import ray.data
+import ray.train
+from ray.data.block import BlockMetadata
+from ray.data.datasource import Datasource, ReadTask
+
+from sbert_ray.config import ConfigError, StageConfig, TrainConfig
+from sbert_ray.data.records import DataError
+from sbert_ray.data.sources import ROWS_PER_TABLE, Source, known_rows, read_tables
+from sbert_ray.models import load_encoder
+from sbert_ray.training.batches import tokenize_table
+
+StageData = list[list[dict]]  # per stage, per source: its dataset key, name, rows and weight (for the workers)
+
+
+def data_config() -> ray.train.DataConfig:
+    """Every stage's datasets split across the workers in one fixed order (deterministic for a seed)."""
+    return ray.train.DataConfig(execution_options=ray.data.ExecutionOptions(preserve_order=True))
+
+
+def count_rows(source: Source, stage: StageConfig, data_dir) -> int:
+    """The source's training examples (at most ``stage.limit``), checking every row unless parquet footers
+    tell; a bad row is a ConfigError naming the source's key, the file and the line."""
+    rows = known_rows(source, stage)
+    if rows is None:
+        try:
+            rows = _read(source, stage, data_dir).count()
+        except ray.exceptions.RayTaskError as err:
+            cause = err.as_instanceof_cause()
+            if isinstance(cause, DataError | ValueError):
+                raise ConfigError(f"{source.key}: {str(cause).splitlines()[-1]}") from None
+            raise
+    return min(rows, stage.limit) if stage.limit else rows
+
+
+def stage_datasets(config: TrainConfig, sources: list[list[Source]], rows: list[list[int]]):
+    """The Train datasets (``{key: ray.data.Dataset}``, lazy: nothing runs before the workers iterate them) and
+    what each worker needs to stream them."""
+    datasets, stage_data = {}, []
+    for i, (stage, stage_sources) in enumerate(zip(config.stages, sources, strict=True)):
+        described = []
+        for j, (source, n) in enumerate(zip(stage_sources, rows[i], strict=True)):
+            key = f"stage{i}.{j}"
+            dataset = _read(source, stage, config.data_dir)
+            datasets[key] = (dataset.limit(stage.limit) if stage.limit else dataset).map_batches(
+                _Tokenize,
+                fn_constructor_args=(json.dumps(dataclasses.asdict(config.model)),),
+                batch_size=ROWS_PER_TABLE,
+                batch_format="pyarrow",
+                num_cpus=0,
+                concurrency=(1, max(1, int(ray.cluster_resources().get("CPU", 1)))),
+            )
+            described.append({"key": key, "name": source.name, "rows": n, "weight": source.weight})
+        stage_data.append(described)
+    return datasets, stage_data
+
+
+def _read(source: Source, stage: StageConfig, data_dir) -> ray.data.Dataset:
+    return ray.data.read_datasource(_SourceFiles(source, stage, data_dir), num_cpus=0)
+
+
+class _SourceFiles(Datasource):
+    """A source as read tasks: one per file, or one for a registered dataset."""
+
+    def __init__(self, source: Source, stage: StageConfig, data_dir):
+        super().__init__()
+        self.source, self.stage, self.data_dir = source, stage, data_dir
+
+    def estimate_inmemory_data_size(self) -> int | None:
+        return None
+
+    def get_read_tasks(self, parallelism: int, per_task_row_limit=None, data_context=None) -> list[ReadTask]:
+        source, stage, data_dir = self.source, self.stage, self.data_dir
+        files = source.files or (None,)
+        metadata = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None, input_files=None)
+        return [
+            ReadTask(functools.partial(read_tables, source, file, stage, data_dir), metadata, schema=None)
+            for file in files
+        ]
+
+
+class _Tokenize:
+    """The map stage: each process loads the model's tokenizer once."""
+
+    def __init__(self, model_json: str):
+        encoder = load_encoder(**json.loads(model_json))
+        self.tokenizer, self.max_seq_length = encoder.tokenizer, encoder.max_seq_length
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        return tokenize_table(table, self.tokenizer, self.max_seq_length)

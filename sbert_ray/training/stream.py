@@ -1,0 +1,295 @@
+"""A worker's micro-batches from its streams of tokenised tables (one per source of the stage), without Ray.
+
+Smart batching in a bounded window: a worker gathers ``window_batches`` batches' worth of rows, sorts them by
+length (ties in a seeded random order), cuts them into batches and shuffles the batches with a generator seeded
+alike on every rank, so that step k's batches on all workers hold rows of similar length rank (no worker idles
+at the all-reduce behind a long batch). Only a window's rows are in memory, whatever the data's size.
+
+Every worker yields exactly the same number of micro-batches per pass over a source, whatever its shard holds:
+``batches_per_pass`` is fixed beforehand from the source's row count; a shard that gives more leaves the surplus
+unseen (counted), one that gives fewer repeats its pass's first batches (counted). So no DDP worker ever waits
+for a step another worker does not take.
+
+With ``no_duplicates`` (in-batch-negative objectives) a row any of whose texts is already in the batch being
+cut waits for a later batch (counted), so no text is its own negative inside a worker's batch.
+
+Several sources: each micro-batch is drawn from one source (in-batch negatives stay within one dataset), in an
+order seeded per epoch and equal on every rank: ``proportional`` draws each source ``weight`` x its batches per
+epoch, ``round_robin`` takes one batch of each in turn until the smallest is used up. Each source streams pass
+after pass on its own; where the stage stands in each is a function of (epoch, position), so a resumed worker
+regenerates its stream up to there and goes on with the very batches the interrupted run would have taken.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Iterable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from sbert_ray.config import StageConfig, TrainConfig
+from sbert_ray.data.sources import Source, read_tables, stage_sources
+from sbert_ray.losses.registry import OBJECTIVES
+from sbert_ray.training.batches import TokenizedRows, local_batch_size, tokenize_table
+from sbert_ray.training.loop import MicroBatch
+
+Batch = tuple[TokenizedRows, np.ndarray]  # the rows of its window, and which of them
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceStream:
+    """One source as a worker streams it."""
+
+    name: str
+    rows: int  # examples in one pass over the source, all workers together (counted before training)
+    weight: float
+    open_pass: Callable[[], Iterable[pa.Table]]  # this worker's tokenised tables of a new pass
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchPlan:
+    """How a worker cuts its streams into micro-batches (the same on every rank but ``rank``)."""
+
+    batch_size: int  # examples per micro-batch on this worker
+    world_size: int
+    rank: int
+    seed: int
+    window_batches: int = 200
+    no_duplicates: bool = False
+    sampling: str = "proportional"
+
+    def batches_per_pass(self, rows: int) -> int:
+        """Micro-batches each worker takes per pass over a source of ``rows`` examples: its equal share
+        (streaming_split hands each worker ``rows // world_size``), the last batch possibly short."""
+        return math.ceil(rows // self.world_size / self.batch_size)
+
+
+def epoch_schedule(per_pass: list[int], weights: list[float], plan: BatchPlan, epoch: int) -> np.ndarray:
+    """The source each micro-batch of ``epoch`` comes from (equal on every rank), for sources of ``per_pass``
+    batches per pass."""
+    if len(per_pass) == 1:
+        return np.zeros(per_pass[0], dtype=np.int64)
+    if plan.sampling == "round_robin":
+        return np.tile(np.arange(len(per_pass)), min(per_pass))
+    draws = [max(1, round(weight * n)) for weight, n in zip(weights, per_pass, strict=True)]
+    return np.random.default_rng([plan.seed, epoch]).permutation(np.repeat(np.arange(len(per_pass)), draws))
+
+
+def stage_steps(rows: list[int], weights: list[float], stage: StageConfig, plan: BatchPlan) -> tuple[int, int]:
+    """(optimizer steps per epoch, optimizer steps the stage runs) for sources of ``rows`` examples: what the
+    workers train, and what a run checks and reports beforehand."""
+    per_pass = [plan.batches_per_pass(n) for n in rows]
+    per_epoch = len(epoch_schedule(per_pass, weights, plan, 0)) // stage.grad_accum_steps
+    total = stage.epochs * per_epoch
+    return per_epoch, min(total, stage.max_steps) if stage.max_steps else total
+
+
+def batch_plan(stage: StageConfig, stage_index: int, seed: int, world_size: int, rank: int) -> BatchPlan:
+    """The stage's plan on rank ``rank``: duplicates kept out of batches by default for in-batch negatives."""
+    no_duplicates = stage.no_duplicates
+    if no_duplicates is None:
+        no_duplicates = OBJECTIVES[stage.objective].in_batch_negatives
+    return BatchPlan(
+        batch_size=local_batch_size(stage, world_size),
+        world_size=world_size,
+        rank=rank,
+        seed=seed + stage_index,
+        window_batches=stage.window_batches,
+        no_duplicates=no_duplicates,
+        sampling=stage.sampling,
+    )
+
+
+@dataclasses.dataclass
+class SourceCounts:
+    """What one source's stream did on this worker: logged as ``data/<source>/<name>``."""
+
+    samples: int = 0  # examples trained on
+    deferred_duplicates: int = 0  # rows moved to a later batch because a text of theirs was in the batch
+    unseen: int = 0  # rows of a pass beyond its batches_per_pass (a shard larger than its share)
+    repeated: int = 0  # examples of batches repeated to fill a short pass
+    truncated_texts: int = 0  # texts cut to max_seq_length
+
+
+class StageBatches:
+    """This worker's micro-batches of one stage from (``epoch``, ``position``) on, epoch after epoch, collated
+    on ``device`` as they are taken; ``metrics()`` tells what the streams did so far."""
+
+    def __init__(
+        self,
+        sources: list[SourceStream],
+        plan: BatchPlan,
+        micro_batches_per_epoch: int,
+        epoch: int,
+        position: int,
+        collate: Callable[[Batch], tuple[list[dict], torch.Tensor | None, list[torch.Tensor]]],
+    ):
+        self.sources, self.plan, self.collate = sources, plan, collate
+        self.per_epoch, self.epoch, self.position = micro_batches_per_epoch, epoch, position
+        self.counts = [SourceCounts() for _ in sources]
+        self.per_pass = [plan.batches_per_pass(s.rows) for s in sources]
+        self.weights = [s.weight for s in sources]
+        taken = np.zeros(len(sources), dtype=np.int64)  # each source's batches before (epoch, position)
+        for past in range(epoch + 1):
+            drawn = self._schedule(past)[: position if past == epoch else None]
+            taken += np.bincount(drawn, minlength=len(sources))
+        self.streams = [self._source_batches(j, int(n)) for j, n in enumerate(taken)]
+
+    def __iter__(self) -> Iterator[MicroBatch]:
+        epoch, start = self.epoch, self.position
+        while True:
+            schedule = self._schedule(epoch)
+            for position in range(start, len(schedule)):
+                batch = next(self.streams[schedule[position]])
+                features, labels, hashes = self.collate(batch)
+                self.counts[schedule[position]].samples += len(batch[1])
+                yield MicroBatch(features, labels, len(batch[1]), epoch, position + 1, hashes)
+            epoch, start = epoch + 1, 0
+
+    def _schedule(self, epoch: int) -> np.ndarray:
+        """The epoch's sources, cut to whole optimizer steps (``micro_batches_per_epoch``)."""
+        return epoch_schedule(self.per_pass, self.weights, self.plan, epoch)[: self.per_epoch]
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            f"data/{source.name}/{name}": value
+            for source, counts in zip(self.sources, self.counts, strict=True)
+            for name, value in dataclasses.asdict(counts).items()
+        }
+
+    def _source_batches(self, index: int, taken: int) -> Iterator[Batch]:
+        """Source ``index``'s batches pass after pass, from its ``taken``-th on (the earlier ones regenerated and
+        passed over: a resume continues exactly where the interrupted run was)."""
+        source, counts = self.sources[index], self.counts[index]
+        per_pass = self.per_pass[index]
+        number, skip = divmod(taken, per_pass)
+        while True:
+            key = (self.plan.seed, index, number)
+            batches = pass_batches(source.open_pass(), per_pass, self.plan, key, counts)
+            for position, batch in enumerate(batches):
+                if position >= skip:
+                    yield batch
+            number, skip = number + 1, 0
+
+
+def pass_batches(
+    tables: Iterable[pa.Table], per_pass: int, plan: BatchPlan, key: tuple[int, ...], counts: SourceCounts
+) -> Iterator[Batch]:
+    """Exactly ``per_pass`` batches of one pass over this worker's ``tables``: surplus batches are still read to
+    the end of the stream (every worker finishes the pass together) and counted unseen; a short pass repeats its
+    first batches."""
+    first: list[Batch] = []  # the pass's first batches (at most a window's), to repeat if it comes up short
+    made = 0
+    for batch in _cut_pass(tables, plan, key, counts):
+        if made == per_pass:
+            counts.unseen += len(batch[1])
+            continue
+        if len(first) < plan.window_batches:
+            first.append(batch)
+        made += 1
+        yield batch
+    if made < per_pass and not first:
+        raise ValueError(f"this worker's share of a pass held no example (source {key[1]}, pass {key[2]})")
+    for repeat in range(per_pass - made):
+        batch = first[repeat % len(first)]
+        counts.repeated += len(batch[1])
+        yield batch
+
+
+def _cut_pass(tables: Iterable[pa.Table], plan: BatchPlan, key: tuple[int, ...], counts: SourceCounts):
+    """Every row of the pass in a batch: window by window (rows that do not fill a whole batch carry over to the
+    next window), then the last rows, short batches included."""
+    carry, number = None, 0
+    for number, window in enumerate(_windows(tables, plan.window_batches * plan.batch_size, counts)):
+        window = window if carry is None else pa.concat_tables([carry, window])
+        rows = TokenizedRows.from_arrow(window)
+        batches, leftover = cut_window(rows, plan, (*key, number), whole_only=True, counts=counts)
+        carry = window.take(leftover) if len(leftover) else None
+        yield from ((rows, batch) for batch in batches)
+    if carry is not None:
+        rows = TokenizedRows.from_arrow(carry)
+        batches, _ = cut_window(rows, plan, (*key, number + 1), whole_only=False, counts=counts)
+        yield from ((rows, batch) for batch in batches)
+
+
+def _windows(tables: Iterable[pa.Table], window_rows: int, counts: SourceCounts) -> Iterator[pa.Table]:
+    pending, rows = [], 0
+    for table in tables:
+        pending.append(table)
+        rows += table.num_rows
+        counts.truncated_texts += int(pa.compute.sum(table.column("truncated")).as_py() or 0)
+        if rows >= window_rows:
+            yield pa.concat_tables(pending)
+            pending, rows = [], 0
+    if rows:
+        yield pa.concat_tables(pending)
+
+
+def cut_window(
+    rows: TokenizedRows, plan: BatchPlan, key: tuple[int, ...], whole_only: bool, counts: SourceCounts
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """A window's rows sorted by length (ties in a random order of this rank) and cut into batches, shuffled
+    alike on every rank. ``whole_only``: only full batches, the other rows returned (carried to the next window);
+    else every row goes into a batch, the last ones possibly short."""
+    order = np.random.default_rng([*key, plan.rank]).permutation(len(rows))
+    order = order[np.argsort(rows.lengths[order], kind="stable")]
+    batches, leftover = _fill(order, rows, plan, counts, keep_short=not whole_only)
+    while not whole_only and len(leftover):  # rows that waited, until every one is in a batch
+        more, leftover = _fill(leftover, rows, plan, counts, keep_short=True)
+        batches += more
+    shuffled = np.random.default_rng(list(key)).permutation(len(batches))
+    return [batches[i] for i in shuffled], leftover
+
+
+def _fill(order: np.ndarray, rows: TokenizedRows, plan: BatchPlan, counts: SourceCounts, keep_short: bool):
+    """Rows in ``order`` into batches of ``plan.batch_size``; returns the batches and the rows left (a partial
+    batch, unless ``keep_short`` makes it a batch, and rows waiting). With ``no_duplicates`` a row that shares a
+    text with the batch being filled waits."""
+    size = plan.batch_size
+    if not plan.no_duplicates:
+        whole = len(order) if keep_short else len(order) // size * size
+        return [order[i : i + size] for i in range(0, whole, size)], order[whole:]
+    batches, current, seen, waiting = [], [], set(), []
+    for i in order:
+        texts = {int(h[i]) for h in rows.hashes}
+        if not texts.isdisjoint(seen):
+            waiting.append(i)
+            counts.deferred_duplicates += 1
+            continue
+        current.append(i)
+        seen |= texts
+        if len(current) == size:
+            batches.append(np.array(current))
+            current, seen = [], set()
+    if current and keep_short:
+        batches.append(np.array(current))
+        current = []
+    return batches, np.array(current + waiting, dtype=np.int64)
+
+
+def local_sources(config: TrainConfig, index: int, tokenizer, max_seq_length: int) -> list[SourceStream]:
+    """Stage ``index``'s sources read and tokenised in this process, for one worker without Ray (the training
+    benchmark's ``--local`` runs, tests): the same tables the cluster's stream gives, counted by a first read."""
+    stage = config.stages[index]
+
+    def tables(source: Source) -> Iterator[pa.Table]:
+        read = (t for f in source.files or (None,) for t in read_tables(source, f, stage, config.data_dir))
+        return (tokenize_table(t, tokenizer, max_seq_length) for t in _first_rows(read, stage.limit))
+
+    return [
+        SourceStream(s.name, sum(t.num_rows for t in tables(s)), s.weight, functools.partial(tables, s))
+        for s in stage_sources(stage, index)
+    ]
+
+
+def _first_rows(tables: Iterable[pa.Table], limit: int | None) -> Iterator[pa.Table]:
+    for table in tables:
+        if limit is not None and table.num_rows >= limit:
+            yield table.slice(0, limit)
+            return
+        yield table
+        limit = None if limit is None else limit - table.num_rows
