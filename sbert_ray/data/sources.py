@@ -251,11 +251,14 @@ class _local_copy:
         os.unlink(self.path)
 
 
-def known_rows(source: Source, stage: StageConfig) -> int | None:
-    """The source's examples from parquet footers when that is exact (parquet files, an objective that keeps
-    every row, no row skipped on errors); None when only reading the rows tells."""
+def known_rows(source: Source, stage: StageConfig, data_dir) -> int | None:
+    """The source's examples without the cluster: a registered dataset (small, local or from the Hub) read here,
+    which also checks that its records suit the objective; user files from parquet footers when that is exact
+    (parquet, an objective that keeps every row, no row skipped on errors). None: only reading every row tells."""
+    if not source.files:
+        return sum(table.num_rows for table in read_tables(source, None, stage, data_dir))
     keeps_all = OBJECTIVES[stage.objective].keeps.__func__ is EncoderLoss.keeps.__func__ and stage.errors == "raise"
-    if not source.files or not keeps_all or not all(f.lower().endswith(".parquet") for f in source.files):
+    if not keeps_all or not all(f.lower().endswith(".parquet") for f in source.files):
         return None
     total = 0
     for file in source.files:

@@ -42,15 +42,17 @@ def data_config() -> ray.train.DataConfig:
 def count_rows(source: Source, stage: StageConfig, data_dir) -> int:
     """The source's training examples (at most ``stage.limit``), checking every row unless parquet footers
     tell; a bad row is a ConfigError naming the source's key, the file and the line."""
-    rows = known_rows(source, stage)
-    if rows is None:
-        try:
+    try:
+        rows = known_rows(source, stage, data_dir)
+        if rows is None:
             rows = _read(source, stage, data_dir).count()
-        except ray.exceptions.RayTaskError as err:
-            cause = err.as_instanceof_cause()
-            if isinstance(cause, DataError | ValueError):
-                raise ConfigError(f"{source.key}: {str(cause).splitlines()[-1]}") from None
-            raise
+    except DataError as err:
+        raise ConfigError(f"{source.key}: {err}") from None
+    except ray.exceptions.RayTaskError as err:
+        cause = err.as_instanceof_cause()
+        if isinstance(cause, DataError | ValueError):
+            raise ConfigError(f"{source.key}: {str(cause).splitlines()[-1]}") from None
+        raise
     return min(rows, stage.limit) if stage.limit else rows
 
 

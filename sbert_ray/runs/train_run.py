@@ -38,7 +38,7 @@ from ray.train.torch import TorchTrainer
 from sbert_ray.config import ConfigError, EvalConfig, StageConfig, TrainConfig, dump_yaml, flatten, to_dict
 from sbert_ray.data.readers import check_available, resolve_data_dir
 from sbert_ray.data.records import DataError
-from sbert_ray.data.sources import Source, is_path, stage_sources
+from sbert_ray.data.sources import Source, is_path, known_rows, stage_sources
 from sbert_ray.evaluation.results import nest
 from sbert_ray.evaluation.tasks import EvalTask, Results, check_tasks, parse_tasks, primary_scores
 from sbert_ray.files import check_folder
@@ -169,7 +169,15 @@ def _checked(
         raise ConfigError(f"tracking.tracking_uri: {err}") from None
     _check_model(config)
     _check_datasets(config, {"before_tasks": before_tasks, "final_tasks": final_tasks})
-    return config, [stage_sources(stage, i) for i, stage in enumerate(config.stages)]
+    sources = [stage_sources(stage, i) for i, stage in enumerate(config.stages)]
+    for stage, listed in zip(config.stages, sources, strict=True):
+        for source in listed:
+            if not source.files:  # a registered dataset: read here, which checks it suits the objective
+                try:
+                    known_rows(source, stage, config.data_dir)
+                except DataError as err:
+                    raise ConfigError(f"{source.key}: {err}") from None
+    return config, sources
 
 
 def _check_model(config: TrainConfig) -> None:
