@@ -165,7 +165,7 @@ def train_stage(
                 "train/pairs_per_s": window["pairs_per_s"],
                 "train/epoch": state.epoch + state.batch / settings.batches_per_epoch,
             }
-            if window_masked is not None:
+            if window_masked is not None:  # per optimizer step (all workers' anchors), mean over the window
                 metrics["train/masked_duplicates"] = read_count(window_masked, world_size) / window_steps
             reporter.log(metrics, step=state.global_step)
             window_losses.zero_()
