@@ -94,3 +94,44 @@ def ddp_plain_and_cached_mnrl(
     if rank == 0:
         torch.save(results, f"{tmp}/grads.pt")
     dist.destroy_process_group()
+
+
+def masked_mnrl(
+    rank: int,
+    world_size: int,
+    model_dir: str,
+    tmp: str,
+    splits: list[tuple[int, ...]],
+    columns: list[list[str]],
+    hashes: list[list[int]],
+) -> None:
+    """One data-parallel worker: its shard of the batch with its texts' hashes, plain and cached MNRL with duplicate
+    masking on and off; losses (weighted to the global mean), gradients and masked counts summed over workers."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world_size)
+    encoder = SentenceEncoder.load(model_dir).double()  # exact math, compared in float64 (see the test)
+    results = {}
+    for split, sizes in enumerate(splits):
+        start, total = sum(sizes[:rank]), sum(sizes)
+        features = [encoder.tokenize(column[start : start + sizes[rank]]) for column in columns]
+        text_hashes = [torch.tensor(column[start : start + sizes[rank]]) for column in hashes]
+        for name, loss_class, settings in [
+            ("plain", MultipleNegativesRankingLoss, {}),
+            ("cached", CachedMultipleNegativesRankingLoss, {"mini_batch_size": 2}),
+        ]:
+            for mask in (True, False):
+                loss_fn = loss_class(encoder, mask_duplicates=mask, **settings)
+                encoder.zero_grad()
+                loss = loss_fn(features, text_hashes=text_hashes) * sizes[rank] / total  # see gathered_mnrl
+                loss.backward()
+                masked = loss_fn.masked_duplicates if mask else torch.tensor(0)
+                for summed in (loss.detach(), masked, *(p.grad for p in encoder.parameters() if p.grad is not None)):
+                    dist.all_reduce(summed)
+                results[(split, name, mask)] = {
+                    "loss": loss.detach(),
+                    "masked": masked,
+                    "grads": trainable_grads(encoder),
+                }
+    if rank == 0:
+        torch.save(results, f"{tmp}/results.pt")
+    dist.destroy_process_group()

@@ -184,18 +184,22 @@ class HostReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@pytest.mark.parametrize("with_hashes", [False, True])
 def test_the_cached_loss_reads_the_device_once_per_step_beyond_its_encoder(
-    encoder: SentenceEncoder, monkeypatch: pytest.MonkeyPatch
+    encoder: SentenceEncoder, monkeypatch: pytest.MonkeyPatch, with_hashes: bool
 ):
-    """The mini-batches' widths are read to the host in one go for all columns, not one read per mini-batch.
-    The encoder's own reads per forward (transformers' check of the attention mask) are counted apart."""
-    features = [encoder.tokenize(column) for column in _columns(with_hard_negatives=True)]
+    """The mini-batches' widths are read to the host in one go for all columns, not one read per mini-batch;
+    masking duplicates by the texts' hashes reads nothing. The encoder's own reads per forward (transformers'
+    check of the attention mask) are counted apart."""
+    columns = _columns(with_hard_negatives=True)
+    features = [encoder.tokenize(column) for column in columns]
+    hashes = [torch.tensor([hash(text) for text in column]) for column in columns] if with_hashes else None
     with HostReads(monkeypatch) as encoder_reads:
         encoder(features[0])
     forwards = []
     encoder.register_forward_hook(lambda module, inputs, output: forwards.append(1))
     with HostReads(monkeypatch) as cached_reads:
-        CachedMultipleNegativesRankingLoss(encoder, mini_batch_size=3)(features)
+        CachedMultipleNegativesRankingLoss(encoder, mini_batch_size=3)(features, text_hashes=hashes)
     assert len(forwards) == 3 * 3  # 3 columns of 8 rows: mini-batches of 3, 3 and 2
     assert cached_reads.count == len(forwards) * encoder_reads.count + 1
 

@@ -69,6 +69,14 @@ def test_loss_settings_are_typed_by_the_loss_class():
     assert isinstance(config.stages[0].loss["margin"], float)  # YAML's int becomes the declared float
 
 
+@pytest.mark.parametrize("objective", ["mnrl", "cached_mnrl"])
+def test_duplicate_masking_of_in_batch_negatives_can_be_turned_off(objective: str):
+    config = load_config(None, [f"stages.0.objective={objective}", "stages.0.loss.mask_duplicates=false"])
+    assert config.stages[0].loss == {"mask_duplicates": False}
+    with pytest.raises(ConfigError, match="stages.0.loss.mask_duplicates: expected bool"):
+        load_config(None, [f"stages.0.objective={objective}", "stages.0.loss.mask_duplicates=sometimes"])
+
+
 def test_missing_file():
     with pytest.raises(ConfigError, match="not found"):
         load_config("/nonexistent/c.yaml")

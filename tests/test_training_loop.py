@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from sbert_ray.config import EvalConfig, ModelConfig, ScalingConfig, StageConfig, TrainConfig
-from sbert_ray.losses import CosineSimilarityLoss
+from sbert_ray.losses import CosineSimilarityLoss, MultipleNegativesRankingLoss
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.training.loop import LOG_EVERY, Diverged, LocalReporter, MicroBatch, StepSettings, train_stage
 from sbert_ray.training.meter import StepMeter
@@ -150,6 +150,37 @@ def test_losses_are_read_every_log_every_steps_and_at_report_points(tiny_model_d
     logged_losses = {step: metrics["train/loss"] for step, metrics in reporter.logged if "train/loss" in metrics}
     assert [report["train_loss"] for report in reporter.reports] == [logged_losses[s] for s in (12, 24, 25)]
     assert reporter.logged[0][0] == 1 and "train/time_to_first_step_s" in reporter.logged[0][1]
+
+
+def test_masked_duplicates_are_logged_per_step_at_log_points(tiny_model_dir):
+    """MNRL given the texts' hashes: a micro-batch whose rows 0 and 2 share a positive masks 2 candidates (each
+    anchor's copy of its positive in the other row). Steps of 2 micro-batches, with 1 and 2 such micro-batches:
+    the read at the stage's last step logs the mean per step, 3; without hashes the metric is not logged."""
+    objective = MultipleNegativesRankingLoss(SentenceEncoder.load(str(tiny_model_dir)))
+    anchors = [pair[0] for pair in PAIRS[:3]]
+    clean, duplicated = [pair[1] for pair in PAIRS[:3]], [PAIRS[0][1], PAIRS[1][1], PAIRS[0][1]]
+
+    def batches(with_hashes: bool) -> list[MicroBatch]:
+        columns = [[anchors, positives] for positives in (duplicated, clean, duplicated, duplicated)]
+        return [
+            MicroBatch(
+                [objective.encoder.tokenize(column) for column in pair],
+                None,
+                3,
+                0,
+                position,
+                [torch.tensor([hash(text) for text in column]) for column in pair] if with_hashes else None,
+            )
+            for position, pair in enumerate(columns, start=1)
+        ]
+
+    logged = {}
+    for with_hashes in (True, False):
+        reporter = LocalReporter()
+        run(objective, batches(with_hashes), sgd(objective, 1e-3), reporter, total_steps=2, grad_accum_steps=2)
+        logged[with_hashes] = [(step, metrics.get("train/masked_duplicates")) for step, metrics in reporter.logged]
+    assert logged[True][-1] == (2, 3.0)
+    assert logged[False][-1] == (2, None)
 
 
 class Interrupted(Exception):

@@ -17,8 +17,10 @@ from sbert_ray.models.encoder import SentenceEncoder
 class EncoderLoss(nn.Module, ABC):
     """A loss that owns the encoder, so wrapping the loss in DDP also syncs heads such as SoftmaxLoss's.
 
-    `forward(features, labels)` takes one tokenized dict per column (e.g. [sentence1, sentence2]), `embed`s
-    each, and `compute_loss_from_embeddings` applies the paper's formula to the resulting sentence embeddings.
+    `forward(features, labels, text_hashes)` takes one tokenized dict per column (e.g. [sentence1, sentence2]),
+    `embed`s each, and `compute_loss_from_embeddings` applies the paper's formula to the resulting sentence
+    embeddings. `text_hashes` (optional: one int64 tensor [batch] per column, a hash of each text) lets an
+    in-batch-negative loss tell a duplicate of an anchor's positive from a true negative; the others ignore it.
 
     Each objective also declares what it trains on (read by the registry in `losses/registry.py` and by the
     training data pipeline): the record types it accepts, how a user's own file is read for it, and which
@@ -30,6 +32,9 @@ class EncoderLoss(nn.Module, ABC):
     user_file_kind: ClassVar[Kind]
     label_field: ClassVar[str | None] = None  # "label" (class index) or "score" (scaled to [0, 1] by score_max)
     in_batch_negatives: ClassVar[bool] = False  # the batch's other examples are negatives: duplicates hurt
+    # Candidates the last forward left out of the negatives as duplicates of an anchor's positive (a tensor on the
+    # device, so reading it is the reader's host sync); None where that forward masked nothing.
+    masked_duplicates: Tensor | None = None
 
     def __init__(self, encoder: SentenceEncoder) -> None:
         super().__init__()
@@ -40,8 +45,13 @@ class EncoderLoss(nn.Module, ABC):
         """Whether a record is a training example for this objective (MNRL keeps only entailed NLI pairs)."""
         return True
 
-    def forward(self, features: Sequence[dict[str, Tensor]], labels: Tensor | None = None) -> Tensor:
-        return self.compute_loss_from_embeddings(self.embed(features), labels)
+    def forward(
+        self,
+        features: Sequence[dict[str, Tensor]],
+        labels: Tensor | None = None,
+        text_hashes: Sequence[Tensor] | None = None,
+    ) -> Tensor:
+        return self.compute_loss_from_embeddings(self.embed(features), labels, text_hashes)
 
     def embed(self, features: Sequence[dict[str, Tensor]]) -> list[Tensor]:
         """One embedding tensor [batch, dim] per column, from a single encoder forward over all columns: each
@@ -65,8 +75,11 @@ class EncoderLoss(nn.Module, ABC):
         return list(self.encoder(stacked).split([column["input_ids"].shape[0] for column in features]))
 
     @abstractmethod
-    def compute_loss_from_embeddings(self, embeddings: Sequence[Tensor], labels: Tensor | None) -> Tensor:
-        """The scalar loss for one embedding tensor [batch, dim] per column."""
+    def compute_loss_from_embeddings(
+        self, embeddings: Sequence[Tensor], labels: Tensor | None, text_hashes: Sequence[Tensor] | None = None
+    ) -> Tensor:
+        """The scalar loss for one embedding tensor [batch, dim] per column (and, if given, one hash tensor
+        [batch] per column, which only in-batch-negative losses read)."""
 
     def prepare_for_dims(self, dims: Sequence[int]) -> None:
         """MatryoshkaLoss calls this with every embedding size the formula will see; a loss whose parameters

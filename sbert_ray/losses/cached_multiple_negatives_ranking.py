@@ -36,8 +36,11 @@ class CachedMultipleNegativesRankingLoss(MultipleNegativesRankingLoss):
         scale: float = 20.0,
         gather_across_workers: bool = True,
         mini_batch_size: int = 32,
+        mask_duplicates: bool = True,
     ) -> None:
-        super().__init__(encoder, scale=scale, gather_across_workers=gather_across_workers)
+        super().__init__(
+            encoder, scale=scale, gather_across_workers=gather_across_workers, mask_duplicates=mask_duplicates
+        )
         if mini_batch_size < 1:
             raise ValueError(f"mini_batch_size must be >= 1, got {mini_batch_size}")
         self.mini_batch_size = mini_batch_size

@@ -19,6 +19,8 @@ class CosineSimilarityLoss(EncoderLoss):
     user_file_kind = "scored"
     label_field = "score"
 
-    def compute_loss_from_embeddings(self, embeddings: Sequence[Tensor], labels: Tensor | None) -> Tensor:
+    def compute_loss_from_embeddings(
+        self, embeddings: Sequence[Tensor], labels: Tensor | None, text_hashes: Sequence[Tensor] | None = None
+    ) -> Tensor:
         u, v = self._columns(embeddings, 2)
         return F.mse_loss(F.cosine_similarity(u, v), self._labels(labels).to(u.dtype))

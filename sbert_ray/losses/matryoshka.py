@@ -48,12 +48,19 @@ class MatryoshkaLoss(EncoderLoss):
     def embed(self, features: Sequence[dict[str, Tensor]]) -> list[Tensor]:
         return self.loss.embed(features)
 
-    def compute_loss_from_embeddings(self, embeddings: Sequence[Tensor], labels: Tensor | None) -> Tensor:
+    def compute_loss_from_embeddings(
+        self, embeddings: Sequence[Tensor], labels: Tensor | None, text_hashes: Sequence[Tensor] | None = None
+    ) -> Tensor:
         total = 0.0
         for dim, weight in zip(self.matryoshka_dims, self.matryoshka_weights, strict=True):
             prefixes = [self._prefix(embedding, dim) for embedding in embeddings]
-            total = total + weight * self.loss.compute_loss_from_embeddings(prefixes, labels)
+            total = total + weight * self.loss.compute_loss_from_embeddings(prefixes, labels, text_hashes)
         return total
+
+    @property
+    def masked_duplicates(self) -> Tensor | None:
+        """The wrapped loss's count (the same at every size: duplicates are texts, not embeddings)."""
+        return self.loss.masked_duplicates
 
     def _prefix(self, embedding: Tensor, dim: int) -> Tensor:
         prefix = embedding[:, :dim]

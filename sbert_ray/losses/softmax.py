@@ -57,7 +57,9 @@ class SoftmaxLoss(EncoderLoss):
                     len(self.concat) * dim, self.classifier.out_features, device=self.encoder.device
                 )
 
-    def compute_loss_from_embeddings(self, embeddings: Sequence[Tensor], labels: Tensor | None) -> Tensor:
+    def compute_loss_from_embeddings(
+        self, embeddings: Sequence[Tensor], labels: Tensor | None, text_hashes: Sequence[Tensor] | None = None
+    ) -> Tensor:
         u, v = self._columns(embeddings, 2)
         features = torch.cat([CONCAT_FEATURES[name](u, v) for name in self.concat], dim=1)
         size = str(u.shape[1])

@@ -38,7 +38,9 @@ class TripletLoss(EncoderLoss):
         self.distance = distance
         self.margin = margin
 
-    def compute_loss_from_embeddings(self, embeddings: Sequence[Tensor], labels: Tensor | None = None) -> Tensor:
+    def compute_loss_from_embeddings(
+        self, embeddings: Sequence[Tensor], labels: Tensor | None = None, text_hashes: Sequence[Tensor] | None = None
+    ) -> Tensor:
         anchor, positive, negative = self._columns(embeddings, 3)
         distance = DISTANCES[self.distance]
         return F.relu(distance(anchor, positive) - distance(anchor, negative) + self.margin).mean()

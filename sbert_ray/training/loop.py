@@ -41,7 +41,9 @@ class Diverged(Exception):
 @dataclasses.dataclass(frozen=True)
 class MicroBatch:
     """One micro-batch of this worker: the objective's inputs on the training device, and where it stands in
-    the data (``position``: micro-batches of ``epoch`` consumed with this one; a resume continues after it)."""
+    the data (``position``: micro-batches of ``epoch`` consumed with this one; a resume continues after it).
+    ``text_hashes``: one int64 tensor [size] per column (the order of ``features``), a hash of each text, with
+    which an in-batch-negative objective keeps a duplicate of an anchor's positive out of its negatives."""
 
     features: list[dict]
     labels: torch.Tensor | None
@@ -131,6 +133,7 @@ def train_stage(
     sparse_embeddings = sparse_gradient_weight(objective.encoder)
     accum, device = settings.grad_accum_steps, settings.device
     window_losses = torch.zeros(LOG_EVERY, device=device)  # each step's loss summed over micro-batches, on device
+    window_masked = None  # duplicates the objective masked out of its negatives in the window, on device
     window_steps = 0
     model.train()
     meter.restart()
@@ -139,9 +142,11 @@ def train_stage(
         # Accumulating micro-batches skip DDP's all-reduce; the last one of a step syncs the gradients.
         with model.no_sync() if (world_size > 1 and not syncs) else nullcontext():
             with autocast(settings.precision, device):
-                loss = model(batch.features, batch.labels) / accum
+                loss = model(batch.features, batch.labels, text_hashes=batch.text_hashes) / accum
             (optimization.scaler.scale(loss) if optimization.scaler else loss).backward()
         window_losses[window_steps] += loss.detach()  # stays on the device: no sync
+        if (masked := objective.masked_duplicates) is not None:
+            window_masked = masked if window_masked is None else window_masked + masked
         meter.count(batch.size * world_size)
         if not syncs:
             continue
@@ -156,18 +161,17 @@ def train_stage(
         if report or window_steps == LOG_EVERY:
             losses = read_losses(window_losses[:window_steps], state, world_size)
             window = {"train_loss": sum(losses) / len(losses), "pairs_per_s": meter.close_window()}
-            reporter.log(
-                {
-                    "train/loss": window["train_loss"],
-                    "train/learning_rate": optimization.scheduler.get_last_lr()[0],
-                    "train/pairs_per_s": window["pairs_per_s"],
-                    "train/epoch": state.epoch + state.batch / settings.batches_per_epoch,
-                }
-                | data_metrics(),
-                step=state.global_step,
-            )
+            metrics = {
+                "train/loss": window["train_loss"],
+                "train/learning_rate": optimization.scheduler.get_last_lr()[0],
+                "train/pairs_per_s": window["pairs_per_s"],
+                "train/epoch": state.epoch + state.batch / settings.batches_per_epoch,
+            }
+            if window_masked is not None:  # per optimizer step (all workers' anchors), mean over the window
+                metrics["train/masked_duplicates"] = read_count(window_masked, world_size) / window_steps
+            reporter.log(metrics | data_metrics(), step=state.global_step)
             window_losses.zero_()
-            window_steps = 0
+            window_masked, window_steps = None, 0
         if report:
             state.stage_done = last
             sources = data_metrics().items()
@@ -215,6 +219,14 @@ def read_losses(losses: torch.Tensor, state: TrainState, world_size: int) -> lis
         if not math.isfinite(value):
             raise Diverged(state.stage, first_step + offset, value)
     return values
+
+
+def read_count(count: torch.Tensor, world_size: int) -> int:
+    """A count summed over every rank (each rank calls this at the same steps), read to the host."""
+    if world_size > 1:
+        count = count.clone()
+        dist.all_reduce(count)
+    return int(count.item())
 
 
 def checkpoint_writer(
