@@ -17,6 +17,7 @@ import mlflow
 import numpy as np
 import psutil
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import ray
 import torch
@@ -25,6 +26,7 @@ from mlflow.tracking import MlflowClient
 from sentence_transformers import SentenceTransformer
 
 from sbert_ray.config import ConfigError, load_config
+from sbert_ray.data import load_records
 from sbert_ray.data.sources import read_tables
 from sbert_ray.models import load_encoder
 from sbert_ray.models.encoder import SentenceEncoder
@@ -122,6 +124,29 @@ def test_stages_stream_through_ray_data_tokenised_as_the_tokenizer_does(local_ra
         assert ("label" in streamed.column_names) == (stage.objective != "triplet")
         if stage.objective != "triplet":
             assert streamed.column("label").to_pylist() == read.column("label").to_pylist()
+
+
+def test_uneven_shards_give_every_worker_the_same_steps(local_ray, tiny_train_config, tmp_path, data_dir):
+    """A folder of parquet shards of very different sizes (7, 150 and 43 pairs) on 2 workers for 2 epochs: Ray
+    Data splits the stream evenly and each worker takes exactly its planned batches, so the run ends (no DDP
+    worker waits at an all-reduce for a step another never takes) after exactly the planned steps, having
+    trained on every pair of each epoch."""
+    pairs = load_records("stsb", "train", data_dir)[:200]
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for name, (start, end) in {"a": (0, 7), "b": (7, 157), "c": (157, 200)}.items():
+        rows = {f: [getattr(p, f) for p in pairs[start:end]] for f in ("sentence1", "sentence2", "score")}
+        pq.write_table(pa.table(rows), folder / f"part-{name}.parquet")
+    overrides = [f"stages.0.dataset={folder}", "stages.0.limit=null", "stages.0.epochs=2"]
+    overrides += ["evaluation.final_tasks=[]", "evaluation.dev_limit=20"]
+    config = load_config(tiny_train_config(name="uneven", eval_every=0), overrides)
+    result = run_training(config)
+    # 200 pairs: 100 per worker, in micro-batches of 4: 25 steps an epoch.
+    assert result.metrics["global_step"] == 50
+    client, run = only_run(config.tracking.tracking_uri)
+    history = client.get_metric_history(run.info.run_id, "data/shards/samples")
+    assert history[-1].value == 200  # rank 0: its 100 pairs, twice
+    assert client.get_metric_history(run.info.run_id, "data/shards/repeated")[-1].value == 0
 
 
 @pytest.mark.cluster  # its drivers start their own local clusters

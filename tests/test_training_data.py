@@ -163,3 +163,18 @@ def test_a_stage_gives_either_dataset_or_datasets_with_name_or_path() -> None:
         TrainConfig(
             stages=[StageConfig(datasets=[DatasetSource(name="stsb"), DatasetSource(name="x", weight=0)])]
         ).validate()
+
+
+def test_a_hub_dataset_streams_from_its_files_or_a_local_mirror_of_them(tmp_path, monkeypatch) -> None:
+    """sentence-transformers/all-nli's layout on the Hub (triplet/train-00000-of-00001.parquet: anchor, positive,
+    negative), read through $SBERT_RAY_HUB_MIRROR as a cluster without internet would."""
+    folder = tmp_path / "sentence-transformers" / "all-nli" / "triplet"
+    folder.mkdir(parents=True)
+    rows = {"anchor": ["a man sleeps", "a dog"], "positive": ["a person rests", "an animal"], "negative": ["x", "y"]}
+    pq.write_table(pa.table(rows), folder / "train-00000-of-00001.parquet")
+    monkeypatch.setenv("SBERT_RAY_HUB_MIRROR", str(tmp_path))
+    stage = StageConfig(dataset="hf://datasets/sentence-transformers/all-nli/triplet/train-*.parquet", objective="mnrl")
+    (source,) = stage_sources(stage, 0)
+    assert source.files == (str(folder / "train-00000-of-00001.parquet"),)
+    (table,) = read_tables(source, source.files[0], stage, None)
+    assert table.column("text_2").to_pylist() == ["x", "y"] and table.num_rows == 2

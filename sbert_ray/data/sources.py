@@ -1,10 +1,11 @@
 """Where a training stage's examples come from, read as a stream of Arrow tables of text columns and labels.
 
 A source is a registered dataset (``stsb``, ``nli``, ...: local files or the Hub, read by ``data.readers``) or the
-user's own data: one file, a folder or glob of shards, or an object-storage prefix (``s3://bucket/shards/``) of
-csv/tsv/jsonl/parquet files. Every table a source yields has the columns ``text_0 .. text_{k-1}`` (one per siamese
-branch: e.g. anchor, positive, negative_1, ...) and, when the objective has one, ``label`` (class index, or the
-score divided by the stage's ``score_max``). Only the rows the objective trains on are kept.
+user's own data: one file, a folder or glob of shards, an object-storage prefix (``s3://bucket/shards/``) or a Hub
+dataset's files (``hf://datasets/<owner>/<name>/<glob>``) of csv/tsv/jsonl/parquet files. Every table a source
+yields has the columns ``text_0 .. text_{k-1}`` (one per siamese branch: e.g. anchor, positive, negative_1, ...)
+and, when the objective has one, ``label`` (class index, or the score divided by the stage's ``score_max``). Only
+the rows the objective trains on are kept.
 
 One file is read by one task (``read_tables``), in tables of ``ROWS_PER_TABLE`` rows, so many shards read in
 parallel across a cluster and no process ever holds more than a file's table at a time (parquet, read by row
@@ -27,6 +28,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from sbert_ray.config import ConfigError, StageConfig
+from sbert_ray.data.hub import HUB_MIRROR_ENV
 from sbert_ray.data.readers import load_records, read_user_file
 from sbert_ray.data.records import (
     NLI_LABEL_IDS,
@@ -42,6 +44,7 @@ from sbert_ray.losses.base import EncoderLoss
 from sbert_ray.losses.registry import OBJECTIVES
 
 FILE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".parquet")
+HUB_PREFIX = "hf://datasets/"  # a Hub dataset's files: hf://datasets/<owner>/<name>/<path or glob>
 ROWS_PER_TABLE = 8192  # rows per table a read task yields: Ray Data gathers them into blocks
 GLOB_CHARS = "*?["
 
@@ -109,17 +112,33 @@ def list_files(spec: str, key: str) -> list[str]:
     suffixes = {Path(f).suffix.lower() for f in files}
     if len(suffixes) > 1:
         raise ConfigError(f"{key}: {spec} mixes file types ({', '.join(sorted(suffixes))}); use one per source")
-    prefix = spec[: spec.index("://") + 3] if "://" in spec else ""
+    if spec.startswith(HUB_PREFIX) and not os.environ.get(HUB_MIRROR_ENV):
+        return ["hf://" + f for f in files]  # datasets/<owner>/<name>/...
+    prefix = spec[: spec.index("://") + 3] if "://" in spec and not spec.startswith(HUB_PREFIX) else ""
     return [prefix + f for f in files]
 
 
 def _filesystem(spec: str, key: str) -> tuple[pafs.FileSystem, str]:
     if "://" not in spec:
         return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(spec))
+    if spec.startswith(HUB_PREFIX):
+        return _hub_filesystem(spec, key)
     try:
         return pafs.FileSystem.from_uri(spec.split("*")[0]) if "*" in spec else pafs.FileSystem.from_uri(spec)
     except (pa.ArrowInvalid, OSError) as err:
         raise ConfigError(f"{key}: cannot open {spec}: {err}") from None
+
+
+def _hub_filesystem(spec: str, key: str) -> tuple[pafs.FileSystem, str]:
+    """``hf://datasets/<owner>/<name>/<files>``: the Hub repository's files through huggingface_hub's filesystem,
+    or with $SBERT_RAY_HUB_MIRROR its local copy ``<mirror>/<owner>/<name>/<files>``."""
+    repo_path = spec.removeprefix(HUB_PREFIX)
+    mirror = os.environ.get(HUB_MIRROR_ENV)
+    if mirror:
+        return pafs.LocalFileSystem(), os.path.join(os.path.abspath(os.path.expanduser(mirror)), repo_path)
+    from huggingface_hub import HfFileSystem
+
+    return pafs.PyFileSystem(pafs.FSSpecHandler(HfFileSystem())), f"datasets/{repo_path}"
 
 
 def _files_under(filesystem: pafs.FileSystem, folder: str, key: str) -> list[str]:

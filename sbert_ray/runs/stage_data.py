@@ -60,6 +60,8 @@ def stage_datasets(config: TrainConfig, sources: list[list[Source]], rows: list[
     """The Train datasets (``{key: ray.data.Dataset}``, lazy: nothing runs before the workers iterate them) and
     what each worker needs to stream them."""
     datasets, stage_data = {}, []
+    # Training prints its own progress lines; Ray Data's bars would interleave with them in every worker's log.
+    ray.data.DataContext.get_current().enable_progress_bars = False
     for i, (stage, stage_sources) in enumerate(zip(config.stages, sources, strict=True)):
         described = []
         for j, (source, n) in enumerate(zip(stage_sources, rows[i], strict=True)):
@@ -79,7 +81,9 @@ def stage_datasets(config: TrainConfig, sources: list[list[Source]], rows: list[
 
 
 def _read(source: Source, stage: StageConfig, data_dir) -> ray.data.Dataset:
-    return ray.data.read_datasource(_SourceFiles(source, stage, data_dir), num_cpus=0)
+    # One block stream per read task: the default would split a small source into ~200 blocks of a few rows.
+    files = max(1, len(source.files))
+    return ray.data.read_datasource(_SourceFiles(source, stage, data_dir), num_cpus=0, override_num_blocks=files)
 
 
 class _SourceFiles(Datasource):
