@@ -60,6 +60,7 @@ def stage_datasets(config: TrainConfig, sources: list[list[Source]], rows: list[
     """The Train datasets (``{key: ray.data.Dataset}``, lazy: nothing runs before the workers iterate them) and
     what each worker needs to stream them."""
     datasets, stage_data = {}, []
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))  # tokenisers: up to one per CPU of the cluster
     # Training prints its own progress lines; Ray Data's bars would interleave with them in every worker's log.
     ray.data.DataContext.get_current().enable_progress_bars = False
     for i, (stage, stage_sources) in enumerate(zip(config.stages, sources, strict=True)):
@@ -73,7 +74,7 @@ def stage_datasets(config: TrainConfig, sources: list[list[Source]], rows: list[
                 batch_size=ROWS_PER_TABLE,
                 batch_format="pyarrow",
                 num_cpus=0,
-                concurrency=(1, max(1, int(ray.cluster_resources().get("CPU", 1)))),
+                compute=ray.data.ActorPoolStrategy(min_size=1, max_size=cpus),
             )
             described.append({"key": key, "name": source.name, "rows": n, "weight": source.weight})
         stage_data.append(described)
