@@ -215,7 +215,7 @@ RESUME_STEPS = 120  # global batch 8: a checkpoint every 20 steps, the kill come
 
 
 def test_a_killed_run_resumes_on_the_curve_of_an_uninterrupted_one(local_ray, tiny_train_config):
-    """Checkpoints hold every rank's random state (dropout), optimizer, scheduler and sampler position, so a run
+    """Checkpoints hold every rank's random state (dropout), optimizer, scheduler and stream position, so a run
     whose worker is killed retrains from its checkpoint along the very curve of an uninterrupted run with the same
     seed and ends with its weights: the steps before the kill show that one seed gives one curve, those after it
     that resuming is exact."""

@@ -1,6 +1,6 @@
-"""Data layer: record types, readers for local files / the Hub / user files, and the batch sampler
-(``sbert_ray.data.sampler``, imported from its module: it needs torch, and this package must not, since the command
-line imports ``DataError`` to report bad input)."""
+"""Data layer: record types, readers for local files / the Hub / user files, and training sources
+(``sbert_ray.data.sources``, imported from its module: it needs pyarrow and the losses, which this package must not
+import, since the command line imports ``DataError`` to report bad input)."""
 
 from sbert_ray.data.hub import HUB_MIRROR_ENV, HUB_SOURCES, HubSource, check_hub, load_hub
 from sbert_ray.data.readers import (

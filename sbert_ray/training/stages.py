@@ -1,5 +1,5 @@
 """Every stage of a run on one worker, without Ray: the encoder from its start or a checkpoint, and per stage the
-sampler, the objective, the optimizer (restored when the checkpoint stopped inside the stage) and ``train_stage``.
+batches, the objective, the optimizer (restored when the checkpoint stopped inside the stage) and ``train_stage``.
 
 The Ray Train worker (``training.worker``) runs this as one DDP rank; the training benchmark runs it in one
 process. Stages a checkpoint finished are skipped; a checkpoint taken mid-stage resumes at its micro-batch.
@@ -86,7 +86,7 @@ def train_stages(
     reporter: Reporter,
     meter: StepMeter,
 ) -> TrainState:
-    """Train every stage not finished in ``state`` (``stage_data(i)``: stage i's tokenised examples, fetched when
+    """Train every stage not finished in ``state`` (``stage_data(i)``: stage i's sources as this worker streams them, opened when
     the stage starts); raises ``Diverged`` on a NaN or infinite loss."""
     for index, stage in enumerate(config.stages):
         if index < state.stage or (index == state.stage and state.stage_done):

@@ -20,7 +20,7 @@ RNG_FILE = "rng.pt"
 
 @dataclass
 class TrainState:
-    """Where training stands. ``batch`` counts micro-batches already consumed in ``epoch`` (the sampler resumes
+    """Where training stands. ``batch`` counts micro-batches already consumed in ``epoch`` (the stream resumes
     there); ``stage_done`` marks a stage whose last step is behind us."""
 
     stage: int = 0
