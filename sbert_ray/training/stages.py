@@ -86,8 +86,8 @@ def train_stages(
     reporter: Reporter,
     meter: StepMeter,
 ) -> TrainState:
-    """Train every stage not finished in ``state`` (``stage_data(i)``: stage i's sources as this worker streams them, opened when
-    the stage starts); raises ``Diverged`` on a NaN or infinite loss."""
+    """Train every stage not finished in ``state`` (``stage_data(i)``: stage i's sources as this worker streams
+    them, opened when the stage starts); raises ``Diverged`` on a NaN or infinite loss."""
     for index, stage in enumerate(config.stages):
         if index < state.stage or (index == state.stage and state.stage_done):
             continue
