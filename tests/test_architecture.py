@@ -36,6 +36,7 @@ RAY_ALLOWED = (
     "training.trainer",
     "tuning",
     "bench.train_speed_on_ray",
+    "training.stage_data",
     "evaluation.encoder_pool",
 )
 MLFLOW_ALLOWED = ("tracking",)
@@ -187,5 +188,5 @@ def test_ray_trains_controller_unpickles_no_code_of_ours(tmp_path):
     from sbert_ray.config import TrainConfig
     from sbert_ray.training.trainer import torch_trainer
 
-    trainer = torch_trainer(TrainConfig(), [], ray.train.RunConfig(storage_path=str(tmp_path)))
+    trainer = torch_trainer(TrainConfig(), ({}, []), ray.train.RunConfig(storage_path=str(tmp_path)))
     assert b"sbert_ray" not in pickle.dumps(trainer.train_loop_config)

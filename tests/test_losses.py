@@ -16,7 +16,6 @@ from torch import Tensor
 
 from sbert_ray.config import StageConfig
 from sbert_ray.data.records import NLI_LABELS, LabelledPair, ScoredPair
-from sbert_ray.data.sources import record_tables
 from sbert_ray.losses import (
     OBJECTIVES,
     CosineSimilarityLoss,
@@ -26,6 +25,7 @@ from sbert_ray.losses import (
     TripletLoss,
 )
 from sbert_ray.models import SentenceEncoder
+from sbert_ray.training.sources import record_tables
 
 ANCHORS = ["A man plays a guitar.", "Two dogs run in a field.", "A woman is cooking.", "Kids play football."]
 POSITIVES = ["Someone plays music.", "Animals are running.", "A person prepares food.", "Children play a sport."]

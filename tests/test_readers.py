@@ -464,7 +464,7 @@ def test_deeply_nested_json_is_a_row_error(tmp_path) -> None:
 def test_user_file_suffixes_are_read_in_any_case(tmp_path, suffix) -> None:
     """DATA.CSV was taken for a registered dataset's name and refused as unknown."""
     from sbert_ray.config import StageConfig
-    from sbert_ray.data.sources import is_path, read_tables, stage_sources
+    from sbert_ray.training.sources import is_path, read_tables, stage_sources
 
     rows = [("A man eats.", "A person eats.", 4.5), ("A cat.", "A car.", 0.5)]
     if suffix == ".JSONL":

@@ -27,11 +27,11 @@ from sentence_transformers import SentenceTransformer
 
 from sbert_ray.config import ConfigError, load_config
 from sbert_ray.data import load_records
-from sbert_ray.data.sources import read_tables
 from sbert_ray.models import load_encoder
 from sbert_ray.models.encoder import SentenceEncoder
-from sbert_ray.runs.stage_data import stage_datasets
 from sbert_ray.runs.train_run import TrainingDiverged, count_stages, prepare, run_training
+from sbert_ray.training.sources import read_tables
+from sbert_ray.training.stage_data import stage_datasets
 
 
 def only_run(tracking_uri: str):

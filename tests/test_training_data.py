@@ -16,9 +16,9 @@ import torch
 
 from sbert_ray.config import ConfigError, DatasetSource, StageConfig, TrainConfig
 from sbert_ray.data import DataError
-from sbert_ray.data.sources import list_files, read_tables, stage_sources
 from sbert_ray.models.random_bert import random_bert
 from sbert_ray.training.batches import tokenize_table, truncated_rows
+from sbert_ray.training.sources import list_files, read_tables, stage_sources
 from sbert_ray.training.stream import BatchPlan, SourceCounts, SourceStream, StageBatches, pass_batches
 
 

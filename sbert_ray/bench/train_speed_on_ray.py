@@ -10,9 +10,8 @@ import ray
 import ray.train
 
 from sbert_ray.config import ConfigError, TrainConfig
-from sbert_ray.data.sources import stage_sources
-from sbert_ray.runs.stage_data import stage_datasets
-from sbert_ray.runs.train_run import count_stages
+from sbert_ray.training.sources import stage_sources
+from sbert_ray.training.stage_data import count_stages, stage_datasets
 from sbert_ray.training.trainer import torch_trainer
 
 

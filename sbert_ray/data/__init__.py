@@ -1,5 +1,5 @@
 """Data layer: record types, readers for local files / the Hub / user files, and training sources
-(``sbert_ray.data.sources``, imported from its module: it needs pyarrow and the losses, which this package must not
+(``sbert_ray.training.sources``, imported from its module: it needs pyarrow and the losses, which this package must not
 import, since the command line imports ``DataError`` to report bad input)."""
 
 from sbert_ray.data.hub import HUB_MIRROR_ENV, HUB_SOURCES, HubSource, check_hub, load_hub

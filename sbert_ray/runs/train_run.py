@@ -38,7 +38,6 @@ from ray.train.torch import TorchTrainer
 from sbert_ray.config import ConfigError, EvalConfig, StageConfig, TrainConfig, dump_yaml, flatten, to_dict
 from sbert_ray.data.readers import check_available, resolve_data_dir
 from sbert_ray.data.records import DataError
-from sbert_ray.data.sources import Source, is_path, known_rows, stage_sources
 from sbert_ray.evaluation.results import nest
 from sbert_ray.evaluation.tasks import EvalTask, Results, check_tasks, parse_tasks, primary_scores
 from sbert_ray.files import check_folder
@@ -50,7 +49,6 @@ from sbert_ray.runs.cluster import check_resources, connect_ray
 from sbert_ray.runs.progress_lines import TrainingProgress
 from sbert_ray.runs.run_lease import run_lease
 from sbert_ray.runs.scoring import ModelSource, checkpoint_model, evaluate_on_worker_resources
-from sbert_ray.runs.stage_data import StageData, count_rows, stage_datasets
 from sbert_ray.tracking.errors import TrackingError
 from sbert_ray.tracking.mlflow_run import (
     NAME_TAG,
@@ -62,9 +60,10 @@ from sbert_ray.tracking.mlflow_run import (
 )
 from sbert_ray.tracking.model_registry import log_sentence_transformer, model_uri
 from sbert_ray.tracking.store import check_reachable, redact_uri, warn_if_password
+from sbert_ray.training.sources import Source, is_path, known_rows, stage_sources
+from sbert_ray.training.stage_data import StageData, count_stages, planned_steps, stage_datasets
 from sbert_ray.training.state import MODEL_DIR
 from sbert_ray.training.storage import is_remote, resolve_storage
-from sbert_ray.training.stream import batch_plan, stage_steps
 from sbert_ray.training.trainer import torch_trainer
 
 logger = logging.getLogger(__name__)
@@ -205,27 +204,6 @@ def _check_datasets(config: TrainConfig, tasks: dict[str, Sequence[EvalTask]]) -
             raise ConfigError(f"{key}: {err}") from None
 
 
-def count_stages(config: TrainConfig, sources: list[list[Source]]) -> list[list[int]]:
-    """Each source's examples, counted on the cluster (``runs.stage_data.count_rows``: every row checked unless
-    parquet footers tell); a stage too small for one optimizer step is refused."""
-    rows = []
-    for i, (stage, listed) in enumerate(zip(config.stages, sources, strict=True)):
-        rows.append([count_rows(source, stage, config.data_dir) for source in listed])
-        if _stage_steps(config, i, rows[i])[1] == 0:
-            raise ConfigError(
-                f"stages.{i}: {sum(rows[i])} examples give no optimizer step of global batch {stage.batch_size} "
-                f"over {config.scaling.num_workers} workers"
-            )
-    return rows
-
-
-def _stage_steps(config: TrainConfig, index: int, rows: list[int]) -> tuple[int, int]:
-    stage = config.stages[index]
-    plan = batch_plan(stage, index, config.seed, config.scaling.num_workers, rank=0)
-    weights = [d.weight for d in stage.datasets] if stage.datasets else [1.0]
-    return stage_steps(rows, weights, stage, plan)
-
-
 def metrics_spool(config: TrainConfig, run_id: str) -> str:
     """Where rank 0 keeps the metrics the tracking store did not take: in the run folder; with object storage
     (no appends there) in a local folder of rank 0's node, which the driver reads when it runs on that node."""
@@ -337,7 +315,7 @@ def preflight(config: TrainConfig, run_dir: str, previous: record.RunRecord | No
         _replace_previous(run_dir, previous, config.tracking.tracking_uri)
         previous = None
     check_resources(config.scaling)  # workers the cluster cannot hold: refused before the MLflow run and record
-    steps = tuple(_stage_steps(config, i, n)[1] for i, n in enumerate(rows))
+    steps = tuple(planned_steps(config, i, n)[1] for i, n in enumerate(rows))
     return TrainPlan(config, run_dir, before_tasks, final_tasks, tuple(sources), tuple(rows), steps, previous)
 
 

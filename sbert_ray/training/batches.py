@@ -1,5 +1,5 @@
 """From tokenised tables to the objective's inputs: tokenisation of a source's text columns (a map stage of the
-stream, see ``runs.stage_data``), a window of tokenised rows as compact arrays, and its batches padded (collation).
+stream, see ``training.stage_data``), a window of tokenised rows as compact arrays, and its batches padded (collation).
 """
 
 from __future__ import annotations

@@ -32,10 +32,10 @@ import pyarrow as pa
 import torch
 
 from sbert_ray.config import StageConfig, TrainConfig
-from sbert_ray.data.sources import Source, read_tables, stage_sources
 from sbert_ray.losses.registry import OBJECTIVES
 from sbert_ray.training.batches import TokenizedRows, local_batch_size, tokenize_table
 from sbert_ray.training.loop import MicroBatch
+from sbert_ray.training.sources import Source, read_tables, stage_sources
 
 Batch = tuple[TokenizedRows, np.ndarray]  # the rows of its window, and which of them
 

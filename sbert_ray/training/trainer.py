@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import time
 
+import ray.data
 import ray.train
 from ray.train.torch import TorchTrainer
 
 from sbert_ray.config import TrainConfig, to_dict
-from sbert_ray.runs.stage_data import data_config
 from sbert_ray.training.worker import train_loop_per_worker
+
+
+def data_config() -> ray.train.DataConfig:
+    """Every stage's datasets split across the workers in one fixed order (deterministic for a seed)."""
+    return ray.train.DataConfig(execution_options=ray.data.ExecutionOptions(preserve_order=True))
 
 
 def torch_trainer(
@@ -19,7 +24,7 @@ def torch_trainer(
     tracking: dict | None = None,
 ) -> TorchTrainer:
     """``config.scaling.num_workers`` workers with their CPUs (and GPUs), training on ``data`` (the Ray datasets
-    of every stage's sources and what workers need to stream them: ``runs.stage_data.stage_datasets``); rank 0
+    of every stage's sources and what workers need to stream them: ``training.stage_data.stage_datasets``); rank 0
     logs to the MLflow run ``tracking``
     names (``RunLogger``'s arguments: tracking URI, run id, spool file for metrics during outages) when one is given.
     Call ``fit()`` right away: the workers time their first optimizer step from now."""

@@ -70,7 +70,7 @@ def train_loop_per_worker(loop_config: dict) -> dict:
 
 
 def _stage_data(loop_config: dict) -> Callable[[int], list[SourceStream]]:
-    """Stage i's sources as this worker's shards of their Ray datasets (``runs.stage_data``), each pass a new
+    """Stage i's sources as this worker's shards of their Ray datasets (``training.stage_data``), each pass a new
     iteration of the shard."""
 
     def streams(index: int) -> list[SourceStream]:

@@ -21,22 +21,17 @@ import json
 import pyarrow as pa
 import ray
 import ray.data
-import ray.train
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
 from sbert_ray.config import ConfigError, StageConfig, TrainConfig
 from sbert_ray.data.records import DataError
-from sbert_ray.data.sources import ROWS_PER_TABLE, Source, known_rows, read_tables
 from sbert_ray.models import load_encoder
 from sbert_ray.training.batches import tokenize_table
+from sbert_ray.training.sources import ROWS_PER_TABLE, Source, known_rows, read_tables
+from sbert_ray.training.stream import batch_plan, stage_steps
 
 StageData = list[list[dict]]  # per stage, per source: its dataset key, name, rows and weight (for the workers)
-
-
-def data_config() -> ray.train.DataConfig:
-    """Every stage's datasets split across the workers in one fixed order (deterministic for a seed)."""
-    return ray.train.DataConfig(execution_options=ray.data.ExecutionOptions(preserve_order=True))
 
 
 def count_rows(source: Source, stage: StageConfig, data_dir) -> int:
@@ -54,6 +49,28 @@ def count_rows(source: Source, stage: StageConfig, data_dir) -> int:
             raise ConfigError(f"{source.key}: {str(cause).splitlines()[-1]}") from None
         raise
     return min(rows, stage.limit) if stage.limit else rows
+
+
+def count_stages(config: TrainConfig, sources: list[list[Source]]) -> list[list[int]]:
+    """Each source's examples, counted on the cluster (``count_rows``: every row checked unless
+    parquet footers tell); a stage too small for one optimizer step is refused."""
+    rows = []
+    for i, (stage, listed) in enumerate(zip(config.stages, sources, strict=True)):
+        rows.append([count_rows(source, stage, config.data_dir) for source in listed])
+        if planned_steps(config, i, rows[i])[1] == 0:
+            raise ConfigError(
+                f"stages.{i}: {sum(rows[i])} examples give no optimizer step of global batch {stage.batch_size} "
+                f"over {config.scaling.num_workers} workers"
+            )
+    return rows
+
+
+def planned_steps(config: TrainConfig, index: int, rows: list[int]) -> tuple[int, int]:
+    """(optimizer steps per epoch, steps) of stage ``index`` with sources of ``rows`` examples."""
+    stage = config.stages[index]
+    plan = batch_plan(stage, index, config.seed, config.scaling.num_workers, rank=0)
+    weights = [d.weight for d in stage.datasets] if stage.datasets else [1.0]
+    return stage_steps(rows, weights, stage, plan)
 
 
 def stage_datasets(config: TrainConfig, sources: list[list[Source]], rows: list[list[int]]):
