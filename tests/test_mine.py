@@ -1,0 +1,139 @@
+"""Hard-negative mining: the same negatives as sentence-transformers' ``mine_hard_negatives`` (Ray-free), the
+settings checked, and ``sbert-ray mine`` on a cluster: n-tuples as parquet, resumed per shard, a corpus on S3."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from datasets import Dataset
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.util import mine_hard_negatives
+
+from sbert_ray.config import ConfigError
+from sbert_ray.data.readers import load_records
+from sbert_ray.evaluation.hard_negatives import MiningPairs, MiningSettings, mine, output_columns
+from sbert_ray.models.encoder import SentenceEncoder
+from sbert_ray.models.resolve import packaged_model_dir
+
+# Our encoder and sentence-transformers' give all-MiniLM-L6-v2 vectors equal to ~1e-7 (other kernels), so cosine
+# scores agree to ~1e-6, and these 200 pairs have candidates whose scores lie 1e-7 apart: such near-ties may come
+# out in either order on another processor. Negatives must be the same except where they swap within a near-tie.
+NEAR_TIE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def stsb_pairs(data_dir) -> tuple[list[str], list[str]]:
+    """200 STSb training pairs (sentence1 -> sentence2), with repeated anchors kept as they come."""
+    pairs = load_records("stsb", "train", data_dir)[:200]
+    return [p.sentence1 for p in pairs], [p.sentence2 for p in pairs]
+
+
+@pytest.fixture(scope="module")
+def dev_sentences(data_dir) -> list[str]:
+    return [p.sentence2 for p in load_records("stsb", "dev", data_dir)[:100]]
+
+
+class EncodedOnce:
+    """all-MiniLM-L6-v2 in our encoder, every text encoded once up front (the cases share their texts)."""
+
+    def __init__(self, encoder: SentenceEncoder, texts: list[str]):
+        texts = list(dict.fromkeys(texts))
+        self.vectors = dict(zip(texts, encoder.encode(texts, batch_size=32, convert_to="numpy"), strict=True))
+
+    def encode(self, texts, batch_size=32, convert_to="numpy"):
+        return np.stack([self.vectors[text] for text in texts])
+
+    def score(self, anchor: str, text: str) -> float:
+        a, b = (torch.nn.functional.normalize(torch.as_tensor(self.vectors[t]), dim=0) for t in (anchor, text))
+        return float(a @ b)
+
+
+@pytest.fixture(scope="module")
+def minilm(minilm_ref, stsb_pairs, dev_sentences):
+    ours = EncodedOnce(SentenceEncoder.load(minilm_ref), [*stsb_pairs[0], *stsb_pairs[1], *dev_sentences])
+    return ours, SentenceTransformer(str(packaged_model_dir(minilm_ref)), device="cpu")
+
+
+CASES = {  # settings, and whether a separate corpus (100 STSb dev sentences) joins the positives
+    "defaults": (MiningSettings(num_negatives=3), False),
+    "range-margin-triplets": (
+        MiningSettings(num_negatives=2, range_min=3, range_max=20, margin=0.05, output_format="triplet"),
+        True,
+    ),
+    "relative-max": (MiningSettings(num_negatives=4, relative_margin=0.05, max_score=0.7), False),
+    "min-max-corpus": (MiningSettings(num_negatives=3, min_score=0.3, max_score=0.8, range_max=12), True),
+}
+
+
+@pytest.mark.parametrize("settings, separate_corpus", CASES.values(), ids=CASES)
+def test_same_negatives_as_sentence_transformers(
+    minilm, stsb_pairs, dev_sentences, settings, separate_corpus, tmp_path_factory
+):
+    ours_encoder, theirs_model = minilm
+    anchors, positives = stsb_pairs
+    corpus = dev_sentences if separate_corpus else None
+    pairs = MiningPairs.build(anchors, positives, corpus or ())
+    # small chunks: the corpus is searched in 4 chunks and their top k merged
+    negatives = mine(ours_encoder, pairs, settings, batch_size=32, query_chunk=50, corpus_chunk=100)
+    ours = output_columns(pairs, negatives, settings)
+
+    theirs = mine_hard_negatives(
+        Dataset.from_dict({"anchor": anchors, "positive": positives}),
+        theirs_model,
+        corpus=corpus,
+        range_min=settings.range_min,
+        range_max=settings.range_max,
+        max_score=settings.max_score,
+        min_score=settings.min_score,
+        absolute_margin=settings.margin,
+        relative_margin=settings.relative_margin,
+        num_negatives=settings.num_negatives,
+        sampling_strategy="top",
+        output_format=settings.output_format,
+        batch_size=32,
+        verbose=False,
+        cache_folder=str(tmp_path_factory.getbasetemp() / "st-embeddings"),  # encoded once for every case
+    ).to_dict()
+    assert list(theirs) == list(ours)
+    ours_rows, theirs_rows = _rows(ours), _rows(theirs)
+    assert len(ours_rows) > 150  # enough mined to compare something
+    assert [row[:2] for row in ours_rows] == [row[:2] for row in theirs_rows]  # the same (anchor, positive) rows
+    for mine_row, their_row in zip(ours_rows, theirs_rows, strict=True):
+        for ours_text, theirs_text in zip(mine_row[2:], their_row[2:], strict=True):
+            if ours_text != theirs_text:  # only a near-tie may swap
+                anchor = mine_row[0]
+                gap = abs(ours_encoder.score(anchor, ours_text) - ours_encoder.score(anchor, theirs_text))
+                assert gap < NEAR_TIE, (anchor, ours_text, theirs_text)
+
+
+def _rows(columns: dict[str, list[str]]) -> list[tuple[str, ...]]:
+    return list(zip(*columns.values(), strict=True))
+
+
+def test_random_sampling_draws_from_the_window_in_score_order(tiny_model_dir, stsb_pairs):
+    encoder = SentenceEncoder.load(str(tiny_model_dir))
+    pairs = MiningPairs.build(*stsb_pairs)
+    top = mine(encoder, pairs, MiningSettings(num_negatives=8, range_max=8))
+    drawn = [
+        mine(encoder, pairs, MiningSettings(num_negatives=3, range_max=8, sampling="random", seed=s)) for s in (1, 1, 2)
+    ]
+    assert drawn[0] == drawn[1] and drawn[0].rows != drawn[2].rows  # seeded: reproducible, and really random
+    for window, rows, scores in zip(top.rows, drawn[0].rows, drawn[0].scores, strict=True):
+        assert set(rows) <= set(window) and len(rows) == min(3, len(window))
+        assert scores == sorted(scores, reverse=True)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"num_negatives": 0}, "num_negatives must be at least 1"),
+        ({"range_min": -1}, "range_min must be >= 0"),
+        ({"range_min": 5, "range_max": 6, "num_negatives": 2}, "fewer than num_negatives=2"),
+        ({"margin": float("nan")}, "margin must be a finite number"),
+        ({"sampling": "best"}, "sampling must be top or random"),
+    ],
+)
+def test_bad_settings_are_refused(options, message):
+    with pytest.raises(ConfigError, match=message):
+        MiningSettings(**options)
