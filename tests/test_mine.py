@@ -3,13 +3,19 @@ settings checked, and ``sbert-ray mine`` on a cluster: n-tuples as parquet, resu
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from datasets import Dataset
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.util import mine_hard_negatives
 
+from sbert_ray.cli import main
 from sbert_ray.config import ConfigError
 from sbert_ray.data.readers import load_records
 from sbert_ray.evaluation.hard_negatives import MiningPairs, MiningSettings, mine, output_columns
@@ -137,3 +143,67 @@ def test_random_sampling_draws_from_the_window_in_score_order(tiny_model_dir, st
 def test_bad_settings_are_refused(options, message):
     with pytest.raises(ConfigError, match=message):
         MiningSettings(**options)
+
+
+# --- sbert-ray mine ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pairs_file(tmp_path, stsb_pairs) -> Path:
+    """60 STSb pairs as JSON lines with sentence-transformers-style column names of the user's choosing."""
+    path = tmp_path / "pairs.jsonl"
+    rows = zip(stsb_pairs[0][:60], stsb_pairs[1][:60], strict=True)
+    path.write_text("".join(json.dumps({"query": a, "answer": p}) + "\n" for a, p in rows))
+    return path
+
+
+def mine_command(model, pairs_file, output, *options) -> list[str]:
+    return ["mine", "--model", str(model), "--pairs", str(pairs_file), "--output", str(output), "--quiet",
+            "--anchor-column", "query", "--positive-column", "answer", *options]  # fmt: skip
+
+
+def test_mine_writes_parquet_shards_and_a_rerun_resumes(local_ray, tiny_model_dir, pairs_file, tmp_path, capsys):
+    """Three shards mined on two encoder actors (corpus in chunks of 16): the same rows as the Ray-free miner; a
+    rerun keeps the complete shards untouched and mines only the missing one; other settings are refused."""
+    output = tmp_path / "mined"
+    options = ("--workers", "2", "--shard-size", "20", "--num-negatives", "2", "--batch-size", "8")
+    assert main(mine_command(tiny_model_dir, pairs_file, output, *options, "--range-min", "1")) == 0
+    shards = sorted(output.glob("part-*.parquet"))
+    assert [p.name for p in shards] == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    mined = pa.concat_tables([pq.read_table(p) for p in shards]).to_pydict()
+
+    rows = [json.loads(line) for line in pairs_file.read_text().splitlines()]
+    pairs = MiningPairs.build([r["query"] for r in rows], [r["answer"] for r in rows])
+    settings = MiningSettings(num_negatives=2, range_min=1)
+    expected = output_columns(pairs, mine(SentenceEncoder.load(str(tiny_model_dir)), pairs, settings), settings)
+    assert mined == expected and len(mined["anchor"]) > 40
+
+    kept = shards[0].stat().st_mtime_ns
+    shards[1].unlink()
+    capsys.readouterr()
+    assert main(mine_command(tiny_model_dir, pairs_file, output, *options, "--range-min", "1")) == 0
+    printed = capsys.readouterr().out
+    assert "shard 1/3" in printed and "complete from an earlier run" in printed and "1 shards" in printed
+    assert shards[0].stat().st_mtime_ns == kept
+    assert pa.concat_tables([pq.read_table(p) for p in shards]).to_pydict() == mined
+
+    assert main(mine_command(tiny_model_dir, pairs_file, output, *options)) == 2  # range_min 0: other settings
+    assert "holds shards mined with other settings" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda cmd, tmp: cmd + ["--anchor-column", "question"], "no 'question' field"),
+        (lambda cmd, tmp: cmd + ["--corpus", str(tmp / "missing.parquet")], "missing.parquet: no such file"),
+        (lambda cmd, tmp: cmd + ["--range-min", "4", "--range-max", "5"], "fewer than num_negatives=3"),
+        (lambda cmd, tmp: cmd[:6] + [str(tmp)] + cmd[7:], "is not a mining output of sbert-ray"),
+    ],
+    ids=["column", "corpus", "range", "output"],
+)
+def test_bad_input_is_one_line_before_ray(tiny_model_dir, pairs_file, tmp_path, capsys, change, message):
+    (tmp_path / "notes.txt").write_text("someone's file\n")
+    command = change(mine_command(tiny_model_dir, pairs_file, tmp_path / "out"), tmp_path)
+    assert main(command) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("sbert-ray mine: error:") and message in error and "\n" not in error
