@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import local_cluster
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -207,3 +208,28 @@ def test_bad_input_is_one_line_before_ray(tiny_model_dir, pairs_file, tmp_path, 
     assert main(command) == 2
     error = capsys.readouterr().err.strip()
     assert error.startswith("sbert-ray mine: error:") and message in error and "\n" not in error
+
+
+def test_a_corpus_on_object_storage_streams_through_ray_data(
+    connect, s3_server, tiny_model_dir, pairs_file, data_dir, tmp_path, monkeypatch
+):
+    """A corpus of two parquet files under an s3:// prefix, read by Ray Data on the cluster in file order: the
+    same negatives as the Ray-free miner given those texts."""
+    for key, value in s3_server.env.items():  # the driver lists the prefix; the cluster's nodes reach it already
+        monkeypatch.setenv(key, value)
+    sentences = [p.sentence2 for p in load_records("stsb", "dev", data_dir)[:80]]
+    for name, part in (("a.parquet", sentences[:50]), ("b.parquet", sentences[50:])):
+        local = tmp_path / name
+        pq.write_table(pa.table({"sentence": part}), local)
+        s3_server.client().upload_file(str(local), local_cluster.BUCKET, f"mine-corpus/{name}")
+    corpus = f"s3://{local_cluster.BUCKET}/mine-corpus/"
+    output = tmp_path / "mined"
+    command = mine_command(tiny_model_dir, pairs_file, output, "--corpus", corpus, "--corpus-column", "sentence")
+    assert main([*command, "--num-negatives", "2", "--triplets"]) == 0
+
+    rows = [json.loads(line) for line in pairs_file.read_text().splitlines()]
+    pairs = MiningPairs.build([r["query"] for r in rows], [r["answer"] for r in rows], sentences)
+    settings = MiningSettings(num_negatives=2, output_format="triplet")
+    expected = output_columns(pairs, mine(SentenceEncoder.load(str(tiny_model_dir)), pairs, settings), settings)
+    assert pq.read_table(output / "part-00000.parquet").to_pydict() == expected
+    assert set(expected["negative"]) & set(sentences)  # the corpus did supply negatives
