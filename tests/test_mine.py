@@ -22,6 +22,7 @@ from sbert_ray.data.readers import load_records
 from sbert_ray.evaluation.hard_negatives import MiningPairs, MiningSettings, mine, output_columns
 from sbert_ray.models.encoder import SentenceEncoder
 from sbert_ray.models.resolve import packaged_model_dir
+from sbert_ray.runs.mine_negatives import MineRequest
 
 # Our encoder and sentence-transformers' give all-MiniLM-L6-v2 vectors equal to ~1e-7 (other kernels), so cosine
 # scores agree to ~1e-6, and these 200 pairs have candidates whose scores lie 1e-7 apart: such near-ties may come
@@ -233,3 +234,33 @@ def test_a_corpus_on_object_storage_streams_through_ray_data(
     expected = output_columns(pairs, mine(SentenceEncoder.load(str(tiny_model_dir)), pairs, settings), settings)
     assert pq.read_table(output / "part-00000.parquet").to_pydict() == expected
     assert set(expected["negative"]) & set(sentences)  # the corpus did supply negatives
+
+
+def test_approximate_search_finds_most_of_the_exact_negatives(tiny_model_dir, stsb_pairs, dev_sentences):
+    """faiss HNSW per corpus chunk (the optional extra): most of the exact negatives, each with its exact score."""
+    pytest.importorskip("faiss", reason="the faiss extra (faiss-cpu) is not installed")
+    encoder = SentenceEncoder.load(str(tiny_model_dir))
+    pairs = MiningPairs.build(*stsb_pairs, dev_sentences)
+    settings = MiningSettings(num_negatives=5)
+    exact = mine(encoder, pairs, settings, corpus_chunk=100)
+    approximate = mine(encoder, pairs, settings, corpus_chunk=100, approximate=True)
+    found = sum(len(set(a) & set(e)) for a, e in zip(approximate.rows, exact.rows, strict=True))
+    assert found >= 0.9 * sum(map(len, exact.rows))
+    scores = {
+        (q, row): s
+        for q, (rows, ss) in enumerate(zip(exact.rows, exact.scores, strict=True))
+        for row, s in zip(rows, ss, strict=True)
+    }
+    common = [
+        (scores[q, row], s)
+        for q, (rows, ss) in enumerate(zip(approximate.rows, approximate.scores, strict=True))
+        for row, s in zip(rows, ss, strict=True)
+        if (q, row) in scores
+    ]
+    assert common and all(abs(a - b) < 1e-5 for a, b in common)  # HNSW ranks by the same inner products
+
+
+def test_approximate_search_without_faiss_is_refused_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "faiss" else object())
+    with pytest.raises(ConfigError, match="approximate search needs faiss"):
+        MineRequest("random:tiny", "pairs.jsonl", tmp_path / "out", approximate=True)

@@ -53,6 +53,11 @@ def add_arguments(subparsers) -> None:
         action="store_true",
         help="write (anchor, positive, negative) rows, one per negative, instead of n-tuples",
     )
+    mi.add_argument(
+        "--approximate",
+        action="store_true",
+        help="search each corpus chunk with a faiss HNSW graph instead of exactly (needs sbert-ray[faiss])",
+    )
     mi.add_argument("--batch-size", type=positive_int, default=32)
     mi.add_argument("--workers", type=positive_int, default=1, help="encoder actors (one GPU each with cuda)")
     mi.add_argument(
@@ -96,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         data_dir=args.data_dir,
         shard_size=args.shard_size,
+        approximate=args.approximate,
     )
 
     def shard_done(done: ShardDone) -> None:

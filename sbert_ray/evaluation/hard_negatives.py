@@ -225,11 +225,14 @@ def mine(
     query_chunk: int = QUERY_CHUNK,
     corpus_chunk: int = CORPUS_CHUNK,
     progress: Callable[[int], None] = lambda chunks: None,
+    approximate: bool = False,
 ) -> Negatives:
     """Encode the anchors, search the corpus in chunks (here, or on a ``RayEncoder``'s workers) and choose each
-    anchor's negatives. Memory: ``search_corpus``'s bound with k = ``settings.candidates(pairs.max_positives)``."""
+    anchor's negatives. Memory: ``search_corpus``'s bound with k = ``settings.candidates(pairs.max_positives)``.
+    ``approximate``: each chunk searched by a faiss HNSW graph (``retrieval.approximate_top_k``), not exactly."""
     queries = torch.as_tensor(np.asarray(encoder.encode(pairs.queries, batch_size=batch_size, convert_to="numpy")))
-    search = ChunkSearch(settings.candidates(pairs.max_positives), ("cosine",), query_chunk, pairs.pair_rows())
+    k = settings.candidates(pairs.max_positives)
+    search = ChunkSearch(k, ("cosine",), query_chunk, pairs.pair_rows(), approximate)
     ranked, positive_scores = search_corpus(encoder, queries, pairs.corpus, search, batch_size, corpus_chunk, progress)
     scores, rows = ranked["cosine"]
     return choose_negatives(scores, rows, pairs, positive_scores, settings)

@@ -14,6 +14,8 @@ numbers do not depend on chunk sizes.
 
 from __future__ import annotations
 
+import importlib.util
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -22,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from sbert_ray.config import ConfigError
 from sbert_ray.data.retrieval_sets import RetrievalSet
 
 ACCURACY_AT = (1, 3, 5, 10)
@@ -29,6 +32,7 @@ PRECISION_RECALL_AT = (1, 3, 5, 10)
 MRR_AT, NDCG_AT, MAP_AT = 10, 10, 100
 TOP_K = max(*ACCURACY_AT, *PRECISION_RECALL_AT, MRR_AT, NDCG_AT, MAP_AT)
 QUERY_CHUNK, CORPUS_CHUNK = 1024, 16384
+HNSW_NEIGHBOURS, HNSW_SEARCH_DEPTH = 32, 128  # approximate search: graph degree, candidates followed per query
 UNIT_NORM_TOLERANCE = 1e-3  # below this every query embedding counts as unit length: dot would equal cosine
 
 Similarity = Callable[[Tensor, Tensor], Tensor]  # (queries [q, d], documents [n, d]) -> scores [q, n]
@@ -113,6 +117,35 @@ def exact_top_k(
     return best
 
 
+def check_faiss() -> None:
+    """Approximate search needs faiss (``pip install 'sbert-ray[faiss]'``, i.e. faiss-cpu): a ConfigError if absent."""
+    if importlib.util.find_spec("faiss") is None:
+        raise ConfigError("approximate search needs faiss: pip install 'sbert-ray[faiss]' (faiss-cpu)")
+
+
+def approximate_top_k(queries: Tensor, chunk: Tensor, offset: int, k: int, similarities: Sequence[str]) -> Ranked:
+    """``chunk_top_k`` by a faiss HNSW graph (inner product; cosine on unit vectors) over the chunk: no score
+    block, and most of the true top k (a found row's score is exact). Rows HNSW does not reach score -inf, row -1.
+    Memory: the chunk's vectors and graph (HNSW_NEIGHBOURS x 2 links of 4 bytes per row)."""
+    import faiss  # an optional extra: check_faiss() has looked before any work
+
+    ranked = {}
+    for name in similarities:
+        if name == "cosine":
+            queries_here, chunk_here = F.normalize(queries, dim=1), F.normalize(chunk, dim=1)
+        else:
+            queries_here, chunk_here = queries, chunk
+        index = faiss.IndexHNSWFlat(chunk.shape[1], HNSW_NEIGHBOURS, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efSearch = max(HNSW_SEARCH_DEPTH, k)
+        index.add(chunk_here.contiguous().numpy())
+        scores, columns = (
+            torch.from_numpy(a) for a in index.search(queries_here.contiguous().numpy(), min(k, len(chunk)))
+        )
+        scores[columns < 0] = -math.inf
+        ranked[name] = _in_rank_order(scores, torch.where(columns < 0, -1, columns + offset))
+    return ranked
+
+
 def pair_scores(queries: Tensor, chunk: Tensor, offset: int, pairs: Tensor, similarity: str) -> Tensor:
     """The score of each (query, corpus row) pair of ``pairs`` [n, 2] whose row lies in this chunk (NaN for the
     others), one pair at a time as sentence-transformers' ``similarity_pairwise`` scores them."""
@@ -127,12 +160,14 @@ def pair_scores(queries: Tensor, chunk: Tensor, offset: int, pairs: Tensor, simi
 @dataclass(frozen=True)
 class ChunkSearch:
     """What every chunk of one corpus search shares: how many rows to keep per query, by which similarities,
-    how many queries to score at once, and the (query, corpus row) pairs whose scores are wanted too."""
+    how many queries to score at once, the (query, corpus row) pairs whose scores are wanted too, and whether the
+    top k may be approximate (``approximate_top_k``; exact is the default)."""
 
     k: int
     similarities: tuple[str, ...]
     query_chunk: int = QUERY_CHUNK
     pairs: Tensor = field(default_factory=lambda: torch.empty(0, 2, dtype=torch.long))
+    approximate: bool = False
 
 
 def search_chunk(
@@ -143,7 +178,10 @@ def search_chunk(
     chunk = _encode(encoder, texts, batch_size)
     if isinstance(queries, np.ndarray):  # from the object store, read-only: torch wants memory it may write
         queries = torch.from_numpy(queries.copy())
-    ranked = chunk_top_k(queries, chunk, offset, search.k, search.similarities, search.query_chunk)
+    if search.approximate:
+        ranked = approximate_top_k(queries, chunk, offset, search.k, search.similarities)
+    else:
+        ranked = chunk_top_k(queries, chunk, offset, search.k, search.similarities, search.query_chunk)
     return ranked, pair_scores(queries, chunk, offset, search.pairs, search.similarities[0])
 
 

@@ -36,7 +36,7 @@ from sbert_ray.data.readers import check_available, load_records
 from sbert_ray.data.records import TEXT_FIELDS, DataError
 from sbert_ray.evaluation.encoder_pool import RayEncoder
 from sbert_ray.evaluation.hard_negatives import MiningPairs, MiningSettings, Negatives, mine, output_columns
-from sbert_ray.evaluation.retrieval import CORPUS_CHUNK, QUERY_CHUNK
+from sbert_ray.evaluation.retrieval import CORPUS_CHUNK, QUERY_CHUNK, check_faiss
 from sbert_ray.models import load_encoder
 from sbert_ray.progress import progress_bar
 from sbert_ray.runs import owned_paths
@@ -70,6 +70,7 @@ class MineRequest:
     data_dir: str | os.PathLike | None = None
     shard_size: int = SHARD_ANCHORS
     corpus_chunk: int = CORPUS_CHUNK
+    approximate: bool = False  # faiss HNSW per corpus chunk instead of the exact search
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "workers", "shard_size", "corpus_chunk"):
@@ -78,6 +79,8 @@ class MineRequest:
         if self.device and self.device.partition(":")[0] not in ("cpu", "cuda"):
             raise ConfigError(f"--device {self.device}: mining encodes on Ray actors, on cpu or cuda")
         owned_paths.refuse_protected(self.output, "--output")
+        if self.approximate:
+            check_faiss()
         if is_remote(str(self.output)):
             raise ConfigError(f"--output {self.output}: mining writes a local folder (copy it to object storage after)")
 
@@ -141,7 +144,14 @@ def _mine_shard(pool: RayEncoder, pairs: MiningPairs, request: MineRequest, path
     chunks = progress_bar(total=-(-len(pairs.corpus) // request.corpus_chunk), desc="corpus chunks", unit="chunk")
     with chunks:
         negatives = mine(
-            pool, pairs, request.settings, request.batch_size, QUERY_CHUNK, request.corpus_chunk, chunks.update
+            pool,
+            pairs,
+            request.settings,
+            request.batch_size,
+            QUERY_CHUNK,
+            request.corpus_chunk,
+            chunks.update,
+            request.approximate,
         )
     table = pa.table(output_columns(pairs, negatives, request.settings), schema=_schema(request.settings))
     partial = path.with_name(f".{path.name}.partial")
@@ -229,6 +239,7 @@ def _manifest(request: MineRequest, pairs: MiningPairs) -> dict:
         "data_digest": digest.hexdigest(),
         "settings": asdict(request.settings),
         "shard_size": request.shard_size,
+        "approximate": request.approximate,
         "anchors": len(pairs.queries),
         "corpus_size": len(pairs.corpus),
     }
