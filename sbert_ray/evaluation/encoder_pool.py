@@ -1,6 +1,8 @@
 """Encoding for evaluation spread over Ray actors (CPU cores, GPUs or cluster nodes): ``--workers N``.
 
-``RayEncoder`` has the encoder's ``encode`` signature, so every evaluator uses it unchanged. Embeddings are the
+``RayEncoder`` has the encoder's ``encode`` signature, so every evaluator uses it unchanged; ``map_unordered`` runs
+work that encodes and then reduces on the workers (a retrieval corpus chunk searched for each query's top k, whose
+embeddings never leave the worker). Embeddings are the
 same as a single process computes: the sentences are ordered exactly as ``SentenceEncoder.encode`` orders them
 (token count, longest first, stable), cut into the same batches, and whole batches are dealt round-robin to the
 workers. Each worker's share is then already in encode's order, so it forms the very same padded batches.

@@ -9,7 +9,9 @@ scored too when the embeddings are not unit length (there it ranks differently f
 where sentence-transformers writes ``@`` (``cosine_ndcg@10``) because MLflow refuses ``@`` in metric names.
 
 Ranking is exact: equal scores go to the smaller document id (string order), as in sentence-transformers, so the
-numbers do not depend on chunk sizes.
+numbers do not depend on chunk sizes. The corpus is encoded and searched a chunk at a time (``search_corpus``); with
+``eval --workers N`` each chunk is encoded and searched on one of N encoder actors and only its top k comes back,
+with the same numbers as one process. ``sbert-ray mine`` searches the same way (``hard_negatives``).
 """
 
 from __future__ import annotations
