@@ -165,11 +165,11 @@ def mine_command(model, pairs_file, output, *options) -> list[str]:
 
 
 def test_mine_writes_parquet_shards_and_a_rerun_resumes(local_ray, tiny_model_dir, pairs_file, tmp_path, capsys):
-    """Three shards mined on two encoder actors (corpus in chunks of 16): the same rows as the Ray-free miner; a
+    """Three shards mined on two encoder actors: the same rows as the Ray-free miner in one process; a
     rerun keeps the complete shards untouched and mines only the missing one; other settings are refused."""
     output = tmp_path / "mined"
-    options = ("--workers", "2", "--shard-size", "20", "--num-negatives", "2", "--batch-size", "8")
-    assert main(mine_command(tiny_model_dir, pairs_file, output, *options, "--range-min", "1")) == 0
+    options = ("--shard-size", "20", "--num-negatives", "2", "--batch-size", "8", "--range-min", "1")
+    assert main(mine_command(tiny_model_dir, pairs_file, output, *options, "--workers", "2")) == 0
     shards = sorted(output.glob("part-*.parquet"))
     assert [p.name for p in shards] == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
     mined = pa.concat_tables([pq.read_table(p) for p in shards]).to_pydict()
@@ -183,13 +183,14 @@ def test_mine_writes_parquet_shards_and_a_rerun_resumes(local_ray, tiny_model_di
     kept = shards[0].stat().st_mtime_ns
     shards[1].unlink()
     capsys.readouterr()
-    assert main(mine_command(tiny_model_dir, pairs_file, output, *options, "--range-min", "1")) == 0
+    assert main(mine_command(tiny_model_dir, pairs_file, output, *options)) == 0  # one worker: the same shards
     printed = capsys.readouterr().out
     assert "shard 1/3" in printed and "complete from an earlier run" in printed and "1 shards" in printed
     assert shards[0].stat().st_mtime_ns == kept
     assert pa.concat_tables([pq.read_table(p) for p in shards]).to_pydict() == mined
 
-    assert main(mine_command(tiny_model_dir, pairs_file, output, *options)) == 2  # range_min 0: other settings
+    other = mine_command(tiny_model_dir, pairs_file, output, *options[:-1], "0")  # range_min 0: other settings
+    assert main(other) == 2
     assert "holds shards mined with other settings" in capsys.readouterr().err
 
 
