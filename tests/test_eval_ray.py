@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 
 from sbert_ray.data.readers import load_records
+from sbert_ray.data.retrieval_sets import stsb_retrieval
 from sbert_ray.evaluation import argsim, triplets
 from sbert_ray.evaluation.encoder_pool import RayEncoder
+from sbert_ray.evaluation.retrieval import evaluate_retrieval
 from sbert_ray.models.encoder import SentenceEncoder
 from sbert_ray.runs.argsim_folds import finetune_config, finetune_folds
 
@@ -23,6 +25,11 @@ def test_ray_workers_reproduce_single_process_encoding(local_ray, tiny_model_dir
         assert triplets.evaluate_triplets(spread, sample, batch_size=16) == triplets.evaluate_triplets(
             encoder, sample, batch_size=16
         )
+        # Retrieval: 5 corpus chunks encoded and searched on the 2 workers, their top k merged here as they come
+        retrieval = stsb_retrieval(load_records("stsb", "dev", data_dir)[:400])
+        assert len(retrieval.corpus) > 4 * 80
+        spread_metrics = evaluate_retrieval(spread, retrieval, batch_size=16, query_chunk=32, corpus_chunk=80)
+        assert spread_metrics == evaluate_retrieval(encoder, retrieval, batch_size=16, query_chunk=32, corpus_chunk=80)
 
 
 def test_finetune_one_fold_through_ray_train(local_ray, tmp_path, tiny_model_dir, data_dir):

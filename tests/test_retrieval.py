@@ -14,7 +14,7 @@ from sbert_ray.config import ConfigError
 from sbert_ray.data import load_records
 from sbert_ray.data.records import DataError, ScoredPair
 from sbert_ray.data.retrieval_sets import RetrievalSet, read_beir, stsb_retrieval
-from sbert_ray.evaluation.retrieval import SIMILARITIES, evaluate_retrieval, exact_top_k
+from sbert_ray.evaluation.retrieval import evaluate_retrieval, exact_top_k
 from sbert_ray.evaluation.tasks import check_tasks, parse_tasks
 from sbert_ray.models.encoder import SentenceEncoder
 
@@ -121,7 +121,7 @@ def test_chunked_search_equals_the_whole_matrix_exactly(query_chunk, corpus_chun
     generator = torch.Generator().manual_seed(0)
     queries = torch.randint(-1, 2, (50, 4), generator=generator).float()
     corpus = torch.randint(-1, 2, (300, 4), generator=generator).float()
-    ranked = exact_top_k(queries, corpus.split(corpus_chunk), 10, {"dot": SIMILARITIES["dot"]}, query_chunk)
+    ranked = exact_top_k(queries, corpus.split(corpus_chunk), 10, ("dot",), query_chunk)
     scores, rows = ranked["dot"]
     assert rows.tolist() == reference_top_k(queries @ corpus.T, 10)
     assert torch.equal(scores, (queries @ corpus.T).gather(1, rows))
@@ -129,7 +129,7 @@ def test_chunked_search_equals_the_whole_matrix_exactly(query_chunk, corpus_chun
 
 def test_search_of_a_corpus_smaller_than_k_ranks_all_of_it():
     queries, corpus = torch.eye(3), torch.tensor([[1.0, 0, 0], [0, 1.0, 0]])
-    scores, rows = exact_top_k(queries, [corpus], 100, {"dot": SIMILARITIES["dot"]})["dot"]
+    scores, rows = exact_top_k(queries, [corpus], 100, ("dot",))["dot"]
     assert rows.tolist() == [[0, 1], [1, 0], [0, 1]] and scores.tolist() == [[1, 0], [1, 0], [0, 0]]
 
 

@@ -1,4 +1,4 @@
-"""``sbert-ray`` command line: eval | encode | train | tune | report | bench."""
+"""``sbert-ray`` command line: eval | encode | mine | train | tune | report | bench."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import logging
 import os
 import sys
 
-from sbert_ray.cli import bench, encode, report, train, tune
+from sbert_ray.cli import bench, encode, mine, report, train, tune
 from sbert_ray.cli import eval as evaluate
 from sbert_ray.config import ConfigError
 from sbert_ray.data.records import DataError
 from sbert_ray.progress import QUIET_ENV
 from sbert_ray.tracking.errors import TrackingError
 
-COMMANDS = (evaluate, encode, report, train, tune, bench)  # in the order `sbert-ray --help` lists them
+COMMANDS = (evaluate, encode, mine, report, train, tune, bench)  # in the order `sbert-ray --help` lists them
 
 
 def build_parser() -> argparse.ArgumentParser:

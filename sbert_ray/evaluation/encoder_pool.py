@@ -1,6 +1,8 @@
 """Encoding for evaluation spread over Ray actors (CPU cores, GPUs or cluster nodes): ``--workers N``.
 
-``RayEncoder`` has the encoder's ``encode`` signature, so every evaluator uses it unchanged. Embeddings are the
+``RayEncoder`` has the encoder's ``encode`` signature, so every evaluator uses it unchanged; ``map_unordered`` runs
+work that encodes and then reduces on the workers (a retrieval corpus chunk searched for each query's top k, whose
+embeddings never leave the worker). Embeddings are the
 same as a single process computes: the sentences are ordered exactly as ``SentenceEncoder.encode`` orders them
 (token count, longest first, stable), cut into the same batches, and whole batches are dealt round-robin to the
 workers. Each worker's share is then already in encode's order, so it forms the very same padded batches.
@@ -16,13 +18,17 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TypeVar
 
 import numpy as np
 import ray
 import torch
 
 from sbert_ray.models.encoder import SentenceEncoder, smart_batches
+
+T = TypeVar("T")
+IN_FLIGHT = 2  # items queued per worker in map_unordered: one running, one ready to start
 
 
 class EncoderReplica:
@@ -38,6 +44,11 @@ class EncoderReplica:
 
     def encode(self, sentences: list[str], batch_size: int) -> np.ndarray:
         return self.encoder.encode(sentences, batch_size=batch_size, convert_to="numpy")
+
+    def apply(self, function: Callable[..., T], *args) -> T:
+        """``function(encoder, *args)`` on this worker: work that encodes and then reduces what it encoded (a
+        corpus chunk searched for each query's top k) sends back only the reduction."""
+        return function(self.encoder, *args)
 
 
 def shareable(encoder: SentenceEncoder) -> ray.ObjectRef:
@@ -81,6 +92,26 @@ class RayEncoder:
         for share, embeddings in zip(shares, ray.get(futures), strict=True):
             out[share] = embeddings
         return out
+
+    def map_unordered(self, function: Callable[..., T], items: Iterable[tuple], *shared) -> Iterator[T]:
+        """``function(encoder, *item, *shared)`` for each item, on the workers, yielded as they finish (in any
+        order). ``shared`` goes to the object store once; each worker has at most IN_FLIGHT items queued, so what
+        waits here for the caller stays bounded whatever the number of items."""
+        shared = [ray.put(value) for value in shared]
+        pending, idle = {}, [w for w in self.workers for _ in range(IN_FLIGHT)]
+        for item in items:
+            if not idle:
+                yield from self._next_done(pending, idle)
+            worker = idle.pop()
+            pending[worker.apply.remote(function, *item, *shared)] = worker
+        while pending:
+            yield from self._next_done(pending, idle)
+
+    @staticmethod
+    def _next_done(pending: dict, idle: list) -> Iterator:
+        [done], _ = ray.wait(list(pending), num_returns=1)
+        idle.append(pending.pop(done))
+        yield ray.get(done)
 
     def close(self) -> None:
         for worker in self.workers:

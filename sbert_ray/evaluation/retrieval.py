@@ -9,18 +9,24 @@ scored too when the embeddings are not unit length (there it ranks differently f
 where sentence-transformers writes ``@`` (``cosine_ndcg@10``) because MLflow refuses ``@`` in metric names.
 
 Ranking is exact: equal scores go to the smaller document id (string order), as in sentence-transformers, so the
-numbers do not depend on chunk sizes.
+numbers do not depend on chunk sizes. The corpus is encoded and searched a chunk at a time (``search_corpus``); with
+``eval --workers N`` each chunk is encoded and searched on one of N encoder actors and only its top k comes back,
+with the same numbers as one process. ``sbert-ray mine`` searches the same way (``hard_negatives``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import importlib.util
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from sbert_ray.config import ConfigError
 from sbert_ray.data.retrieval_sets import RetrievalSet
 
 ACCURACY_AT = (1, 3, 5, 10)
@@ -28,12 +34,17 @@ PRECISION_RECALL_AT = (1, 3, 5, 10)
 MRR_AT, NDCG_AT, MAP_AT = 10, 10, 100
 TOP_K = max(*ACCURACY_AT, *PRECISION_RECALL_AT, MRR_AT, NDCG_AT, MAP_AT)
 QUERY_CHUNK, CORPUS_CHUNK = 1024, 16384
+HNSW_NEIGHBOURS, HNSW_SEARCH_DEPTH = 32, 128  # approximate search: graph degree, candidates followed per query
 UNIT_NORM_TOLERANCE = 1e-3  # below this every query embedding counts as unit length: dot would equal cosine
 
 Similarity = Callable[[Tensor, Tensor], Tensor]  # (queries [q, d], documents [n, d]) -> scores [q, n]
 SIMILARITIES: dict[str, Similarity] = {
     "cosine": lambda queries, documents: F.normalize(queries, dim=1) @ F.normalize(documents, dim=1).T,
     "dot": lambda queries, documents: queries @ documents.T,
+}
+PAIRWISE: dict[str, Similarity] = {  # (queries [n, d], documents [n, d]) -> the n scores of the aligned pairs
+    "cosine": lambda queries, documents: (F.normalize(queries, dim=1) * F.normalize(documents, dim=1)).sum(dim=1),
+    "dot": lambda queries, documents: (queries * documents).sum(dim=1),
 }
 
 
@@ -55,34 +66,159 @@ def _best_columns(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return _in_rank_order(best, columns)
 
 
+Ranked = dict[str, tuple[Tensor, Tensor]]  # similarity -> (scores, corpus rows), each [queries, <= k], best first
+
+
+def chunk_top_k(
+    queries: Tensor, chunk: Tensor, offset: int, k: int, similarities: Sequence[str], query_chunk: int = QUERY_CHUNK
+) -> Ranked:
+    """Every query's k best rows of one corpus chunk (rows numbered from ``offset``), best first, ties to the
+    lower row. Memory beyond the inputs: one score block of query_chunk x len(chunk) float32 values, twice that
+    for the comparison that finds ties (rows tied at the k-th score are sorted whole: 12 bytes a score), and the
+    result (12 bytes per query, similarity and k)."""
+    ranked = {}
+    for name in similarities:
+        parts = [_best_columns(SIMILARITIES[name](part, chunk), k) for part in queries.split(query_chunk)]
+        ranked[name] = torch.cat([s for s, _ in parts]), torch.cat([c for _, c in parts]) + offset
+    return ranked
+
+
+def merge_top_k(best: Ranked | None, found: Ranked, k: int) -> Ranked:
+    """The k best of two rankings of the same queries over disjoint rows. The order (score descending, row
+    ascending) is total, so merging chunks in any order gives the same ranking as one search of the whole."""
+    if best is None:
+        return found
+    merged = {}
+    for name, (scores, rows) in found.items():
+        scores, rows = _in_rank_order(torch.cat([best[name][0], scores], 1), torch.cat([best[name][1], rows], 1))
+        merged[name] = scores[:, :k], rows[:, :k]
+    return merged
+
+
 def exact_top_k(
     queries: Tensor,
     corpus_chunks: Iterable[Tensor],
     k: int,
-    similarities: dict[str, Similarity],
+    similarities: Sequence[str],
     query_chunk: int = QUERY_CHUNK,
-) -> dict[str, tuple[Tensor, Tensor]]:
+) -> Ranked:
     """{similarity: (scores, corpus rows)}, each [len(queries), min(k, corpus size)]: every query's k best rows of
     the corpus (given as consecutive chunks, read once), best first, ties to the lower row.
 
-    Memory beyond the inputs: one score block of query_chunk x (rows of a corpus chunk) float32 values, twice
-    that for the comparison that finds ties (rows tied at the k-th score are sorted whole: 12 bytes a score), and
-    the running top k per query and similarity (12 bytes each). No query x corpus matrix is ever whole."""
-    query_parts = queries.split(query_chunk)
-    empty = [(part.new_empty(len(part), 0), torch.empty(len(part), 0, dtype=torch.long)) for part in query_parts]
-    best = {name: list(empty) for name in similarities}
-    offset = 0
+    Memory beyond the inputs: ``chunk_top_k``'s score block for one chunk, and the running top k plus one chunk's
+    top k per query and similarity (24 bytes per query, similarity and k). No query x corpus matrix is ever whole."""
+    best, offset = None, 0
     for chunk in corpus_chunks:
-        for name, similarity in similarities.items():
-            for i, part in enumerate(query_parts):
-                chunk_scores, chunk_rows = _best_columns(similarity(part, chunk), k)
-                scores, rows = best[name][i]
-                scores, rows = _in_rank_order(
-                    torch.cat([scores, chunk_scores], 1), torch.cat([rows, chunk_rows + offset], 1)
-                )
-                best[name][i] = scores[:, :k], rows[:, :k]
+        best = merge_top_k(best, chunk_top_k(queries, chunk, offset, k, similarities, query_chunk), k)
         offset += len(chunk)
-    return {name: (torch.cat([s for s, _ in parts]), torch.cat([r for _, r in parts])) for name, parts in best.items()}
+    if best is None:  # an empty corpus: no rows for anyone
+        return {
+            name: (queries.new_empty(len(queries), 0), torch.empty(len(queries), 0, dtype=torch.long))
+            for name in similarities
+        }
+    return best
+
+
+def check_faiss() -> None:
+    """Approximate search needs faiss (``pip install 'sbert-ray[faiss]'``, i.e. faiss-cpu): a ConfigError if absent."""
+    if importlib.util.find_spec("faiss") is None:
+        raise ConfigError("approximate search needs faiss: pip install 'sbert-ray[faiss]' (faiss-cpu)")
+
+
+def approximate_top_k(queries: Tensor, chunk: Tensor, offset: int, k: int, similarities: Sequence[str]) -> Ranked:
+    """``chunk_top_k`` by a faiss HNSW graph (inner product; cosine on unit vectors) over the chunk: no score
+    block, and most of the true top k (a found row's score is exact). Rows HNSW does not reach score -inf, row -1.
+    Memory: the chunk's vectors and graph (HNSW_NEIGHBOURS x 2 links of 4 bytes per row)."""
+    import faiss  # an optional extra: check_faiss() has looked before any work
+
+    ranked = {}
+    for name in similarities:
+        if name == "cosine":
+            queries_here, chunk_here = F.normalize(queries, dim=1), F.normalize(chunk, dim=1)
+        else:
+            queries_here, chunk_here = queries, chunk
+        index = faiss.IndexHNSWFlat(chunk.shape[1], HNSW_NEIGHBOURS, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efSearch = max(HNSW_SEARCH_DEPTH, k)
+        index.add(chunk_here.contiguous().numpy())
+        scores, columns = (
+            torch.from_numpy(a) for a in index.search(queries_here.contiguous().numpy(), min(k, len(chunk)))
+        )
+        scores[columns < 0] = -math.inf
+        ranked[name] = _in_rank_order(scores, torch.where(columns < 0, -1, columns + offset))
+    return ranked
+
+
+def pair_scores(queries: Tensor, chunk: Tensor, offset: int, pairs: Tensor, similarity: str) -> Tensor:
+    """The score of each (query, corpus row) pair of ``pairs`` [n, 2] whose row lies in this chunk (NaN for the
+    others), one pair at a time as sentence-transformers' ``similarity_pairwise`` scores them."""
+    scores = torch.full((len(pairs),), float("nan"))
+    inside = (pairs[:, 1] >= offset) & (pairs[:, 1] < offset + len(chunk))
+    if inside.any():
+        query_rows, corpus_rows = pairs[inside, 0], pairs[inside, 1] - offset
+        scores[inside] = PAIRWISE[similarity](queries[query_rows], chunk[corpus_rows])
+    return scores
+
+
+@dataclass(frozen=True)
+class ChunkSearch:
+    """What every chunk of one corpus search shares: how many rows to keep per query, by which similarities,
+    how many queries to score at once, the (query, corpus row) pairs whose scores are wanted too, and whether the
+    top k may be approximate (``approximate_top_k``; exact is the default)."""
+
+    k: int
+    similarities: tuple[str, ...]
+    query_chunk: int = QUERY_CHUNK
+    pairs: Tensor = field(default_factory=lambda: torch.empty(0, 2, dtype=torch.long))
+    approximate: bool = False
+
+
+def search_chunk(
+    encoder, texts: Sequence[str], offset: int, batch_size: int, queries: Tensor, search: ChunkSearch
+) -> tuple[Ranked, Tensor]:
+    """Encode one corpus chunk and search it: its top k per query (``chunk_top_k``) and the scores of the
+    ``search.pairs`` that fall in it (``pair_scores``). What one worker does with one chunk (``search_corpus``)."""
+    chunk = _encode(encoder, texts, batch_size)
+    if isinstance(queries, np.ndarray):  # from the object store, read-only: torch wants memory it may write
+        queries = torch.from_numpy(queries.copy())
+    if search.approximate:
+        ranked = approximate_top_k(queries, chunk, offset, search.k, search.similarities)
+    else:
+        ranked = chunk_top_k(queries, chunk, offset, search.k, search.similarities, search.query_chunk)
+    return ranked, pair_scores(queries, chunk, offset, search.pairs, search.similarities[0])
+
+
+def search_corpus(
+    encoder,
+    queries: Tensor,
+    texts: Sequence[str],
+    search: ChunkSearch,
+    batch_size: int,
+    corpus_chunk: int = CORPUS_CHUNK,
+    progress: Callable[[int], None] = lambda rows: None,
+) -> tuple[Ranked, Tensor]:
+    """Every query's top ``search.k`` rows of the corpus ``texts`` and the scores of ``search.pairs``, the corpus
+    encoded and searched ``corpus_chunk`` texts at a time (``search_chunk``); ``progress`` hears of each chunk
+    searched. An encoder that spreads work over workers (``RayEncoder``: it has ``map_unordered``) gets whole chunks,
+    each encoded and searched on one worker, and the driver merges the per-chunk top k as they come: the chunks,
+    their batches and their score blocks are the same as in one process, and the merge does not depend on the order
+    of arrival, so the ranking is the same bit for bit (on workers with the same kind of processor).
+
+    Memory: here, the query embeddings, the running top k and, per chunk in flight, its top k (12 bytes per query,
+    similarity and k each); on the worker that searches a chunk, its texts and embeddings and one score block of
+    query_chunk x corpus_chunk (``chunk_top_k``). No query x corpus score matrix exists anywhere."""
+    chunks = [(texts[start : start + corpus_chunk], start) for start in range(0, len(texts), corpus_chunk)]
+    if hasattr(encoder, "map_unordered"):
+        found = encoder.map_unordered(search_chunk, chunks, batch_size, queries.numpy(), search)
+    else:
+        found = (search_chunk(encoder, part, start, batch_size, queries, search) for part, start in chunks)
+    best, scores = None, torch.full((len(search.pairs),), float("nan"))
+    for ranked, chunk_pair_scores in found:
+        best = merge_top_k(best, ranked, search.k)
+        scores = torch.where(chunk_pair_scores.isnan(), scores, chunk_pair_scores)
+        progress(1)
+    if best is None:
+        best = exact_top_k(queries, [], search.k, search.similarities)
+    return best, scores
 
 
 def ranking_metrics(hits: np.ndarray, relevant_counts: np.ndarray) -> dict[str, float]:
@@ -105,11 +241,6 @@ def ranking_metrics(hits: np.ndarray, relevant_counts: np.ndarray) -> dict[str, 
     return metrics
 
 
-def _corpus_chunks(encoder, texts: list[str], batch_size: int, chunk: int) -> Iterable[Tensor]:
-    for start in range(0, len(texts), chunk):
-        yield _encode(encoder, texts[start : start + chunk], batch_size)
-
-
 def _encode(encoder, texts: list[str], batch_size: int) -> Tensor:
     return torch.as_tensor(encoder.encode(texts, batch_size=batch_size, convert_to="numpy"), dtype=torch.float32)
 
@@ -118,8 +249,8 @@ def evaluate_retrieval(
     encoder, data: RetrievalSet, batch_size: int = 64, query_chunk: int = QUERY_CHUNK, corpus_chunk: int = CORPUS_CHUNK
 ) -> dict[str, float]:
     """Flat metrics (see the module docstring) plus ``queries`` and ``documents`` (the counts scored). The corpus
-    is encoded and searched one chunk at a time: memory holds the query embeddings, one chunk's embeddings, one
-    score block (``exact_top_k``) and the top TOP_K per query."""
+    is encoded and searched one chunk at a time, here or on the workers of a ``RayEncoder`` (``search_corpus``,
+    which states the memory bound); the numbers are the same either way."""
     query_ids = list(data.relevant)
     corpus_ids = sorted(data.corpus)  # row order = id order, so ties going to the lower row go to the smaller id
     corpus_texts = [data.corpus[key] for key in corpus_ids]
@@ -127,8 +258,9 @@ def evaluate_retrieval(
     unit = bool(torch.allclose(queries.norm(dim=1), torch.ones(len(queries)), atol=UNIT_NORM_TOLERANCE, rtol=0))
     relevant_counts = np.array([len(data.relevant[key]) for key in query_ids])
     names = ("cosine",) if unit else ("cosine", "dot")
-    chunks = _corpus_chunks(encoder, corpus_texts, batch_size, corpus_chunk)
-    ranked = exact_top_k(queries, chunks, TOP_K, {name: SIMILARITIES[name] for name in names}, query_chunk)
+    ranked, _ = search_corpus(
+        encoder, queries, corpus_texts, ChunkSearch(TOP_K, names, query_chunk), batch_size, corpus_chunk
+    )
     metrics: dict[str, float] = {}
     for name, (_, rows) in ranked.items():
         hits = np.array(

@@ -1,0 +1,264 @@
+"""``sbert-ray mine``: hard negatives for (anchor, positive) pairs as a Ray job, written as parquet a training
+stage reads directly (``anchor, positive, negative_1..negative_n``, or ``anchor, positive, negative`` triplets).
+
+    inputs checked: the pairs (file columns, or a registered dataset), the corpus (file, or an object-storage
+    prefix listed), the settings, the output folder (new, or a mining output of the same inputs)   (no Ray yet)
+      -> the pairs read and deduplicated on the driver (``MiningPairs``); a remote corpus streamed by Ray Data
+      -> per shard of ``shard_size`` anchors, unless its file is already there (a rerun resumes):
+           anchors encoded on the encoder actors; the corpus searched chunk by chunk on them, each chunk's top k
+           merged here (``retrieval.search_corpus``); negatives chosen (``hard_negatives.choose_negatives``);
+           the shard's rows written to a hidden file, renamed to ``part-NNNNN.parquet`` once complete
+
+Memory: the driver holds the pairs' and corpus texts, the shard's anchor embeddings and each anchor's top k
+candidates (k = range_max + max_positives: 12 bytes each); a worker holds one corpus chunk (texts, embeddings) and
+one score block of QUERY_CHUNK x CORPUS_CHUNK float32 values. No anchor x corpus score matrix exists anywhere.
+Each shard searches the whole corpus, so the corpus is encoded once per shard: a larger ``shard_size`` encodes it
+fewer times, a smaller one loses less to an interruption.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import ray
+
+from sbert_ray.config import ConfigError
+from sbert_ray.data.corpus import TABLE_SUFFIXES, open_corpus
+from sbert_ray.data.readers import check_available, load_records
+from sbert_ray.data.records import TEXT_FIELDS, DataError
+from sbert_ray.evaluation.encoder_pool import RayEncoder
+from sbert_ray.evaluation.hard_negatives import MiningPairs, MiningSettings, Negatives, mine, output_columns
+from sbert_ray.evaluation.retrieval import CORPUS_CHUNK, QUERY_CHUNK, check_faiss
+from sbert_ray.models import load_encoder
+from sbert_ray.progress import progress_bar
+from sbert_ray.runs import owned_paths
+from sbert_ray.runs.cluster import connect_ray, input_errors_unwrapped
+from sbert_ray.runs.remote_corpus import RemoteCorpus, check_remote_corpus
+from sbert_ray.training.storage import is_remote
+
+SHARD_ANCHORS = 65536  # anchors per output file
+ROWS_PER_READ = 65536  # rows of a local corpus file read at a time
+MANIFEST = "mine.json"  # what the output folder was mined from and how: a rerun resumes only the same mining
+
+
+@dataclass(frozen=True)
+class MineRequest:
+    """What ``sbert-ray mine`` mines: ``pairs`` (a .csv/.tsv/.jsonl/.parquet file with ``anchor_column`` and
+    ``positive_column``, or a registered dataset ``NAME[:SPLIT]``, whose records' first two texts are the anchor and
+    the positive), optionally a separate ``corpus`` (a file, or an object-storage prefix), with which model and
+    settings, into which folder."""
+
+    model_ref: str
+    pairs: str
+    output: str | os.PathLike
+    settings: MiningSettings = field(default_factory=MiningSettings)
+    anchor_column: str | None = None
+    positive_column: str | None = None
+    corpus: str | None = None
+    corpus_column: str | None = None
+    batch_size: int = 32
+    workers: int = 1
+    device: str | None = None
+    data_dir: str | os.PathLike | None = None
+    shard_size: int = SHARD_ANCHORS
+    corpus_chunk: int = CORPUS_CHUNK
+    approximate: bool = False  # faiss HNSW per corpus chunk instead of the exact search
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "workers", "shard_size", "corpus_chunk"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.device and self.device.partition(":")[0] not in ("cpu", "cuda"):
+            raise ConfigError(f"--device {self.device}: mining encodes on Ray actors, on cpu or cuda")
+        owned_paths.refuse_protected(self.output, "--output")
+        if self.approximate:
+            check_faiss()
+        if is_remote(str(self.output)):
+            raise ConfigError(f"--output {self.output}: mining writes a local folder (copy it to object storage after)")
+
+
+@dataclass
+class MineResult:
+    output: str
+    anchors: int
+    corpus: int
+    rows: int  # written by this run
+    shards_written: int
+    shards_skipped: int  # complete from an earlier run
+    short_anchors: int  # anchors with fewer than num_negatives negatives (left out of n-tuples)
+    dropped: dict[str, int]  # candidates each filter removed
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ShardDone:
+    """What the progress callback hears after each shard."""
+
+    index: int
+    shards: int
+    rows: int
+    skipped: bool
+    seconds: float
+
+
+@input_errors_unwrapped()  # a bad row of a remote corpus is found in a Ray Data task
+def mine_negatives(request: MineRequest, progress: Callable[[ShardDone], None] = lambda done: None) -> MineResult:
+    """Mine every shard of the request's pairs that its output folder does not hold yet (see the module docstring)."""
+    start = time.perf_counter()
+    anchors, positives = read_pairs(request)
+    corpus = _check_corpus(request)
+    output = Path(request.output).expanduser().resolve()
+    _check_output_folder(output)
+    encoder = load_encoder(request.model_ref)
+    if isinstance(corpus, RemoteCorpus):  # streamed by Ray Data; a local corpus is read already
+        connect_ray()
+        corpus = list(corpus.texts())
+    pairs = MiningPairs.build(anchors, positives, corpus or ())
+    _claim_output_folder(output, _manifest(request, pairs))  # local inputs: refused here still before any Ray work
+    connect_ray()
+    use_gpu = request.device.startswith("cuda") if request.device else ray.cluster_resources().get("GPU", 0) > 0
+    shards = range(0, len(pairs.queries), request.shard_size)
+    result = MineResult(str(output), len(pairs.queries), len(pairs.corpus), 0, 0, 0, 0, {}, 0.0)
+    with RayEncoder(encoder, request.workers, use_gpu=use_gpu) as pool:
+        for index, first in enumerate(progress_bar(shards, desc="shards", unit="shard")):
+            shard_start, path = time.perf_counter(), output / f"part-{index:05d}.parquet"
+            if path.exists():
+                result.shards_skipped += 1
+                progress(ShardDone(index, len(shards), pq.ParquetFile(path).metadata.num_rows, True, 0.0))
+                continue
+            rows = _mine_shard(pool, pairs.slice(first, first + request.shard_size), request, path, result)
+            progress(ShardDone(index, len(shards), rows, False, time.perf_counter() - shard_start))
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _mine_shard(pool: RayEncoder, pairs: MiningPairs, request: MineRequest, path: Path, result: MineResult) -> int:
+    chunks = progress_bar(total=-(-len(pairs.corpus) // request.corpus_chunk), desc="corpus chunks", unit="chunk")
+    with chunks:
+        negatives = mine(
+            pool,
+            pairs,
+            request.settings,
+            request.batch_size,
+            QUERY_CHUNK,
+            request.corpus_chunk,
+            chunks.update,
+            request.approximate,
+        )
+    table = pa.table(output_columns(pairs, negatives, request.settings), schema=_schema(request.settings))
+    partial = path.with_name(f".{path.name}.partial")
+    pq.write_table(table, partial)
+    os.replace(partial, path)  # a file under the shard's name is always complete
+    _count(result, negatives, request.settings, table.num_rows)
+    return table.num_rows
+
+
+def _schema(settings: MiningSettings) -> pa.Schema:
+    negatives = (
+        ["negative"]
+        if settings.output_format == "triplet"
+        else [f"negative_{i}" for i in range(1, settings.num_negatives + 1)]
+    )
+    return pa.schema([(name, pa.string()) for name in ("anchor", "positive", *negatives)])
+
+
+def _count(result: MineResult, negatives: Negatives, settings: MiningSettings, rows: int) -> None:
+    result.rows += rows
+    result.shards_written += 1
+    result.short_anchors += sum(len(found) < settings.num_negatives for found in negatives.rows)
+    for name, count in negatives.dropped.items():
+        result.dropped[name] = result.dropped.get(name, 0) + count
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+
+
+def read_pairs(request: MineRequest) -> tuple[list[str], list[str]]:
+    """(anchors, positives) of the request's pairs file or dataset; a DataError names the file or dataset."""
+    path = Path(request.pairs).expanduser()
+    if path.suffix.lower() in TABLE_SUFFIXES or path.exists():
+        columns = (request.anchor_column or "anchor", request.positive_column or "positive")
+        if path.suffix.lower() not in TABLE_SUFFIXES:
+            raise DataError(f"{path}: pairs are read from {', '.join(TABLE_SUFFIXES)} files")
+        anchors, positives = ([text for _, text in open_corpus(str(path), column).rows()] for column in columns)
+        return anchors, positives
+    if request.anchor_column or request.positive_column:
+        raise DataError(f"{request.pairs}: --anchor-column/--positive-column apply to files, not datasets")
+    name, _, split = request.pairs.partition(":")
+    check_available(name, split or "train", request.data_dir)
+    records = load_records(name, split or "train", request.data_dir)
+    if not records:
+        raise DataError(f"{request.pairs}: no records")
+    anchor, positive = TEXT_FIELDS[type(records[0])][:2]
+    return [getattr(r, anchor) for r in records], [getattr(r, positive) for r in records]
+
+
+def _check_corpus(request: MineRequest) -> list[str] | RemoteCorpus | None:
+    """The separate corpus: texts of a local file or dataset, a checked remote prefix (read later, on Ray), or None."""
+    if request.corpus is None:
+        if request.corpus_column:
+            raise ConfigError("--corpus-column needs --corpus")
+        return None
+    if is_remote(request.corpus):
+        return check_remote_corpus(request.corpus, request.corpus_column)
+    corpus = open_corpus(request.corpus, request.corpus_column, request.data_dir)
+    return [text for table in corpus.tables(ROWS_PER_READ) for text in table.column("text").to_pylist()]
+
+
+# ------------------------------------------------------------------------------------------------ output folder
+
+
+def _check_output_folder(output: Path) -> None:
+    """Before any Ray work: the folder is new, empty, or a mining output of ours (its manifest), never another."""
+    if output.is_file():
+        raise ConfigError(f"--output {output} is a file, not a folder")
+    if output.is_dir() and any(output.iterdir()) and not (output / MANIFEST).is_file():
+        raise ConfigError(
+            f"--output {output} exists and is not a mining output of sbert-ray (no {MANIFEST}): choose a new folder"
+        )
+
+
+def _manifest(request: MineRequest, pairs: MiningPairs) -> dict:
+    """What the shards depend on: the model, the inputs (and a digest of what was read), the settings, the sharding."""
+    digest = hashlib.sha256()
+    for part in (pairs.queries, pairs.positives, pairs.corpus):
+        for item in part:
+            digest.update(json.dumps(item).encode() + b"\n")
+    return {
+        "model": request.model_ref,
+        "pairs": request.pairs,
+        "corpus": request.corpus,
+        "data_digest": digest.hexdigest(),
+        "settings": asdict(request.settings),
+        "shard_size": request.shard_size,
+        "approximate": request.approximate,
+        "anchors": len(pairs.queries),
+        "corpus_size": len(pairs.corpus),
+    }
+
+
+def _claim_output_folder(output: Path, manifest: dict) -> None:
+    """Write the manifest into a new folder, or check that an existing one was mined the same way (a rerun then
+    resumes: shards already there are kept). Shards of other data or settings would mix: refused, naming the keys."""
+    path = output / MANIFEST
+    if path.is_file():
+        before = json.loads(path.read_text())
+        changed = sorted(key for key in manifest.keys() | before.keys() if manifest.get(key) != before.get(key))
+        if changed:
+            raise ConfigError(
+                f"--output {output} holds shards mined with other {', '.join(changed)} ({MANIFEST}); choose a new "
+                "folder, or rerun with the same inputs and settings to resume"
+            )
+        return
+    output.mkdir(parents=True, exist_ok=True)
+    partial = output / f".{MANIFEST}.partial"
+    partial.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(partial, path)

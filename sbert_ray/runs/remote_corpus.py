@@ -1,0 +1,84 @@
+"""A corpus under an object-storage prefix (``s3://bucket/prefix``, or any URI pyarrow opens), read by Ray Data.
+
+``check_remote_corpus`` looks before any Ray work: the prefix holds files of one kind (.parquet, .jsonl, .csv,
+.tsv or .txt), and a table has the text column (a parquet file's schema is read; JSON and CSV name their columns
+row by row, so a missing one is found by the read). ``RemoteCorpus.texts`` then streams the column through Ray
+Data: read tasks on the cluster fetch the files (the nodes' own object-storage access, as for checkpoints), blocks
+come to the driver in file order, one at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow.csv as pa_csv
+import pyarrow.fs as pa_fs
+import pyarrow.parquet as pq
+import ray.data
+
+from sbert_ray.data.corpus import CORPUS_SUFFIXES, DEFAULT_COLUMN
+from sbert_ray.data.records import DataError
+
+ROWS_PER_BATCH = 4096  # texts the driver takes from Ray Data at a time
+
+
+@dataclass(frozen=True)
+class RemoteCorpus:
+    uri: str
+    files: tuple[str, ...]  # full paths in the filesystem, in name order
+    suffix: str
+    column: str | None  # None for text files
+
+    def texts(self) -> Iterator[str]:
+        """Every row's text, file by file in name order, rows in file order."""
+        filesystem, _ = pa_fs.FileSystem.from_uri(self.uri)
+        context = ray.data.DataContext.get_current()
+        preserve = context.execution_options.preserve_order
+        context.execution_options.preserve_order = True  # row ids follow the files' order, run after run
+        try:
+            rows = self._read(filesystem)
+        finally:
+            context.execution_options.preserve_order = preserve
+        for batch in rows.iter_batches(batch_size=ROWS_PER_BATCH, batch_format="pyarrow"):
+            column = batch.column(0 if self.column is None else self.column)
+            if column.null_count:
+                raise DataError(f"{self.uri}: column {self.column!r} has a null where text should be")
+            yield from column.to_pylist()
+
+    def _read(self, filesystem: pa_fs.FileSystem) -> ray.data.Dataset:
+        files, options = list(self.files), {"filesystem": filesystem}
+        if self.suffix == ".parquet":
+            return ray.data.read_parquet(files, columns=[self.column], **options)
+        if self.suffix == ".jsonl":
+            return ray.data.read_json(files, lines=True, **options).select_columns([self.column])
+        if self.suffix == ".txt":
+            return ray.data.read_text(files, drop_empty_lines=True, **options)
+        parse = pa_csv.ParseOptions(delimiter="\t", quote_char=False) if self.suffix == ".tsv" else None
+        return ray.data.read_csv(files, parse_options=parse, **options).select_columns([self.column])
+
+
+def check_remote_corpus(uri: str, column: str | None = None) -> RemoteCorpus:
+    """The corpus under ``uri``, checked before any Ray work; a DataError names the prefix and what is wrong."""
+    try:
+        filesystem, path = pa_fs.FileSystem.from_uri(uri)
+        found = filesystem.get_file_info(pa_fs.FileSelector(path.rstrip("/"), recursive=True, allow_not_found=True))
+    except (OSError, ValueError) as err:
+        raise DataError(f"{uri}: cannot be listed ({str(err).strip().splitlines()[0]})") from None
+    files = sorted(info.path for info in found if info.type == pa_fs.FileType.File)
+    suffixes = {"." + name.rpartition(".")[2].lower() for name in files}
+    if not files:
+        raise DataError(f"{uri}: no files under this prefix")
+    if len(suffixes) > 1 or not suffixes <= set(CORPUS_SUFFIXES):
+        raise DataError(f"{uri}: expected files of one kind ({', '.join(CORPUS_SUFFIXES)}), found {sorted(suffixes)}")
+    [suffix] = suffixes
+    if suffix == ".txt":
+        if column is not None:
+            raise DataError(f"{uri}: text files have one sentence per line and no columns; drop the corpus column")
+        return RemoteCorpus(uri, tuple(files), suffix, None)
+    column = column or DEFAULT_COLUMN
+    if suffix == ".parquet":
+        names = pq.read_schema(files[0], filesystem=filesystem).names
+        if column not in names:
+            raise DataError(f"{uri}: {files[0]} has no column {column!r} (columns: {names})")
+    return RemoteCorpus(uri, tuple(files), suffix, column)

@@ -1,0 +1,267 @@
+"""Hard-negative mining: the same negatives as sentence-transformers' ``mine_hard_negatives`` (Ray-free), the
+settings checked, and ``sbert-ray mine`` on a cluster: n-tuples as parquet, resumed per shard, a corpus on S3."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import local_cluster
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from datasets import Dataset
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.util import mine_hard_negatives
+
+from sbert_ray.cli import main
+from sbert_ray.config import ConfigError
+from sbert_ray.data.readers import load_records
+from sbert_ray.evaluation.hard_negatives import MiningPairs, MiningSettings, mine, output_columns
+from sbert_ray.models.encoder import SentenceEncoder
+from sbert_ray.models.resolve import packaged_model_dir
+from sbert_ray.runs.mine_negatives import MineRequest
+
+# Our encoder and sentence-transformers' give all-MiniLM-L6-v2 vectors equal to ~1e-7 (other kernels), so cosine
+# scores agree to ~1e-6, and these 200 pairs have candidates whose scores lie 1e-7 apart: such near-ties may come
+# out in either order on another processor. Negatives must be the same except where they swap within a near-tie.
+NEAR_TIE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def stsb_pairs(data_dir) -> tuple[list[str], list[str]]:
+    """200 STSb training pairs (sentence1 -> sentence2), with repeated anchors kept as they come."""
+    pairs = load_records("stsb", "train", data_dir)[:200]
+    return [p.sentence1 for p in pairs], [p.sentence2 for p in pairs]
+
+
+@pytest.fixture(scope="module")
+def dev_sentences(data_dir) -> list[str]:
+    return [p.sentence2 for p in load_records("stsb", "dev", data_dir)[:100]]
+
+
+class EncodedOnce:
+    """all-MiniLM-L6-v2 in our encoder, every text encoded once up front (the cases share their texts)."""
+
+    def __init__(self, encoder: SentenceEncoder, texts: list[str]):
+        texts = list(dict.fromkeys(texts))
+        self.vectors = dict(zip(texts, encoder.encode(texts, batch_size=32, convert_to="numpy"), strict=True))
+
+    def encode(self, texts, batch_size=32, convert_to="numpy"):
+        return np.stack([self.vectors[text] for text in texts])
+
+    def score(self, anchor: str, text: str) -> float:
+        a, b = (torch.nn.functional.normalize(torch.as_tensor(self.vectors[t]), dim=0) for t in (anchor, text))
+        return float(a @ b)
+
+
+@pytest.fixture(scope="module")
+def minilm(minilm_ref, stsb_pairs, dev_sentences):
+    ours = EncodedOnce(SentenceEncoder.load(minilm_ref), [*stsb_pairs[0], *stsb_pairs[1], *dev_sentences])
+    return ours, SentenceTransformer(str(packaged_model_dir(minilm_ref)), device="cpu")
+
+
+CASES = {  # settings, and whether a separate corpus (100 STSb dev sentences) joins the positives
+    "defaults": (MiningSettings(num_negatives=3), False),
+    "range-margin-triplets": (
+        MiningSettings(num_negatives=2, range_min=3, range_max=20, margin=0.05, output_format="triplet"),
+        True,
+    ),
+    "relative-max": (MiningSettings(num_negatives=4, relative_margin=0.05, max_score=0.7), False),
+    "min-max-corpus": (MiningSettings(num_negatives=3, min_score=0.3, max_score=0.8, range_max=12), True),
+}
+
+
+@pytest.mark.parametrize("settings, separate_corpus", CASES.values(), ids=CASES)
+def test_same_negatives_as_sentence_transformers(
+    minilm, stsb_pairs, dev_sentences, settings, separate_corpus, tmp_path_factory
+):
+    ours_encoder, theirs_model = minilm
+    anchors, positives = stsb_pairs
+    corpus = dev_sentences if separate_corpus else None
+    pairs = MiningPairs.build(anchors, positives, corpus or ())
+    # small chunks: the corpus is searched in 4 chunks and their top k merged
+    negatives = mine(ours_encoder, pairs, settings, batch_size=32, query_chunk=50, corpus_chunk=100)
+    ours = output_columns(pairs, negatives, settings)
+
+    theirs = mine_hard_negatives(
+        Dataset.from_dict({"anchor": anchors, "positive": positives}),
+        theirs_model,
+        corpus=corpus,
+        range_min=settings.range_min,
+        range_max=settings.range_max,
+        max_score=settings.max_score,
+        min_score=settings.min_score,
+        absolute_margin=settings.margin,
+        relative_margin=settings.relative_margin,
+        num_negatives=settings.num_negatives,
+        sampling_strategy="top",
+        output_format=settings.output_format,
+        batch_size=32,
+        verbose=False,
+        cache_folder=str(tmp_path_factory.getbasetemp() / "st-embeddings"),  # encoded once for every case
+    ).to_dict()
+    assert list(theirs) == list(ours)
+    ours_rows, theirs_rows = _rows(ours), _rows(theirs)
+    assert len(ours_rows) > 150  # enough mined to compare something
+    assert [row[:2] for row in ours_rows] == [row[:2] for row in theirs_rows]  # the same (anchor, positive) rows
+    for mine_row, their_row in zip(ours_rows, theirs_rows, strict=True):
+        for ours_text, theirs_text in zip(mine_row[2:], their_row[2:], strict=True):
+            if ours_text != theirs_text:  # only a near-tie may swap
+                anchor = mine_row[0]
+                gap = abs(ours_encoder.score(anchor, ours_text) - ours_encoder.score(anchor, theirs_text))
+                assert gap < NEAR_TIE, (anchor, ours_text, theirs_text)
+
+
+def _rows(columns: dict[str, list[str]]) -> list[tuple[str, ...]]:
+    return list(zip(*columns.values(), strict=True))
+
+
+def test_random_sampling_draws_from_the_window_in_score_order(tiny_model_dir, stsb_pairs):
+    encoder = SentenceEncoder.load(str(tiny_model_dir))
+    pairs = MiningPairs.build(*stsb_pairs)
+    top = mine(encoder, pairs, MiningSettings(num_negatives=8, range_max=8))
+    drawn = [
+        mine(encoder, pairs, MiningSettings(num_negatives=3, range_max=8, sampling="random", seed=s)) for s in (1, 1, 2)
+    ]
+    assert drawn[0] == drawn[1] and drawn[0].rows != drawn[2].rows  # seeded: reproducible, and really random
+    for window, rows, scores in zip(top.rows, drawn[0].rows, drawn[0].scores, strict=True):
+        assert set(rows) <= set(window) and len(rows) == min(3, len(window))
+        assert scores == sorted(scores, reverse=True)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"num_negatives": 0}, "num_negatives must be at least 1"),
+        ({"range_min": -1}, "range_min must be >= 0"),
+        ({"range_min": 5, "range_max": 6, "num_negatives": 2}, "fewer than num_negatives=2"),
+        ({"margin": float("nan")}, "margin must be a finite number"),
+        ({"sampling": "best"}, "sampling must be top or random"),
+    ],
+)
+def test_bad_settings_are_refused(options, message):
+    with pytest.raises(ConfigError, match=message):
+        MiningSettings(**options)
+
+
+# --- sbert-ray mine ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pairs_file(tmp_path, stsb_pairs) -> Path:
+    """60 STSb pairs as JSON lines with sentence-transformers-style column names of the user's choosing."""
+    path = tmp_path / "pairs.jsonl"
+    rows = zip(stsb_pairs[0][:60], stsb_pairs[1][:60], strict=True)
+    path.write_text("".join(json.dumps({"query": a, "answer": p}) + "\n" for a, p in rows))
+    return path
+
+
+def mine_command(model, pairs_file, output, *options) -> list[str]:
+    return ["mine", "--model", str(model), "--pairs", str(pairs_file), "--output", str(output), "--quiet",
+            "--anchor-column", "query", "--positive-column", "answer", *options]  # fmt: skip
+
+
+def test_mine_writes_parquet_shards_and_a_rerun_resumes(local_ray, tiny_model_dir, pairs_file, tmp_path, capsys):
+    """Three shards mined on two encoder actors: the same rows as the Ray-free miner in one process; a
+    rerun keeps the complete shards untouched and mines only the missing one; other settings are refused."""
+    output = tmp_path / "mined"
+    options = ("--shard-size", "20", "--num-negatives", "2", "--batch-size", "8", "--range-min", "1")
+    assert main(mine_command(tiny_model_dir, pairs_file, output, *options, "--workers", "2")) == 0
+    shards = sorted(output.glob("part-*.parquet"))
+    assert [p.name for p in shards] == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    mined = pa.concat_tables([pq.read_table(p) for p in shards]).to_pydict()
+
+    rows = [json.loads(line) for line in pairs_file.read_text().splitlines()]
+    pairs = MiningPairs.build([r["query"] for r in rows], [r["answer"] for r in rows])
+    settings = MiningSettings(num_negatives=2, range_min=1)
+    expected = output_columns(pairs, mine(SentenceEncoder.load(str(tiny_model_dir)), pairs, settings), settings)
+    assert mined == expected and len(mined["anchor"]) > 40
+
+    kept = shards[0].stat().st_mtime_ns
+    shards[1].unlink()
+    capsys.readouterr()
+    assert main(mine_command(tiny_model_dir, pairs_file, output, *options)) == 0  # one worker: the same shards
+    printed = capsys.readouterr().out
+    assert "shard 1/3" in printed and "complete from an earlier run" in printed and "1 shards" in printed
+    assert shards[0].stat().st_mtime_ns == kept
+    assert pa.concat_tables([pq.read_table(p) for p in shards]).to_pydict() == mined
+
+    other = mine_command(tiny_model_dir, pairs_file, output, *options[:-1], "0")  # range_min 0: other settings
+    assert main(other) == 2
+    assert "holds shards mined with other settings" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda cmd, tmp: cmd + ["--anchor-column", "question"], "no 'question' field"),
+        (lambda cmd, tmp: cmd + ["--corpus", str(tmp / "missing.parquet")], "missing.parquet: no such file"),
+        (lambda cmd, tmp: cmd + ["--range-min", "4", "--range-max", "5"], "fewer than num_negatives=3"),
+        (lambda cmd, tmp: cmd[:6] + [str(tmp)] + cmd[7:], "is not a mining output of sbert-ray"),
+    ],
+    ids=["column", "corpus", "range", "output"],
+)
+def test_bad_input_is_one_line_before_ray(tiny_model_dir, pairs_file, tmp_path, capsys, change, message):
+    (tmp_path / "notes.txt").write_text("someone's file\n")
+    command = change(mine_command(tiny_model_dir, pairs_file, tmp_path / "out"), tmp_path)
+    assert main(command) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("sbert-ray mine: error:") and message in error and "\n" not in error
+
+
+def test_a_corpus_on_object_storage_streams_through_ray_data(
+    connect, s3_server, tiny_model_dir, pairs_file, data_dir, tmp_path, monkeypatch
+):
+    """A corpus of two parquet files under an s3:// prefix, read by Ray Data on the cluster in file order: the
+    same negatives as the Ray-free miner given those texts."""
+    for key, value in s3_server.env.items():  # the driver lists the prefix; the cluster's nodes reach it already
+        monkeypatch.setenv(key, value)
+    sentences = [p.sentence2 for p in load_records("stsb", "dev", data_dir)[:80]]
+    for name, part in (("a.parquet", sentences[:50]), ("b.parquet", sentences[50:])):
+        local = tmp_path / name
+        pq.write_table(pa.table({"sentence": part}), local)
+        s3_server.client().upload_file(str(local), local_cluster.BUCKET, f"mine-corpus/{name}")
+    corpus = f"s3://{local_cluster.BUCKET}/mine-corpus/"
+    output = tmp_path / "mined"
+    command = mine_command(tiny_model_dir, pairs_file, output, "--corpus", corpus, "--corpus-column", "sentence")
+    assert main([*command, "--num-negatives", "2", "--triplets"]) == 0
+
+    rows = [json.loads(line) for line in pairs_file.read_text().splitlines()]
+    pairs = MiningPairs.build([r["query"] for r in rows], [r["answer"] for r in rows], sentences)
+    settings = MiningSettings(num_negatives=2, output_format="triplet")
+    expected = output_columns(pairs, mine(SentenceEncoder.load(str(tiny_model_dir)), pairs, settings), settings)
+    assert pq.read_table(output / "part-00000.parquet").to_pydict() == expected
+    assert set(expected["negative"]) & set(sentences)  # the corpus did supply negatives
+
+
+def test_approximate_search_finds_most_of_the_exact_negatives(tiny_model_dir, stsb_pairs, dev_sentences):
+    """faiss HNSW per corpus chunk (the optional extra): most of the exact negatives, each with its exact score."""
+    pytest.importorskip("faiss", reason="the faiss extra (faiss-cpu) is not installed")
+    encoder = SentenceEncoder.load(str(tiny_model_dir))
+    pairs = MiningPairs.build(*stsb_pairs, dev_sentences)
+    settings = MiningSettings(num_negatives=5)
+    exact = mine(encoder, pairs, settings, corpus_chunk=100)
+    approximate = mine(encoder, pairs, settings, corpus_chunk=100, approximate=True)
+    found = sum(len(set(a) & set(e)) for a, e in zip(approximate.rows, exact.rows, strict=True))
+    assert found >= 0.9 * sum(map(len, exact.rows))
+    scores = {
+        (q, row): s
+        for q, (rows, ss) in enumerate(zip(exact.rows, exact.scores, strict=True))
+        for row, s in zip(rows, ss, strict=True)
+    }
+    common = [
+        (scores[q, row], s)
+        for q, (rows, ss) in enumerate(zip(approximate.rows, approximate.scores, strict=True))
+        for row, s in zip(rows, ss, strict=True)
+        if (q, row) in scores
+    ]
+    assert common and all(abs(a - b) < 1e-5 for a, b in common)  # HNSW ranks by the same inner products
+
+
+def test_approximate_search_without_faiss_is_refused_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "faiss" else object())
+    with pytest.raises(ConfigError, match="approximate search needs faiss"):
+        MineRequest("random:tiny", "pairs.jsonl", tmp_path / "out", approximate=True)
