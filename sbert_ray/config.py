@@ -39,6 +39,13 @@ class ModelConfig:
     # Weights are read from safetensors files only; True also allows pickled PyTorch files (pytorch_model.bin),
     # which can run code when loaded: only for models from a source you trust.
     allow_unsafe_weights: bool = False
+    # Texts put before the inputs, by name, as sentence-transformers' prompts: e.g. {query: "query: ", document:
+    # "passage: "}. Training puts the query prompt before the anchor column and the document prompt before the
+    # others; retrieval evaluation before the queries and the corpus. Saved with the model. None keeps the model's.
+    prompts: dict[str, str] | None = None
+    # The prompt of an input that names none (sentence-transformers' default_prompt_name); a key of prompts.
+    # None: the model's own when prompts is None, else no default.
+    default_prompt_name: str | None = None
 
 
 @dataclass
@@ -161,6 +168,11 @@ class TrainConfig:
         if not 0 <= self.seed < 2**32:
             raise ConfigError(f"seed must be in [0, 2**32), got {self.seed}")
         _at_least("model.max_seq_length", self.model.max_seq_length, 1)
+        if self.model.prompts is not None and self.model.default_prompt_name not in (None, *self.model.prompts):
+            raise ConfigError(
+                f"model.default_prompt_name: {self.model.default_prompt_name!r} is not a key of model.prompts "
+                f"({', '.join(self.model.prompts) or 'none'})"
+            )
         self._validate_scaling()
         if not self.stages:
             raise ConfigError("stages: at least one training stage is required")

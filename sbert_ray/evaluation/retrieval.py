@@ -10,6 +10,9 @@ where sentence-transformers writes ``@`` (``cosine_ndcg@10``) because MLflow ref
 
 Ranking is exact: equal scores go to the smaller document id (string order), as in sentence-transformers, so the
 numbers do not depend on chunk sizes.
+
+A model with prompts encodes the queries with its query prompt and the corpus with its document prompt, as
+sentence-transformers' evaluator does through ``encode_query`` / ``encode_document`` (``sbert_ray.models.prompts``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sbert_ray.data.retrieval_sets import RetrievalSet
+from sbert_ray.models.prompts import document_prompt_name, query_prompt_name
 
 ACCURACY_AT = (1, 3, 5, 10)
 PRECISION_RECALL_AT = (1, 3, 5, 10)
@@ -105,13 +109,14 @@ def ranking_metrics(hits: np.ndarray, relevant_counts: np.ndarray) -> dict[str, 
     return metrics
 
 
-def _corpus_chunks(encoder, texts: list[str], batch_size: int, chunk: int) -> Iterable[Tensor]:
+def _corpus_chunks(encoder, texts: list[str], batch_size: int, chunk: int, prompt_name: str | None) -> Iterable[Tensor]:
     for start in range(0, len(texts), chunk):
-        yield _encode(encoder, texts[start : start + chunk], batch_size)
+        yield _encode(encoder, texts[start : start + chunk], batch_size, prompt_name)
 
 
-def _encode(encoder, texts: list[str], batch_size: int) -> Tensor:
-    return torch.as_tensor(encoder.encode(texts, batch_size=batch_size, convert_to="numpy"), dtype=torch.float32)
+def _encode(encoder, texts: list[str], batch_size: int, prompt_name: str | None) -> Tensor:
+    embeddings = encoder.encode(texts, batch_size=batch_size, convert_to="numpy", prompt_name=prompt_name)
+    return torch.as_tensor(embeddings, dtype=torch.float32)
 
 
 def evaluate_retrieval(
@@ -123,11 +128,12 @@ def evaluate_retrieval(
     query_ids = list(data.relevant)
     corpus_ids = sorted(data.corpus)  # row order = id order, so ties going to the lower row go to the smaller id
     corpus_texts = [data.corpus[key] for key in corpus_ids]
-    queries = _encode(encoder, [data.queries[key] for key in query_ids], batch_size)
+    prompts = encoder.prompts
+    queries = _encode(encoder, [data.queries[key] for key in query_ids], batch_size, query_prompt_name(prompts))
     unit = bool(torch.allclose(queries.norm(dim=1), torch.ones(len(queries)), atol=UNIT_NORM_TOLERANCE, rtol=0))
     relevant_counts = np.array([len(data.relevant[key]) for key in query_ids])
     names = ("cosine",) if unit else ("cosine", "dot")
-    chunks = _corpus_chunks(encoder, corpus_texts, batch_size, corpus_chunk)
+    chunks = _corpus_chunks(encoder, corpus_texts, batch_size, corpus_chunk, document_prompt_name(prompts))
     ranked = exact_top_k(queries, chunks, TOP_K, {name: SIMILARITIES[name] for name in names}, query_chunk)
     metrics: dict[str, float] = {}
     for name, (_, rows) in ranked.items():

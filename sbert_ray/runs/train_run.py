@@ -172,7 +172,10 @@ def _checked(
 
 
 def _check_model(config: TrainConfig) -> None:
-    model_size = check_model(config.model.name, config.model.max_seq_length, config.model.allow_unsafe_weights)
+    model = config.model
+    model_size = check_model(
+        model.name, model.max_seq_length, model.allow_unsafe_weights, model.prompts, model.default_prompt_name
+    )
     for i, stage in enumerate(config.stages):
         if stage.matryoshka_dims and max(stage.matryoshka_dims) > model_size:
             raise ConfigError(
