@@ -7,8 +7,13 @@ import numpy as np
 import pytest
 import torch
 from sentence_transformers import SentenceTransformer
+from sentence_transformers.evaluation import InformationRetrievalEvaluator
+from sentence_transformers.util import cos_sim
 
 from sbert_ray.config import ConfigError, load_config
+from sbert_ray.data import load_records
+from sbert_ray.data.retrieval_sets import stsb_retrieval
+from sbert_ray.evaluation.retrieval import evaluate_retrieval
 from sbert_ray.models import load_encoder
 from sbert_ray.models.encoder import SentenceEncoder
 from sbert_ray.models.prompts import prompt_for_column
@@ -23,11 +28,14 @@ ATOL = 1e-5
 
 @pytest.fixture(params=[("mean", True), ("mean", False), ("cls", False), ("max", False)], ids=str)
 def saved(request, tiny_model_dir, tmp_path):
-    pooling, include_prompt = request.param
+    return save_prompted(tiny_model_dir, tmp_path / "ours", *request.param)
+
+
+def save_prompted(tiny_model_dir, folder, pooling: str, include_prompt: bool) -> tuple[SentenceEncoder, str]:
     encoder = SentenceEncoder.load(str(tiny_model_dir), pooling=pooling, prompts=PROMPTS, default_prompt_name="query")
     encoder.pooling.include_prompt = include_prompt
-    encoder.save(tmp_path / "ours")
-    return encoder, tmp_path / "ours"
+    encoder.save(folder)
+    return encoder, folder
 
 
 def test_sentence_transformers_encode_query_and_document_give_our_vectors(saved):
@@ -99,3 +107,20 @@ def test_prompt_settings_are_checked(tiny_model_dir, tmp_path):
         encoder.encode(TEXTS, prompt_name="passage")
     with pytest.raises(ValueError, match="not both"):
         encoder.encode(TEXTS, prompt_name="query", prompt="q: ")
+
+
+def test_retrieval_applies_the_query_and_document_prompts_as_sentence_transformers(tiny_model_dir, tmp_path, data_dir):
+    """Queries get the query prompt and the corpus the document prompt: the numbers equal sentence-transformers'
+    InformationRetrievalEvaluator on the same saved model (it encodes through encode_query / encode_document)."""
+    encoder, folder = save_prompted(tiny_model_dir, tmp_path / "ours", "mean", include_prompt=False)
+    data = stsb_retrieval(load_records("stsb", "dev", data_dir)[:300])
+    evaluator = InformationRetrievalEvaluator(
+        data.queries, data.corpus, data.relevant, batch_size=32, score_functions={"cosine": cos_sim}, write_csv=False
+    )
+    theirs = evaluator(SentenceTransformer(str(folder), device="cpu"))
+    ours = evaluate_retrieval(encoder, data, batch_size=32)
+    # means of per-query values in [0, 1] over ~50 queries: float64 rounding only (see test_retrieval.TOLERANCE)
+    assert ours["ndcg_at_10_cosine"] == pytest.approx(theirs["cosine_ndcg@10"], abs=1e-9)
+    assert ours["map_at_100_cosine"] == pytest.approx(theirs["cosine_map@100"], abs=1e-9)
+    unprompted = evaluate_retrieval(SentenceEncoder.load(str(folder), prompts={}), data, batch_size=32)
+    assert unprompted["ndcg_at_10_cosine"] != ours["ndcg_at_10_cosine"]  # the prompts were applied
