@@ -75,9 +75,16 @@ class StageConfig:
 
 @dataclass
 class EvalConfig:
-    dev_dataset: str = "stsb"  # scored on every checkpoint: its Spearman picks the best checkpoints
+    dev_dataset: str = "stsb"  # scored on every checkpoint (unless dev_task): its Spearman picks the best checkpoints
     dev_split: str = "dev"  # the split of dev_dataset
     dev_limit: int | None = None  # score only the first N dev pairs; None = all
+    # An evaluation task scored on every checkpoint instead of the dev pairs, e.g. stsb-retrieval:dev or
+    # retrieval:/path/to/beir-folder (any one task --tasks takes); its dev_metric picks the best checkpoints and a
+    # sweep's best trial, and drives ASHA. None: the dev pairs of dev_dataset / dev_split.
+    dev_task: str | None = None
+    # The metric of the dev task (or of the dev pairs) that does so, named as the task reports it, e.g.
+    # ndcg_at_10_cosine or spearman_cosine; logged as dev/<metric>. None: the task's primary metric.
+    dev_metric: str | None = None
     eval_every: int = 0  # optimizer steps between dev evaluations; 0 = only at the end of each stage
     batch_size: int = 64  # sentences per encoding batch when scoring
     final_tasks: list[str] = field(default_factory=lambda: ["sts"])  # [] skips the final suite
@@ -114,7 +121,7 @@ class ScalingConfig:
 @dataclass
 class CheckpointConfig:
     storage_path: str = "~/sbert-ray/runs"  # stable across jobs so a resubmitted run resumes
-    keep_best: int = 2  # checkpoints kept by dev Spearman, besides the latest
+    keep_best: int = 2  # checkpoints kept by the dev score (evaluation.dev_metric), besides the latest
     max_failures: int = 2  # worker restarts from the latest checkpoint; -1 = no limit (Ray's meaning)
 
 
@@ -180,6 +187,7 @@ class TrainConfig:
             self._validate_stage(f"stages.{i}", stage)
         evaluation = self.evaluation
         _at_least("evaluation.dev_limit", evaluation.dev_limit, 2, none_means="all dev pairs")  # Spearman needs 2
+        _check_dev_task(evaluation)
         _at_least("evaluation.eval_every", evaluation.eval_every, 0)
         _at_least("evaluation.batch_size", evaluation.batch_size, 1)
         _at_least("checkpoint.keep_best", self.checkpoint.keep_best, 1)
@@ -278,6 +286,19 @@ def check_device_here(device: str, key: str = "--device") -> None:
             raise ConfigError(f"{key} {device}: torch sees {count} CUDA GPU(s), numbered from 0")
     if parsed.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"{key} {device}: this machine has no Apple MPS device")
+
+
+def _check_dev_task(evaluation: EvalConfig) -> None:
+    """A dev task replaces the dev pairs: settings of the dev pairs beside it would be silently unused."""
+    if evaluation.dev_task is None:
+        return
+    defaults = EvalConfig()
+    for name in ("dev_dataset", "dev_split", "dev_limit"):
+        if getattr(evaluation, name) != getattr(defaults, name):
+            raise ConfigError(
+                f"evaluation.{name} is for the dev pairs, which evaluation.dev_task ({evaluation.dev_task!r}) "
+                "replaces; leave it out"
+            )
 
 
 def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:

@@ -89,6 +89,14 @@ def exact_top_k(
     return {name: (torch.cat([s for s, _ in parts]), torch.cat([r for _, r in parts])) for name, parts in best.items()}
 
 
+def metric_names() -> tuple[str, ...]:
+    """Every metric ``evaluate_retrieval`` may return (the ``_dot`` ones for unnormalised models only)."""
+    ranking = [f"accuracy_at_{k}" for k in ACCURACY_AT]
+    ranking += [f"{kind}_at_{k}" for k in PRECISION_RECALL_AT for kind in ("precision", "recall")]
+    ranking += [f"mrr_at_{MRR_AT}", f"ndcg_at_{NDCG_AT}", f"map_at_{MAP_AT}"]
+    return tuple(f"{metric}_{similarity}" for similarity in SIMILARITIES for metric in ranking)
+
+
 def ranking_metrics(hits: np.ndarray, relevant_counts: np.ndarray) -> dict[str, float]:
     """Metrics from ``hits`` [queries, ranks] (True where the document at that rank is relevant; a corpus
     smaller than TOP_K leaves the last ranks False) and each query's number of relevant documents."""

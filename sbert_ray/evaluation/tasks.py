@@ -47,17 +47,30 @@ class EvalTask(ABC):
     def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
         """Score ``model`` (anything with a SentenceEncoder-like ``encode``)."""
 
+    @abstractmethod
+    def metric_names(self) -> tuple[str, ...]:
+        """The metrics each entry's results carry at their top level (what ``evaluation.dev_metric`` may name)."""
+
+    def entry_scores(self, results: Results, metric: str) -> dict[str, float]:
+        """{entry: its value of ``metric``} for the entries of ``results`` that have it."""
+        return {
+            entry: results[f"{entry}/{metric}"]
+            for entry in dict.fromkeys(key.split("/")[0] for key in results)
+            if f"{entry}/{metric}" in results
+        }
+
     def primary_scores(self, results: Results) -> dict[str, float]:
         """{entry: its primary metric} for the entries of ``results`` that have one."""
-        return {
-            entry: results[f"{entry}/{self.primary_metric}"]
-            for entry in dict.fromkeys(key.split("/")[0] for key in results)
-            if f"{entry}/{self.primary_metric}" in results
-        }
+        return self.entry_scores(results, self.primary_metric)
 
 
 def _flat(nested: dict[str, dict]) -> Results:
     return flatten(nested, sep="/")
+
+
+def correlation_names(similarities: Sequence[str]) -> tuple[str, ...]:
+    """The correlation metrics of scored pairs (``sts.correlations``) for these similarities."""
+    return tuple(f"{kind}_{name}" for name in similarities for kind in ("spearman", "pearson"))
 
 
 class StsTask(EvalTask):
@@ -81,6 +94,9 @@ class StsTask(EvalTask):
     def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
         return _flat(sts.run_sts_suite(model, data_dir, self.datasets, batch_size, self.similarities))
 
+    def metric_names(self) -> tuple[str, ...]:
+        return correlation_names(self.similarities)
+
 
 class ScoredPairsTask(EvalTask):
     """``pairs:<file>``: STS-style correlations on the user's own scored pairs (csv/tsv/jsonl with sentence1,
@@ -103,6 +119,9 @@ class ScoredPairsTask(EvalTask):
         pairs = read_user_file(self.path, "scored")
         return _flat({self.path.stem: sts.evaluate_pairs(model, pairs, batch_size)})
 
+    def metric_names(self) -> tuple[str, ...]:
+        return correlation_names(("cosine",))
+
 
 class ArgsimTask(EvalTask):
     """Cross-topic argument similarity (paper, Table 3): ``afs`` (``afs:<folder>``), ``ukp-aspect``, ``bws``."""
@@ -121,6 +140,9 @@ class ArgsimTask(EvalTask):
 
     def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
         return _flat(argsim.evaluate_argsim(model, self.name, data_dir, batch_size, self.path))
+
+    def metric_names(self) -> tuple[str, ...]:
+        return correlation_names(("cosine",))
 
 
 class TripletTask(EvalTask):
@@ -141,6 +163,9 @@ class TripletTask(EvalTask):
     def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
         data = triplets.load_triplets(self.name, data_dir, self.path)
         return _flat({self.name: triplets.evaluate_triplets(model, data, batch_size)})
+
+    def metric_names(self) -> tuple[str, ...]:
+        return tuple(f"accuracy_{name}" for name in triplets.DISTANCES)
 
 
 class SentEvalTask(EvalTask):
@@ -168,6 +193,9 @@ class SentEvalTask(EvalTask):
     def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
         return _flat(senteval.run_senteval(model, data_dir, self.tasks, batch_size))
 
+    def metric_names(self) -> tuple[str, ...]:
+        return ("accuracy",)
+
 
 class RetrievalTask(EvalTask):
     """Retrieval: nDCG@10 and the rest of sentence-transformers' InformationRetrievalEvaluator metrics
@@ -184,6 +212,19 @@ class RetrievalTask(EvalTask):
         from sbert_ray.evaluation.retrieval import evaluate_retrieval  # torch: loaded to score, not to parse specs
 
         return _flat({self.entry: evaluate_retrieval(model, self.load(data_dir), batch_size)})
+
+    def metric_names(self) -> tuple[str, ...]:
+        from sbert_ray.evaluation.retrieval import metric_names
+
+        return metric_names()
+
+    def entry_scores(self, results: Results, metric: str) -> dict[str, float]:
+        """As for any task; a ``_dot`` metric of a model whose embeddings are unit length is its ``_cosine`` twin:
+        there dot products are cosines, and the evaluator scores them once, as cosine."""
+        scores = super().entry_scores(results, metric)
+        if not scores and metric.endswith("_dot"):
+            scores = super().entry_scores(results, metric.removesuffix("_dot") + "_cosine")
+        return scores
 
 
 class BeirRetrievalTask(RetrievalTask):

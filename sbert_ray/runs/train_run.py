@@ -38,6 +38,7 @@ from ray.train.torch import TorchTrainer
 from sbert_ray.config import ConfigError, EvalConfig, StageConfig, TrainConfig, dump_yaml, flatten, to_dict
 from sbert_ray.data.readers import check_available, resolve_data_dir
 from sbert_ray.data.records import DataError
+from sbert_ray.evaluation.dev_score import DEV_SCORE, dev_spec
 from sbert_ray.evaluation.results import nest
 from sbert_ray.evaluation.tasks import EvalTask, Results, check_tasks, parse_tasks, primary_scores
 from sbert_ray.files import check_folder
@@ -85,7 +86,7 @@ class TrainResult:
     before: Results  # flat "<entry>/<metric>" scores of evaluation.before_tasks
     final: Results  # ... of evaluation.final_tasks, on the final model
     headlines: dict[str, tuple[str, float]]  # final entry -> (primary metric, value)
-    metrics: dict  # the last checkpoint's report: global_step, dev_spearman, ...
+    metrics: dict  # the last checkpoint's report: global_step, dev_score, ...
     already_finished: bool = False  # the run had finished with this config before: nothing was trained or logged
 
 
@@ -107,10 +108,17 @@ def absolute_paths(config: TrainConfig) -> TrainConfig:
             evaluation,
             before_tasks=_absolute_tasks(evaluation, "before_tasks"),
             final_tasks=_absolute_tasks(evaluation, "final_tasks"),
+            dev_task=_absolute_dev_task(evaluation),
         ),
         checkpoint=dataclasses.replace(config.checkpoint, storage_path=resolve_storage(config.checkpoint.storage_path)),
         tracking=dataclasses.replace(config.tracking, tracking_uri=resolve_tracking_uri(config.tracking.tracking_uri)),
     )
+
+
+def _absolute_dev_task(evaluation: EvalConfig) -> str | None:
+    """``evaluation.dev_task`` with its files made absolute, once the task and ``dev_metric`` are known to exist."""
+    task = dev_spec(evaluation).task
+    return task.absolute_spec() if task else None
 
 
 def _absolute_tasks(evaluation: EvalConfig, key: str) -> list[str]:
@@ -188,7 +196,12 @@ def _check_datasets(config: TrainConfig, tasks: dict[str, Sequence[EvalTask]]) -
     data_dir = config.data_dir
     for key, parsed in tasks.items():
         check_tasks(parsed, data_dir, f"evaluation.{key}")
-    datasets = [("evaluation.dev_dataset", config.evaluation.dev_dataset, config.evaluation.dev_split)]
+    dev_task = dev_spec(config.evaluation).task
+    if dev_task:
+        check_tasks([dev_task], data_dir, "evaluation.dev_task")
+    datasets = (
+        [] if dev_task else [("evaluation.dev_dataset", config.evaluation.dev_dataset, config.evaluation.dev_split)]
+    )
     datasets += [(f"stages.{i}", s.dataset, s.split) for i, s in enumerate(config.stages) if not is_user_file(s)]
     for key, name, split in datasets:
         try:
@@ -255,7 +268,7 @@ def build_trainer(
             callbacks=callbacks,
             checkpoint_config=ray.train.CheckpointConfig(
                 num_to_keep=config.checkpoint.keep_best,
-                checkpoint_score_attribute="dev_spearman",
+                checkpoint_score_attribute=DEV_SCORE,
                 checkpoint_score_order="max",
             ),
         ),
@@ -460,7 +473,8 @@ def finish(
         tracking.alias,
     )
     tracker.flush(wait_s=tracking.wait_s)  # the plots read the metric history back
-    plot_curves(tracker, {"train/loss": "plots/loss.png", "dev/spearman_cosine": "plots/dev_spearman.png"})
+    dev_metric = dev_spec(config.evaluation).metric
+    plot_curves(tracker, {"train/loss": "plots/loss.png", f"dev/{dev_metric}": f"plots/dev_{dev_metric}.png"})
     return TrainResult(
         run_id=tracker.run_id,
         tracking_uri=tracking.tracking_uri,
