@@ -9,6 +9,7 @@ names each entry's headline metric. Tasks only score; nothing here trains.
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import ClassVar
 from sbert_ray.config import ConfigError, flatten
 from sbert_ray.data.readers import check_available, load_records, read_user_file, resolve_data_dir
 from sbert_ray.data.records import DataError
+from sbert_ray.data.retrieval_hub import NANOBEIR, hub_retrieval_layout, is_hub_retrieval, read_hub_retrieval
 from sbert_ray.data.retrieval_sets import RetrievalSet, read_beir, stsb_retrieval
 from sbert_ray.evaluation import argsim, senteval, sts, triplets
 
@@ -199,19 +201,24 @@ class SentEvalTask(EvalTask):
 
 class RetrievalTask(EvalTask):
     """Retrieval: nDCG@10 and the rest of sentence-transformers' InformationRetrievalEvaluator metrics
-    (``evaluation.retrieval``) on a retrieval set that ``load`` gives, under the entry ``entry``."""
+    (``evaluation.retrieval``) on each retrieval set that ``loaders`` gives, one entry each."""
 
     primary_metric = "ndcg_at_10_cosine"
-    entry: str
 
     @abstractmethod
-    def load(self, data_dir=None) -> RetrievalSet:
-        """The queries, corpus and judgements."""
+    def loaders(self) -> dict[str, Callable[[object], RetrievalSet]]:
+        """{entry: load(data_dir)}: the queries, corpus and judgements of each entry."""
+
+    def check(self, data_dir=None) -> None:
+        for load in self.loaders().values():
+            load(data_dir)
 
     def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
         from sbert_ray.evaluation.retrieval import evaluate_retrieval  # torch: loaded to score, not to parse specs
 
-        return _flat({self.entry: evaluate_retrieval(model, self.load(data_dir), batch_size)})
+        return _flat(
+            {entry: evaluate_retrieval(model, load(data_dir), batch_size) for entry, load in self.loaders().items()}
+        )
 
     def metric_names(self) -> tuple[str, ...]:
         from sbert_ray.evaluation.retrieval import metric_names
@@ -229,7 +236,8 @@ class RetrievalTask(EvalTask):
 
 class BeirRetrievalTask(RetrievalTask):
     """``retrieval:<folder>`` (the BEIR layout, its qrels/test.tsv) or ``retrieval:<folder>/qrels/<split>.tsv``;
-    the entry is the folder's name, with ``-<split>`` after it for a split other than test."""
+    the entry is the folder's name, with ``-<split>`` after it for a split other than test. (A Hub set,
+    ``retrieval:<owner>/<set>``, is a ``HubRetrievalTask``.)"""
 
     def __init__(self, spec: str, path: str) -> None:
         super().__init__(spec)
@@ -243,8 +251,8 @@ class BeirRetrievalTask(RetrievalTask):
     def load(self, data_dir=None) -> RetrievalSet:
         return read_beir(self.folder, self.split)
 
-    def check(self, data_dir=None) -> None:
-        self.load(data_dir)
+    def loaders(self) -> dict[str, Callable[[object], RetrievalSet]]:
+        return {self.entry: self.load}
 
 
 class StsbRetrievalTask(RetrievalTask):
@@ -263,8 +271,51 @@ class StsbRetrievalTask(RetrievalTask):
     def load(self, data_dir=None) -> RetrievalSet:
         return stsb_retrieval(load_records("stsb", self.split, data_dir))
 
+    def loaders(self) -> dict[str, Callable[[object], RetrievalSet]]:
+        return {self.entry: self.load}
+
     def check(self, data_dir=None) -> None:
         check_available("stsb", self.split, data_dir)
+
+
+class HubRetrievalTask(RetrievalTask):
+    """``retrieval:<owner>/<set>`` or ``retrieval:<owner>/<set>:<split>`` (default test): a retrieval set on the
+    Hugging Face Hub by its published name, e.g. ``zeta-alpha-ai/NanoMSMARCO``, ``mteb/scifact``, ``BeIR/scifact``
+    (``data.retrieval_hub``); ``nanobeir`` or ``nanobeir:msmarco,scifact`` names the NanoBEIR collection's sets.
+    Each entry is the set's name (``NanoMSMARCO``, ``scifact``), with ``-<split>`` after it for another split."""
+
+    def __init__(self, spec: str, repos: Sequence[str], split: str = "test") -> None:
+        super().__init__(spec)
+        for repo in repos:
+            try:
+                hub_retrieval_layout(repo, split)
+            except DataError as error:
+                raise ConfigError(str(error)) from None
+        suffix = "" if split == "test" else f"-{split}"
+        self.repos, self.split = {repo.partition("/")[2] + suffix: repo for repo in repos}, split
+
+    def loaders(self) -> dict[str, Callable[[object], RetrievalSet]]:
+        return {entry: functools.partial(self._load, repo) for entry, repo in self.repos.items()}
+
+    def _load(self, repo: str, data_dir=None) -> RetrievalSet:
+        return read_hub_retrieval(repo, self.split)
+
+
+def _retrieval_task(spec: str, argument: str) -> RetrievalTask:
+    """``retrieval:``: a Hub set by its published name (``<owner>/<set>[:<split>]`` of an owner whose layout we
+    read), else a local BEIR folder (a relative folder under such a name is written ``./mteb/scifact``)."""
+    name, _, split = argument.partition(":")
+    if is_hub_retrieval(name):
+        return HubRetrievalTask(spec, [name], split or "test")
+    return BeirRetrievalTask(spec, argument)
+
+
+def _nanobeir_task(spec: str, argument: str) -> HubRetrievalTask:
+    names = [name.strip().lower() for name in argument.split(",") if name.strip()] or list(NANOBEIR)
+    unknown = [name for name in names if name not in NANOBEIR]
+    if unknown:
+        raise ConfigError(f"unknown NanoBEIR set {unknown[0]!r}; choose from {', '.join(NANOBEIR)}")
+    return HubRetrievalTask(spec, [f"zeta-alpha-ai/{NANOBEIR[name]}" for name in names])
 
 
 # name -> task factory(spec, argument after "name:", similarities)
@@ -276,7 +327,8 @@ TASKS: dict[str, TaskFactory] = {
     **{name: (lambda spec, arg, sims, name=name: ArgsimTask(spec, name, arg)) for name in argsim.ARGSIM_DATASETS},
     **{name: (lambda spec, arg, sims, name=name: TripletTask(spec, name, arg)) for name in triplets.TRIPLET_DATASETS},
     "senteval": lambda spec, arg, sims: SentEvalTask(spec, arg.split(",") if arg else senteval.SENTEVAL_TASKS),
-    "retrieval": lambda spec, arg, sims: BeirRetrievalTask(spec, arg),
+    "retrieval": lambda spec, arg, sims: _retrieval_task(spec, arg),
+    "nanobeir": lambda spec, arg, sims: _nanobeir_task(spec, arg),
     "stsb-retrieval": lambda spec, arg, sims: StsbRetrievalTask(spec, arg or "test"),
 }
 
