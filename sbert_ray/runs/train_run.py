@@ -38,7 +38,7 @@ from ray.train.torch import TorchTrainer
 from sbert_ray.config import ConfigError, EvalConfig, StageConfig, TrainConfig, dump_yaml, flatten, to_dict
 from sbert_ray.data.readers import check_available, resolve_data_dir
 from sbert_ray.data.records import DataError
-from sbert_ray.evaluation.dev_score import DEV_SCORE, dev_spec
+from sbert_ray.evaluation.dev_score import DEV_SCORE, DevSpec, dev_spec
 from sbert_ray.evaluation.results import nest
 from sbert_ray.evaluation.tasks import EvalTask, Results, check_tasks, parse_tasks, primary_scores
 from sbert_ray.files import check_folder
@@ -149,14 +149,16 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, list[StageExamples]]:
     return _checked(config, *evaluation_tasks(config))
 
 
-def evaluation_tasks(config: TrainConfig) -> tuple[tuple[EvalTask, ...], tuple[EvalTask, ...]]:
-    """``evaluation.before_tasks`` and ``final_tasks`` of a config ``absolute_paths`` made (and checked)."""
+def evaluation_tasks(config: TrainConfig) -> tuple[tuple[EvalTask, ...], tuple[EvalTask, ...], DevSpec]:
+    """``evaluation.before_tasks``, ``final_tasks`` and the dev score's task and metric of a config
+    ``absolute_paths`` made (and checked)."""
     evaluation = config.evaluation
-    return tuple(parse_tasks(evaluation.before_tasks)), tuple(parse_tasks(evaluation.final_tasks))
+    before, final = tuple(parse_tasks(evaluation.before_tasks)), tuple(parse_tasks(evaluation.final_tasks))
+    return before, final, dev_spec(evaluation)
 
 
 def _checked(
-    config: TrainConfig, before_tasks: Sequence[EvalTask], final_tasks: Sequence[EvalTask]
+    config: TrainConfig, before_tasks: Sequence[EvalTask], final_tasks: Sequence[EvalTask], dev: DevSpec
 ) -> tuple[TrainConfig, list[StageExamples]]:
     """``prepare`` of an absolute config and its parsed tasks: places, tracking store, model, data, in this order."""
     storage = config.checkpoint.storage_path
@@ -175,7 +177,7 @@ def _checked(
         raise ConfigError(f"tracking.tracking_uri: {err}") from None
     _check_model(config)
     # Cheap checks first (is every dataset there?), then the training data read in full.
-    _check_datasets(config, {"before_tasks": before_tasks, "final_tasks": final_tasks})
+    _check_datasets(config, {"before_tasks": before_tasks, "final_tasks": final_tasks}, dev.task)
     return config, _read_stages(config)
 
 
@@ -191,12 +193,11 @@ def _check_model(config: TrainConfig) -> None:
             )
 
 
-def _check_datasets(config: TrainConfig, tasks: dict[str, Sequence[EvalTask]]) -> None:
+def _check_datasets(config: TrainConfig, tasks: dict[str, Sequence[EvalTask]], dev_task: EvalTask | None) -> None:
     """Every evaluation task's data, the dev set and each stage's dataset are there (nothing read in full yet)."""
     data_dir = config.data_dir
     for key, parsed in tasks.items():
         check_tasks(parsed, data_dir, f"evaluation.{key}")
-    dev_task = dev_spec(config.evaluation).task
     if dev_task:
         check_tasks([dev_task], data_dir, "evaluation.dev_task")
     datasets = (
@@ -305,6 +306,7 @@ class TrainPlan:
     run_dir: str  # <storage>/<name>: checkpoints, record, lease
     before_tasks: tuple[EvalTask, ...]
     final_tasks: tuple[EvalTask, ...]
+    dev: DevSpec  # what scores each checkpoint (the worker resolves the same from the config)
     examples: tuple[int, ...]  # training examples per stage
     steps: tuple[int, ...]  # optimizer steps per stage
     previous: record.RunRecord | None  # the record of the run this one resumes; None: a new run
@@ -343,8 +345,8 @@ def preflight(
     """Everything checked before the MLflow run opens (``config`` made absolute): tracking store, data, model,
     tasks, the final model's folder, the cluster's room for the workers. --restart moves the old run aside here.
     Returns the plan and each stage's examples as read."""
-    before_tasks, final_tasks = evaluation_tasks(config)  # parsed once for the whole run
-    config, stages = _checked(config, before_tasks, final_tasks)
+    before_tasks, final_tasks, dev = evaluation_tasks(config)  # parsed once for the whole run
+    config, stages = _checked(config, before_tasks, final_tasks, dev)
     # Here, not in prepare: a sweep checks its base config there, whose output_dir holds one model per trial.
     owned_paths.check_model_folder(config.output_dir, leaving=run_dir if restart else None)
     examples = tuple(len(columns[0]) for columns, _ in stages)
@@ -356,7 +358,7 @@ def preflight(
     steps = tuple(
         stage_steps(n, stage, config.scaling.num_workers)[1] for stage, n in zip(config.stages, examples, strict=True)
     )
-    return TrainPlan(config, run_dir, before_tasks, final_tasks, examples, steps, previous), stages
+    return TrainPlan(config, run_dir, before_tasks, final_tasks, dev, examples, steps, previous), stages
 
 
 def _train(plan: TrainPlan, stages: list[StageExamples], parent_run_id: str | None, callbacks: list) -> TrainResult:
@@ -473,7 +475,7 @@ def finish(
         tracking.alias,
     )
     tracker.flush(wait_s=tracking.wait_s)  # the plots read the metric history back
-    dev_metric = dev_spec(config.evaluation).metric
+    dev_metric = plan.dev.metric
     plot_curves(tracker, {"train/loss": "plots/loss.png", f"dev/{dev_metric}": f"plots/dev_{dev_metric}.png"})
     return TrainResult(
         run_id=tracker.run_id,
