@@ -80,9 +80,9 @@ class SentenceEncoder(nn.Module):
         """Load a sentence-transformers folder, a plain Hugging Face model (mean pooling) or a Hub id.
 
         Arguments that are not None override what the saved model says (``prompts`` replace the saved prompts and
-        their default). Like `from_pretrained`, the
-        result is in eval mode; call `.train()` before training. Weights load from safetensors files only,
-        unless ``allow_unsafe_weights`` (pickled PyTorch files can run code); the model's own code never runs.
+        their default). Like `from_pretrained`, the result is in eval mode; call `.train()` before training. Weights
+        load from safetensors files only, unless ``allow_unsafe_weights`` (pickled PyTorch files can run code); the
+        model's own code never runs.
         """
         from transformers import AutoModel, AutoTokenizer  # here: importing the package must not load model code
 
