@@ -14,6 +14,7 @@ from sbert_ray.evaluation.dev_score import DevScorer, dev_spec
 from sbert_ray.evaluation.sts import evaluate_pairs
 from sbert_ray.evaluation.tasks import parse_tasks
 from sbert_ray.models.encoder import SentenceEncoder
+from sbert_ray.runs.argsim_folds import finetune_config
 from sbert_ray.runs.train_run import run_training
 from sbert_ray.training.state import TrainState
 from sbert_ray.tuning import SweepConfig
@@ -102,3 +103,9 @@ def test_a_retrieval_dev_metric_keeps_the_best_checkpoints(local_ray, tiny_train
     }
     best_two = sorted(history, key=history.get)[-2:]
     assert kept == {*best_two, 12}, (history, kept)
+
+
+def test_argument_similarity_folds_refuse_a_dev_task():
+    """Each fold picks its checkpoints on its own dev pairs: a dev_task would silently replace them."""
+    with pytest.raises(ConfigError, match="evaluation.dev_task: argument-similarity folds choose checkpoints"):
+        finetune_config("random:tiny", overrides=["evaluation.dev_task=stsb-retrieval:dev", NO_LIMIT])
