@@ -39,6 +39,13 @@ class ModelConfig:
     # Weights are read from safetensors files only; True also allows pickled PyTorch files (pytorch_model.bin),
     # which can run code when loaded: only for models from a source you trust.
     allow_unsafe_weights: bool = False
+    # Texts put before the inputs, by name, as sentence-transformers' prompts: e.g. {query: "query: ", document:
+    # "passage: "}. Training puts the query prompt before the anchor column and the document prompt before the
+    # others; retrieval evaluation before the queries and the corpus. Saved with the model. None keeps the model's.
+    prompts: dict[str, str] | None = None
+    # The prompt of an input that names none (sentence-transformers' default_prompt_name); a key of prompts.
+    # None: the model's own when prompts is None, else no default.
+    default_prompt_name: str | None = None
 
 
 @dataclass
@@ -89,9 +96,16 @@ class StageConfig:
 
 @dataclass
 class EvalConfig:
-    dev_dataset: str = "stsb"  # scored on every checkpoint: its Spearman picks the best checkpoints
+    dev_dataset: str = "stsb"  # scored on every checkpoint (unless dev_task): its Spearman picks the best checkpoints
     dev_split: str = "dev"  # the split of dev_dataset
     dev_limit: int | None = None  # score only the first N dev pairs; None = all
+    # An evaluation task scored on every checkpoint instead of the dev pairs, e.g. stsb-retrieval:dev or
+    # retrieval:/path/to/beir-folder (any one task --tasks takes); its dev_metric picks the best checkpoints and a
+    # sweep's best trial, and drives ASHA. None: the dev pairs of dev_dataset / dev_split.
+    dev_task: str | None = None
+    # The metric of the dev task (or of the dev pairs) that does so, named as the task reports it, e.g.
+    # ndcg_at_10_cosine or spearman_cosine; logged as dev/<metric>. None: the task's primary metric.
+    dev_metric: str | None = None
     eval_every: int = 0  # optimizer steps between dev evaluations; 0 = only at the end of each stage
     batch_size: int = 64  # sentences per encoding batch when scoring
     final_tasks: list[str] = field(default_factory=lambda: ["sts"])  # [] skips the final suite
@@ -128,7 +142,7 @@ class ScalingConfig:
 @dataclass
 class CheckpointConfig:
     storage_path: str = "~/sbert-ray/runs"  # stable across jobs so a resubmitted run resumes
-    keep_best: int = 2  # checkpoints kept by dev Spearman, besides the latest
+    keep_best: int = 2  # checkpoints kept by the dev score (evaluation.dev_metric), besides the latest
     max_failures: int = 2  # worker restarts from the latest checkpoint; -1 = no limit (Ray's meaning)
 
 
@@ -182,6 +196,11 @@ class TrainConfig:
         if not 0 <= self.seed < 2**32:
             raise ConfigError(f"seed must be in [0, 2**32), got {self.seed}")
         _at_least("model.max_seq_length", self.model.max_seq_length, 1)
+        if self.model.prompts is not None and self.model.default_prompt_name not in (None, *self.model.prompts):
+            raise ConfigError(
+                f"model.default_prompt_name: {self.model.default_prompt_name!r} is not a key of model.prompts "
+                f"({', '.join(self.model.prompts) or 'none'})"
+            )
         self._validate_scaling()
         if not self.stages:
             raise ConfigError("stages: at least one training stage is required")
@@ -189,6 +208,7 @@ class TrainConfig:
             self._validate_stage(f"stages.{i}", stage)
         evaluation = self.evaluation
         _at_least("evaluation.dev_limit", evaluation.dev_limit, 2, none_means="all dev pairs")  # Spearman needs 2
+        _check_dev_task(evaluation)
         _at_least("evaluation.eval_every", evaluation.eval_every, 0)
         _at_least("evaluation.batch_size", evaluation.batch_size, 1)
         _at_least("checkpoint.keep_best", self.checkpoint.keep_best, 1)
@@ -295,6 +315,19 @@ def check_device_here(device: str, key: str = "--device") -> None:
             raise ConfigError(f"{key} {device}: torch sees {count} CUDA GPU(s), numbered from 0")
     if parsed.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"{key} {device}: this machine has no Apple MPS device")
+
+
+def _check_dev_task(evaluation: EvalConfig) -> None:
+    """A dev task replaces the dev pairs: settings of the dev pairs beside it would be silently unused."""
+    if evaluation.dev_task is None:
+        return
+    defaults = EvalConfig()
+    for name in ("dev_dataset", "dev_split", "dev_limit"):
+        if getattr(evaluation, name) != getattr(defaults, name):
+            raise ConfigError(
+                f"evaluation.{name} is for the dev pairs, which evaluation.dev_task ({evaluation.dev_task!r}) "
+                "replaces; leave it out"
+            )
 
 
 def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:

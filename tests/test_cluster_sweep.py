@@ -74,13 +74,13 @@ def test_asha_sweep_on_token_head_leaves_no_placement_group(
     parent = client.get_run(result.run_id)
     assert parent.info.status == "FINISHED"
     assert parent.data.metrics["sweep/trials_stopped"] == 1 and parent.data.metrics["sweep/trials_finished"] == 1
-    assert parent.data.metrics[f"best/{METRIC}"] == pytest.approx(rows["mean"].dev_spearman)
+    assert parent.data.metrics[f"best/{METRIC}"] == pytest.approx(rows["mean"].dev_score)
     artifacts = {a.path for a in client.list_artifacts(result.run_id)}
     assert {
         "sweep.yaml",
         "results.csv",
         "results.md",
-        "dev_spearman_vs_learning_rate.png",
+        "dev_score_vs_learning_rate.png",
         "best_config.yaml",
     } <= artifacts
 
@@ -101,4 +101,4 @@ def test_asha_sweep_on_token_head_leaves_no_placement_group(
     with (result.summary / "results.csv").open() as f:
         table = list(csv.DictReader(f))
     assert [(row["model.pooling"], row["status"]) for row in table] == [("mean", "finished"), ("cls", "stopped")]
-    assert {"dev_spearman", "final stsb", "mlflow_run", "error"} <= set(table[0])
+    assert {"dev_score", "final stsb", "mlflow_run", "error"} <= set(table[0])

@@ -155,3 +155,30 @@ def test_a_bad_row_midway_names_its_line_and_leaves_no_output(local_ray, tmp_pat
     assert err.endswith(f"sbert-ray encode: error: {message}\n") and err.count(message) == 1
     assert "Traceback" not in err and "Exception occurred" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl"]  # neither output nor staging folder
+
+
+@pytest.fixture
+def prompted_model(tiny_model_dir, tmp_path):
+    encoder = SentenceEncoder.load(str(tiny_model_dir), prompts={"query": "query: ", "document": "passage: "})
+    encoder.save(tmp_path / "prompted")
+    return tmp_path / "prompted", encoder
+
+
+def test_an_unknown_prompt_name_is_refused_before_ray(prompted_model, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("sbert_ray.runs.encode_corpus.connect_ray", lambda: pytest.fail("Ray was started"))
+    (tmp_path / "corpus.txt").write_text("a sentence\n")
+    args = ["encode", "--model", str(prompted_model[0]), "--input", str(tmp_path / "corpus.txt")]
+    assert main([*args, "--output", str(tmp_path / "out"), "--prompt-name", "passage"]) == 2
+    assert "--prompt-name: unknown prompt name 'passage'; the model's prompts: 'query', 'document'" in (
+        capsys.readouterr().err
+    )
+
+
+def test_prompt_name_puts_the_prompt_before_every_text(local_ray, prompted_model, tmp_path, sentences):
+    (tmp_path / "corpus.txt").write_text("\n".join(sentences[:40]) + "\n")
+    args = ["encode", "--model", str(prompted_model[0]), "--input", str(tmp_path / "corpus.txt")]
+    assert main([*args, "--output", str(tmp_path / "out"), "--prompt-name", "document", "--batch-size", "16"]) == 0
+    vectors = np.array(pq.read_table(tmp_path / "out").sort_by("id").column("vector").to_pylist(), dtype=np.float32)
+    expected = prompted_model[1].encode(sentences[:40], batch_size=16, prompt_name="document")
+    np.testing.assert_allclose(vectors, expected, atol=1e-5, rtol=1e-5)  # as assert_embedded
+    assert np.abs(vectors - prompted_model[1].encode(sentences[:40])).max() > 1e-3  # the prompt made a difference

@@ -11,7 +11,7 @@ def report(stage: int, step: int, global_step: int, **metrics) -> dict:
 
 def test_training_line_has_step_of_total_loss_dev_rate_and_eta():
     progress = TrainingProgress([100, 50])  # two stages: 150 steps in all
-    first = progress.line(report(0, 10, 10, train_loss=0.5, dev_spearman=71.234, pairs_per_s=30.0), now=1000.0)
+    first = progress.line(report(0, 10, 10, train_loss=0.5, dev_score=71.234, pairs_per_s=30.0), now=1000.0)
     assert first == "stage 1/2  step 10/100  loss 0.5000  dev 71.23  30.0 pairs/s"  # no rate yet: no ETA
     # 40 more steps in 80 s: 2 s a step, 100 steps left (50 of stage 1, 50 of stage 2).
     second = progress.line(report(0, 50, 50, train_loss=0.25), now=1080.0)

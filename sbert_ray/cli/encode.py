@@ -28,6 +28,11 @@ def add_arguments(subparsers) -> None:
         type=checked(parse_device),
         help="cpu or cuda (one GPU per worker); default: cuda when the cluster has GPUs",
     )
+    en.add_argument(
+        "--prompt-name",
+        help="one of the model's prompts (config_sentence_transformers.json), e.g. query or document, put before "
+        "every text; default: the model's default prompt, if it has one",
+    )
     en.add_argument("--data-dir", help="for a registered dataset: local data folder (default: $SBERT_RAY_DATA_DIR)")
     en.set_defaults(func=run)
 
@@ -44,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         device=args.device,
         data_dir=args.data_dir,
+        prompt_name=args.prompt_name,
     )
     result = encode_corpus(request)
     print(

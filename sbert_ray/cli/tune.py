@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     sweep = load_config(args.config, args.overrides, cls=SweepConfig)  # every key of the search space is checked here
     result = run_sweep(sweep, resume=args.resume)
     if result.best is not None:
-        print(f"best trial {result.best.trial_id}: dev Spearman x100 {result.best.dev_spearman:.2f}")
+        print(f"best trial {result.best.trial_id}: dev {result.dev_metric} {result.best.dev_score:.4g}")
     if result.retrained is not None:
         scores = result.retrained.headlines.items()
         print("retrained best, Spearman x100: " + ", ".join(f"{entry} {value:.2f}" for entry, (_, value) in scores))

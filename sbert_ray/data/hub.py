@@ -119,13 +119,10 @@ def check_hub(name: str, split: str) -> str:
     reading rows: the mirror folder (which must hold the config and split), else the Hub id when the Hub answers
     or, in offline mode (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE), when the datasets cache holds a copy."""
     source, hub_split = hub_source(name, split)
-    mirror = os.environ.get(HUB_MIRROR_ENV)
-    if mirror:
-        folder = Path(mirror).expanduser() / source.path
-        if not folder.is_dir():
-            raise DataError(f"{HUB_MIRROR_ENV}={mirror} has no copy of {source.path} for {name!r} (expected {folder})")
-        _check_split(str(folder), source, hub_split)
-        return str(folder)
+    folder = mirror_folder(source.path, name)
+    if folder:
+        _check_split(folder, source, hub_split)
+        return folder
     from datasets import config as datasets_config
 
     if not datasets_config.HF_HUB_OFFLINE and hub_reachable():
@@ -141,6 +138,41 @@ def check_hub(name: str, split: str) -> str:
         "the datasets cache holds no copy (read in offline mode, HF_HUB_OFFLINE=1); pass --data-dir or set "
         f"SBERT_RAY_DATA_DIR to read local files, or set {HUB_MIRROR_ENV} to a local copy of the Hub datasets"
     )
+
+
+def mirror_folder(repo: str, name: str) -> str | None:
+    """The copy of the Hub repository ``repo`` (needed for ``name``) under SBERT_RAY_HUB_MIRROR; None when that is
+    not set; a DataError when the mirror has no copy."""
+    mirror = os.environ.get(HUB_MIRROR_ENV)
+    if not mirror:
+        return None
+    folder = Path(mirror).expanduser() / repo
+    if not folder.is_dir():
+        raise DataError(f"{HUB_MIRROR_ENV}={mirror} has no copy of {repo} for {name!r} (expected {folder})")
+    return str(folder)
+
+
+def load_hub_table(repo: str, config: str | None, split: str, name: str):
+    """One split of one config of the Hub dataset ``repo`` (or its mirror copy) as a ``datasets.Dataset``; a
+    DataError naming the repository, config and split when it cannot be read."""
+    from datasets import load_dataset
+    from datasets.exceptions import DatasetGenerationError
+
+    location = mirror_folder(repo, name)
+    if location is None:
+        from datasets import config as datasets_config
+
+        if not (datasets_config.HF_HUB_OFFLINE or hub_reachable()):
+            raise DataError(
+                f"{name!r} ({repo}) needs the Hugging Face Hub, which is unreachable; set {HUB_MIRROR_ENV} to a "
+                "local copy of the Hub datasets, or use a local BEIR folder (retrieval:<folder>)"
+            )
+        location = repo
+    cache_dir = None if location == repo else _mirror_cache_dir(Path(location))
+    try:
+        return load_dataset(location, config, split=split, cache_dir=cache_dir)
+    except (ConnectionError, FileNotFoundError, ValueError, DatasetGenerationError) as error:
+        raise DataError(f"{location} (config {config}, split {split}): {error}") from None
 
 
 def _check_split(location: str, source: HubSource, hub_split: str) -> None:

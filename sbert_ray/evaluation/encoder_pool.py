@@ -42,8 +42,8 @@ class EncoderReplica:
         # Re-cast on the worker's own device: "bf16" weights become float16 on GPUs without bfloat16.
         self.encoder = encoder.to(device).to_precision(encoder.precision)
 
-    def encode(self, sentences: list[str], batch_size: int) -> np.ndarray:
-        return self.encoder.encode(sentences, batch_size=batch_size, convert_to="numpy")
+    def encode(self, sentences: list[str], batch_size: int, prompt: str | None = None) -> np.ndarray:
+        return self.encoder.encode(sentences, batch_size=batch_size, convert_to="numpy", prompt=prompt)
 
     def apply(self, function: Callable[..., T], *args) -> T:
         """``function(encoder, *args)`` on this worker: work that encodes and then reduces what it encoded (a
@@ -75,18 +75,26 @@ class RayEncoder:
         device = "cuda" if use_gpu else "cpu"
         self.workers = [actor.remote(shared, device, cpus_per_worker) for _ in range(num_workers)]
 
-    def batches(self, sentences: Sequence[str], batch_size: int) -> list[list[int]]:
-        """Index batches in the order ``SentenceEncoder.encode`` would form them."""
-        return smart_batches([len(ids) for ids in self.encoder.token_ids(sentences)["input_ids"]], batch_size)
+    @property
+    def prompts(self) -> dict[str, str]:
+        return self.encoder.prompts
 
-    def encode(self, sentences: Sequence[str], batch_size: int = 32, convert_to: str = "numpy") -> np.ndarray:
+    def batches(self, sentences: Sequence[str], batch_size: int, prompt: str = "") -> list[list[int]]:
+        """Index batches in the order ``SentenceEncoder.encode`` would form them (with ``prompt`` before each)."""
+        ids = self.encoder.token_ids([prompt + sentence for sentence in sentences])["input_ids"]
+        return smart_batches([len(row) for row in ids], batch_size)
+
+    def encode(
+        self, sentences: Sequence[str], batch_size: int = 32, convert_to: str = "numpy", prompt_name: str | None = None
+    ) -> np.ndarray:
         if convert_to != "numpy":
             raise ValueError("RayEncoder.encode returns numpy arrays only")
+        prompt = self.encoder.resolve_prompt(prompt_name=prompt_name)  # the workers get the text, resolved once
         out = np.empty((len(sentences), self.encoder.output_dim), dtype=np.float32)
-        batches = self.batches(sentences, batch_size)
+        batches = self.batches(sentences, batch_size, prompt)
         shares = [[i for batch in batches[w :: len(self.workers)] for i in batch] for w in range(len(self.workers))]
         futures = [
-            worker.encode.remote([sentences[i] for i in share], batch_size)
+            worker.encode.remote([sentences[i] for i in share], batch_size, prompt)
             for worker, share in zip(self.workers, shares, strict=True)
         ]
         for share, embeddings in zip(shares, ray.get(futures), strict=True):

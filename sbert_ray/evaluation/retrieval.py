@@ -12,6 +12,9 @@ Ranking is exact: equal scores go to the smaller document id (string order), as 
 numbers do not depend on chunk sizes. The corpus is encoded and searched a chunk at a time (``search_corpus``); with
 ``eval --workers N`` each chunk is encoded and searched on one of N encoder actors and only its top k comes back,
 with the same numbers as one process. ``sbert-ray mine`` searches the same way (``hard_negatives``).
+
+A model with prompts encodes the queries with its query prompt and the corpus with its document prompt, as
+sentence-transformers' evaluator does through ``encode_query`` / ``encode_document`` (``sbert_ray.models.prompts``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from torch import Tensor
 
 from sbert_ray.config import ConfigError
 from sbert_ray.data.retrieval_sets import RetrievalSet
+from sbert_ray.models.prompts import document_prompt_name, query_prompt_name
 
 ACCURACY_AT = (1, 3, 5, 10)
 PRECISION_RECALL_AT = (1, 3, 5, 10)
@@ -170,6 +174,7 @@ class ChunkSearch:
     query_chunk: int = QUERY_CHUNK
     pairs: Tensor = field(default_factory=lambda: torch.empty(0, 2, dtype=torch.long))
     approximate: bool = False
+    document_prompt: str | None = None  # the encoder's prompt name for corpus texts (None: no prompt)
 
 
 def search_chunk(
@@ -177,7 +182,7 @@ def search_chunk(
 ) -> tuple[Ranked, Tensor]:
     """Encode one corpus chunk and search it: its top k per query (``chunk_top_k``) and the scores of the
     ``search.pairs`` that fall in it (``pair_scores``). What one worker does with one chunk (``search_corpus``)."""
-    chunk = _encode(encoder, texts, batch_size)
+    chunk = _encode(encoder, texts, batch_size, search.document_prompt)
     if isinstance(queries, np.ndarray):  # from the object store, read-only: torch wants memory it may write
         queries = torch.from_numpy(queries.copy())
     if search.approximate:
@@ -221,6 +226,14 @@ def search_corpus(
     return best, scores
 
 
+def metric_names() -> tuple[str, ...]:
+    """Every metric ``evaluate_retrieval`` may return (the ``_dot`` ones for unnormalised models only)."""
+    ranking = [f"accuracy_at_{k}" for k in ACCURACY_AT]
+    ranking += [f"{kind}_at_{k}" for k in PRECISION_RECALL_AT for kind in ("precision", "recall")]
+    ranking += [f"mrr_at_{MRR_AT}", f"ndcg_at_{NDCG_AT}", f"map_at_{MAP_AT}"]
+    return tuple(f"{metric}_{similarity}" for similarity in SIMILARITIES for metric in ranking)
+
+
 def ranking_metrics(hits: np.ndarray, relevant_counts: np.ndarray) -> dict[str, float]:
     """Metrics from ``hits`` [queries, ranks] (True where the document at that rank is relevant; a corpus
     smaller than TOP_K leaves the last ranks False) and each query's number of relevant documents."""
@@ -241,8 +254,9 @@ def ranking_metrics(hits: np.ndarray, relevant_counts: np.ndarray) -> dict[str, 
     return metrics
 
 
-def _encode(encoder, texts: list[str], batch_size: int) -> Tensor:
-    return torch.as_tensor(encoder.encode(texts, batch_size=batch_size, convert_to="numpy"), dtype=torch.float32)
+def _encode(encoder, texts: list[str], batch_size: int, prompt_name: str | None = None) -> Tensor:
+    embeddings = encoder.encode(texts, batch_size=batch_size, convert_to="numpy", prompt_name=prompt_name)
+    return torch.as_tensor(embeddings, dtype=torch.float32)
 
 
 def evaluate_retrieval(
@@ -254,13 +268,13 @@ def evaluate_retrieval(
     query_ids = list(data.relevant)
     corpus_ids = sorted(data.corpus)  # row order = id order, so ties going to the lower row go to the smaller id
     corpus_texts = [data.corpus[key] for key in corpus_ids]
-    queries = _encode(encoder, [data.queries[key] for key in query_ids], batch_size)
+    prompts = encoder.prompts
+    queries = _encode(encoder, [data.queries[key] for key in query_ids], batch_size, query_prompt_name(prompts))
     unit = bool(torch.allclose(queries.norm(dim=1), torch.ones(len(queries)), atol=UNIT_NORM_TOLERANCE, rtol=0))
     relevant_counts = np.array([len(data.relevant[key]) for key in query_ids])
     names = ("cosine",) if unit else ("cosine", "dot")
-    ranked, _ = search_corpus(
-        encoder, queries, corpus_texts, ChunkSearch(TOP_K, names, query_chunk), batch_size, corpus_chunk
-    )
+    search = ChunkSearch(TOP_K, names, query_chunk, document_prompt=document_prompt_name(prompts))
+    ranked, _ = search_corpus(encoder, queries, corpus_texts, search, batch_size, corpus_chunk)
     metrics: dict[str, float] = {}
     for name, (_, rows) in ranked.items():
         hits = np.array(

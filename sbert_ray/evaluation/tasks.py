@@ -9,6 +9,7 @@ names each entry's headline metric. Tasks only score; nothing here trains.
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import ClassVar
 from sbert_ray.config import ConfigError, flatten
 from sbert_ray.data.readers import check_available, load_records, read_user_file, resolve_data_dir
 from sbert_ray.data.records import DataError
+from sbert_ray.data.retrieval_hub import NANOBEIR, hub_retrieval_layout, is_hub_retrieval, read_hub_retrieval
 from sbert_ray.data.retrieval_sets import RetrievalSet, read_beir, stsb_retrieval
 from sbert_ray.evaluation import argsim, senteval, sts, triplets
 
@@ -47,17 +49,30 @@ class EvalTask(ABC):
     def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
         """Score ``model`` (anything with a SentenceEncoder-like ``encode``)."""
 
+    @abstractmethod
+    def metric_names(self) -> tuple[str, ...]:
+        """The metrics each entry's results carry at their top level (what ``evaluation.dev_metric`` may name)."""
+
+    def entry_scores(self, results: Results, metric: str) -> dict[str, float]:
+        """{entry: its value of ``metric``} for the entries of ``results`` that have it."""
+        return {
+            entry: results[f"{entry}/{metric}"]
+            for entry in dict.fromkeys(key.split("/")[0] for key in results)
+            if f"{entry}/{metric}" in results
+        }
+
     def primary_scores(self, results: Results) -> dict[str, float]:
         """{entry: its primary metric} for the entries of ``results`` that have one."""
-        return {
-            entry: results[f"{entry}/{self.primary_metric}"]
-            for entry in dict.fromkeys(key.split("/")[0] for key in results)
-            if f"{entry}/{self.primary_metric}" in results
-        }
+        return self.entry_scores(results, self.primary_metric)
 
 
 def _flat(nested: dict[str, dict]) -> Results:
     return flatten(nested, sep="/")
+
+
+def correlation_names(similarities: Sequence[str]) -> tuple[str, ...]:
+    """The correlation metrics of scored pairs (``sts.correlations``) for these similarities."""
+    return tuple(f"{kind}_{name}" for name in similarities for kind in ("spearman", "pearson"))
 
 
 class StsTask(EvalTask):
@@ -81,6 +96,9 @@ class StsTask(EvalTask):
     def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
         return _flat(sts.run_sts_suite(model, data_dir, self.datasets, batch_size, self.similarities))
 
+    def metric_names(self) -> tuple[str, ...]:
+        return correlation_names(self.similarities)
+
 
 class ScoredPairsTask(EvalTask):
     """``pairs:<file>``: STS-style correlations on the user's own scored pairs (csv/tsv/jsonl with sentence1,
@@ -103,6 +121,9 @@ class ScoredPairsTask(EvalTask):
         pairs = read_user_file(self.path, "scored")
         return _flat({self.path.stem: sts.evaluate_pairs(model, pairs, batch_size)})
 
+    def metric_names(self) -> tuple[str, ...]:
+        return correlation_names(("cosine",))
+
 
 class ArgsimTask(EvalTask):
     """Cross-topic argument similarity (paper, Table 3): ``afs`` (``afs:<folder>``), ``ukp-aspect``, ``bws``."""
@@ -121,6 +142,9 @@ class ArgsimTask(EvalTask):
 
     def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
         return _flat(argsim.evaluate_argsim(model, self.name, data_dir, batch_size, self.path))
+
+    def metric_names(self) -> tuple[str, ...]:
+        return correlation_names(("cosine",))
 
 
 class TripletTask(EvalTask):
@@ -141,6 +165,9 @@ class TripletTask(EvalTask):
     def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
         data = triplets.load_triplets(self.name, data_dir, self.path)
         return _flat({self.name: triplets.evaluate_triplets(model, data, batch_size)})
+
+    def metric_names(self) -> tuple[str, ...]:
+        return tuple(f"accuracy_{name}" for name in triplets.DISTANCES)
 
 
 class SentEvalTask(EvalTask):
@@ -168,27 +195,49 @@ class SentEvalTask(EvalTask):
     def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
         return _flat(senteval.run_senteval(model, data_dir, self.tasks, batch_size))
 
+    def metric_names(self) -> tuple[str, ...]:
+        return ("accuracy",)
+
 
 class RetrievalTask(EvalTask):
     """Retrieval: nDCG@10 and the rest of sentence-transformers' InformationRetrievalEvaluator metrics
-    (``evaluation.retrieval``) on a retrieval set that ``load`` gives, under the entry ``entry``."""
+    (``evaluation.retrieval``) on each retrieval set that ``loaders`` gives, one entry each."""
 
     primary_metric = "ndcg_at_10_cosine"
-    entry: str
 
     @abstractmethod
-    def load(self, data_dir=None) -> RetrievalSet:
-        """The queries, corpus and judgements."""
+    def loaders(self) -> dict[str, Callable[[object], RetrievalSet]]:
+        """{entry: load(data_dir)}: the queries, corpus and judgements of each entry."""
+
+    def check(self, data_dir=None) -> None:
+        for load in self.loaders().values():
+            load(data_dir)
 
     def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
         from sbert_ray.evaluation.retrieval import evaluate_retrieval  # torch: loaded to score, not to parse specs
 
-        return _flat({self.entry: evaluate_retrieval(model, self.load(data_dir), batch_size)})
+        return _flat(
+            {entry: evaluate_retrieval(model, load(data_dir), batch_size) for entry, load in self.loaders().items()}
+        )
+
+    def metric_names(self) -> tuple[str, ...]:
+        from sbert_ray.evaluation.retrieval import metric_names
+
+        return metric_names()
+
+    def entry_scores(self, results: Results, metric: str) -> dict[str, float]:
+        """As for any task; a ``_dot`` metric of a model whose embeddings are unit length is its ``_cosine`` twin:
+        there dot products are cosines, and the evaluator scores them once, as cosine."""
+        scores = super().entry_scores(results, metric)
+        if not scores and metric.endswith("_dot"):
+            scores = super().entry_scores(results, metric.removesuffix("_dot") + "_cosine")
+        return scores
 
 
 class BeirRetrievalTask(RetrievalTask):
     """``retrieval:<folder>`` (the BEIR layout, its qrels/test.tsv) or ``retrieval:<folder>/qrels/<split>.tsv``;
-    the entry is the folder's name, with ``-<split>`` after it for a split other than test."""
+    the entry is the folder's name, with ``-<split>`` after it for a split other than test. (A Hub set,
+    ``retrieval:<owner>/<set>``, is a ``HubRetrievalTask``.)"""
 
     def __init__(self, spec: str, path: str) -> None:
         super().__init__(spec)
@@ -202,8 +251,8 @@ class BeirRetrievalTask(RetrievalTask):
     def load(self, data_dir=None) -> RetrievalSet:
         return read_beir(self.folder, self.split)
 
-    def check(self, data_dir=None) -> None:
-        self.load(data_dir)
+    def loaders(self) -> dict[str, Callable[[object], RetrievalSet]]:
+        return {self.entry: self.load}
 
 
 class StsbRetrievalTask(RetrievalTask):
@@ -222,8 +271,51 @@ class StsbRetrievalTask(RetrievalTask):
     def load(self, data_dir=None) -> RetrievalSet:
         return stsb_retrieval(load_records("stsb", self.split, data_dir))
 
+    def loaders(self) -> dict[str, Callable[[object], RetrievalSet]]:
+        return {self.entry: self.load}
+
     def check(self, data_dir=None) -> None:
         check_available("stsb", self.split, data_dir)
+
+
+class HubRetrievalTask(RetrievalTask):
+    """``retrieval:<owner>/<set>`` or ``retrieval:<owner>/<set>:<split>`` (default test): a retrieval set on the
+    Hugging Face Hub by its published name, e.g. ``zeta-alpha-ai/NanoMSMARCO``, ``mteb/scifact``, ``BeIR/scifact``
+    (``data.retrieval_hub``); ``nanobeir`` or ``nanobeir:msmarco,scifact`` names the NanoBEIR collection's sets.
+    Each entry is the set's name (``NanoMSMARCO``, ``scifact``), with ``-<split>`` after it for another split."""
+
+    def __init__(self, spec: str, repos: Sequence[str], split: str = "test") -> None:
+        super().__init__(spec)
+        for repo in repos:
+            try:
+                hub_retrieval_layout(repo, split)
+            except DataError as error:
+                raise ConfigError(str(error)) from None
+        suffix = "" if split == "test" else f"-{split}"
+        self.repos, self.split = {repo.partition("/")[2] + suffix: repo for repo in repos}, split
+
+    def loaders(self) -> dict[str, Callable[[object], RetrievalSet]]:
+        return {entry: functools.partial(self._load, repo) for entry, repo in self.repos.items()}
+
+    def _load(self, repo: str, data_dir=None) -> RetrievalSet:
+        return read_hub_retrieval(repo, self.split)
+
+
+def _retrieval_task(spec: str, argument: str) -> RetrievalTask:
+    """``retrieval:``: a Hub set by its published name (``<owner>/<set>[:<split>]`` of an owner whose layout we
+    read), else a local BEIR folder (a relative folder under such a name is written ``./mteb/scifact``)."""
+    name, _, split = argument.partition(":")
+    if is_hub_retrieval(name):
+        return HubRetrievalTask(spec, [name], split or "test")
+    return BeirRetrievalTask(spec, argument)
+
+
+def _nanobeir_task(spec: str, argument: str) -> HubRetrievalTask:
+    names = [name.strip().lower() for name in argument.split(",") if name.strip()] or list(NANOBEIR)
+    unknown = [name for name in names if name not in NANOBEIR]
+    if unknown:
+        raise ConfigError(f"unknown NanoBEIR set {unknown[0]!r}; choose from {', '.join(NANOBEIR)}")
+    return HubRetrievalTask(spec, [f"zeta-alpha-ai/{NANOBEIR[name]}" for name in names])
 
 
 # name -> task factory(spec, argument after "name:", similarities)
@@ -235,7 +327,8 @@ TASKS: dict[str, TaskFactory] = {
     **{name: (lambda spec, arg, sims, name=name: ArgsimTask(spec, name, arg)) for name in argsim.ARGSIM_DATASETS},
     **{name: (lambda spec, arg, sims, name=name: TripletTask(spec, name, arg)) for name in triplets.TRIPLET_DATASETS},
     "senteval": lambda spec, arg, sims: SentEvalTask(spec, arg.split(",") if arg else senteval.SENTEVAL_TASKS),
-    "retrieval": lambda spec, arg, sims: BeirRetrievalTask(spec, arg),
+    "retrieval": lambda spec, arg, sims: _retrieval_task(spec, arg),
+    "nanobeir": lambda spec, arg, sims: _nanobeir_task(spec, arg),
     "stsb-retrieval": lambda spec, arg, sims: StsbRetrievalTask(spec, arg or "test"),
 }
 

@@ -21,10 +21,18 @@ class PrefixEncoder:
         self.dim: int | None = None
         self._full: dict[tuple, np.ndarray] = {}
 
-    def encode(self, sentences: Sequence[str], batch_size: int = 32, convert_to: str = "numpy"):
-        key = (tuple(sentences), batch_size, convert_to)
+    @property
+    def prompts(self) -> dict[str, str]:
+        return self.encoder.prompts
+
+    def encode(
+        self, sentences: Sequence[str], batch_size: int = 32, convert_to: str = "numpy", prompt_name: str | None = None
+    ):
+        key = (tuple(sentences), batch_size, convert_to, prompt_name)
         if key not in self._full:
-            self._full[key] = self.encoder.encode(sentences, batch_size=batch_size, convert_to=convert_to)
+            self._full[key] = self.encoder.encode(
+                sentences, batch_size=batch_size, convert_to=convert_to, prompt_name=prompt_name
+            )
         full = self._full[key]
         if self.dim is not None and full.shape[1] < self.dim:
             raise ValueError(f"cannot truncate {full.shape[1]}-dimensional embeddings to {self.dim}")

@@ -10,18 +10,27 @@ from transformers import AutoConfig, AutoTokenizer, BertConfig
 
 from sbert_ray.models.encoder import max_seq_length_problem
 from sbert_ray.models.load import RANDOM_PREFIX
+from sbert_ray.models.prompts import check_prompts
 from sbert_ray.models.random_bert import BERT_SHAPES, bert_tokenizer
 from sbert_ray.models.resolve import resolve_model_ref
 from sbert_ray.models.st_layout import ModelError, check_weights, read_st_layout
 
 
-def check_model(name: str, max_seq_length: int, allow_unsafe_weights: bool = False) -> int:
+def check_model(
+    name: str,
+    max_seq_length: int,
+    allow_unsafe_weights: bool = False,
+    prompts: dict[str, str] | None = None,
+    default_prompt_name: str | None = None,
+) -> int:
     """A ModelError naming ``model.name`` or ``model.max_seq_length`` (and the file at fault) for a model a
     training config names that could not be trained; else the model's embedding size.
 
     ``name`` as in ``model.name``: a local folder, a Hub id or ``random:<shape>``. A missing local folder or an
-    unknown offline id stays a FileNotFoundError (as ``resolve_model_ref`` raises it).
+    unknown offline id stays a FileNotFoundError (as ``resolve_model_ref`` raises it). ``prompts`` and
+    ``default_prompt_name`` as in the config: a default must name one of the prompts the model will have.
     """
+    layout = None
     if name.startswith(RANDOM_PREFIX):
         shape = name.removeprefix(RANDOM_PREFIX)
         if shape not in BERT_SHAPES:
@@ -43,4 +52,8 @@ def check_model(name: str, max_seq_length: int, allow_unsafe_weights: bool = Fal
     problem = max_seq_length_problem(max_seq_length, tokenizer, config, name)
     if problem:
         raise ModelError(f"model.max_seq_length: {problem}")
+    if prompts is None and default_prompt_name is not None:  # the model's saved prompts stay
+        problem = check_prompts(layout.prompts if layout else {}, default_prompt_name)
+        if problem:
+            raise ModelError(f"model.default_prompt_name: {problem} of {name!r}")
     return size

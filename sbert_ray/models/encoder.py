@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args
 
@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from sbert_ray.models.pooling import Pooling, PoolingMode
+from sbert_ray.models.prompts import check_prompts, resolve_prompt
 from sbert_ray.models.resolve import resolve_model_ref
 from sbert_ray.models.st_layout import ModelError, StLayout, check_weights, read_st_layout, write_st_layout
 from sbert_ray.progress import progress_bar
@@ -31,7 +32,8 @@ class SentenceEncoder(nn.Module):
     """Maps sentences to fixed-size vectors: transformer -> pooling -> optional L2 normalisation.
 
     With `truncate_dim`, `encode` returns the first truncate_dim values of each embedding (after normalisation,
-    as sentence-transformers truncates); `forward`, what training sees, stays full size.
+    as sentence-transformers truncates); `forward`, what training sees, stays full size. `prompts` and
+    `default_prompt_name`: named texts put before the inputs (``sbert_ray.models.prompts``).
     """
 
     def __init__(
@@ -42,11 +44,18 @@ class SentenceEncoder(nn.Module):
         max_seq_length: int = DEFAULT_MAX_SEQ_LENGTH,
         normalize: bool = False,
         truncate_dim: int | None = None,
+        prompts: Mapping[str, str] | None = None,
+        default_prompt_name: str | None = None,
+        include_prompt: bool = True,
     ) -> None:
         super().__init__()
+        problem = check_prompts(prompts or {}, default_prompt_name)
+        if problem:
+            raise ValueError(problem)
         self.transformer = transformer
         self.tokenizer = tokenizer
-        self.pooling = Pooling(pooling)
+        self.pooling = Pooling(pooling, include_prompt)
+        self.prompts, self.default_prompt_name = dict(prompts or {}), default_prompt_name
         self.max_seq_length = max_seq_length
         self.normalize = normalize
         self.truncate_dim = truncate_dim
@@ -65,12 +74,15 @@ class SentenceEncoder(nn.Module):
         normalize: bool | None = None,
         allow_unsafe_weights: bool = False,
         truncate_dim: int | None = None,
+        prompts: Mapping[str, str] | None = None,
+        default_prompt_name: str | None = None,
     ) -> SentenceEncoder:
         """Load a sentence-transformers folder, a plain Hugging Face model (mean pooling) or a Hub id.
 
-        Arguments that are not None override what the saved model says. Like `from_pretrained`, the
-        result is in eval mode; call `.train()` before training. Weights load from safetensors files only,
-        unless ``allow_unsafe_weights`` (pickled PyTorch files can run code); the model's own code never runs.
+        Arguments that are not None override what the saved model says (``prompts`` replace the saved prompts and
+        their default). Like `from_pretrained`, the result is in eval mode; call `.train()` before training. Weights
+        load from safetensors files only, unless ``allow_unsafe_weights`` (pickled PyTorch files can run code); the
+        model's own code never runs.
         """
         from transformers import AutoModel, AutoTokenizer  # here: importing the package must not load model code
 
@@ -97,6 +109,12 @@ class SentenceEncoder(nn.Module):
         truncate_dim, size = truncate_dim or (layout.truncate_dim if layout else None), transformer.config.hidden_size
         if truncate_dim is not None and truncate_dim > size:
             raise ModelError(f"{ref}: truncate_dim {truncate_dim} is beyond the model's {size} dimensions")
+        if prompts is None:  # the saved prompts, and their default unless one is given; given prompts replace both
+            prompts = layout.prompts if layout else {}
+            default_prompt_name = default_prompt_name or (layout.default_prompt_name if layout else None)
+        problem = check_prompts(prompts or {}, default_prompt_name)
+        if problem:
+            raise ModelError(f"{ref}: {problem}")
         encoder = cls(
             transformer,
             tokenizer,
@@ -104,6 +122,9 @@ class SentenceEncoder(nn.Module):
             max_seq_length=max_seq_length,
             normalize=normalize if normalize is not None else bool(layout and layout.normalize),
             truncate_dim=truncate_dim,
+            prompts=prompts,
+            default_prompt_name=default_prompt_name,
+            include_prompt=layout.include_prompt if layout else True,
         )
         return encoder.eval()
 
@@ -114,7 +135,18 @@ class SentenceEncoder(nn.Module):
         self.transformer.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         write_st_layout(
-            path, self.pooling.mode, self.embedding_dim, self.max_seq_length, self.normalize, self.truncate_dim
+            path,
+            StLayout(
+                transformer_subfolder="",
+                pooling=self.pooling.mode,
+                normalize=self.normalize,
+                max_seq_length=self.max_seq_length,
+                truncate_dim=self.truncate_dim,
+                prompts=self.prompts,
+                default_prompt_name=self.default_prompt_name,
+                include_prompt=self.pooling.include_prompt,
+            ),
+            self.embedding_dim,
         )
 
     @property
@@ -176,8 +208,21 @@ class SentenceEncoder(nn.Module):
         # float64 model stays float64: tests compare gradients in it).
         hidden = self.transformer(**inputs).last_hidden_state
         token_embeddings = hidden.to(torch.promote_types(hidden.dtype, torch.float32))
-        embeddings = self.pooling(token_embeddings, features["attention_mask"])
+        embeddings = self.pooling(token_embeddings, features["attention_mask"], _prompt_length(features))
         return F.normalize(embeddings, p=2, dim=1) if self.normalize else embeddings
+
+    def prompt_length(self, prompt: str) -> int:
+        """The tokens a prompt takes at the start of an input, as sentence-transformers counts them for
+        ``features["prompt_length"]``: the prompt tokenised alone, with the leading special token ([CLS]) and
+        without a trailing one ([SEP]); 0 for no prompt."""
+        if not prompt:
+            return 0
+        ids = self.tokenizer(prompt, truncation=True, max_length=self.max_seq_length)["input_ids"]
+        return len(ids) - (ids[-1] in self.tokenizer.all_special_ids)
+
+    def resolve_prompt(self, prompt: str | None = None, prompt_name: str | None = None) -> str:
+        """The prompt text ``encode`` puts before each sentence ('' for none); see ``models.prompts``."""
+        return resolve_prompt(self.prompts, self.default_prompt_name, prompt, prompt_name)
 
     def token_ids(self, sentences: Sequence[str]) -> dict[str, list[list[int]]]:
         """Unpadded ids per sentence, truncated to max_seq_length: ``input_ids`` and, where the model takes them,
@@ -200,6 +245,8 @@ class SentenceEncoder(nn.Module):
         convert_to: Literal["numpy", "torch"] = "numpy",
         precision: Precision | None = None,
         smart_batching: bool = True,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
     ) -> np.ndarray | Tensor:
         """Float32 embeddings [len(sentences), output_dim] in the caller's order, computed without autograd.
 
@@ -212,6 +259,9 @@ class SentenceEncoder(nn.Module):
         float32 weights runs under autocast; on 16-bit weights it runs natively, which is faster. bf16 means
         bfloat16 on CPUs and on GPUs that support it, float16 on older GPUs (see ``half_dtype``).
         A torch result stays on the module's device.
+
+        ``prompt_name`` (one of ``prompts``) or ``prompt`` (a text) is put before every sentence; with neither,
+        the default prompt, if the model has one (as sentence-transformers' ``encode``).
         """
         if isinstance(sentences, str):
             raise TypeError("encode expects a sequence of sentences, not a single string")
@@ -220,18 +270,22 @@ class SentenceEncoder(nn.Module):
         if batch_size < 1:  # range(0, n, -1) is empty: the result would be uninitialised memory
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         precision_context = self._precision_context(precision or self.precision)
+        prompt = self.resolve_prompt(prompt, prompt_name)
         embeddings = torch.empty(len(sentences), self.output_dim, device=self.device)
         if len(sentences) > 0:
             was_training = self.training
             self.eval()
             try:
                 with torch.inference_mode(), precision_context:
-                    self._encode_batches(self.token_ids(sentences), batch_size, smart_batching, out=embeddings)
+                    ids = self.token_ids([prompt + sentence for sentence in sentences])
+                    self._encode_batches(ids, batch_size, smart_batching, self.prompt_length(prompt), out=embeddings)
             finally:
                 self.train(was_training)
         return embeddings.cpu().numpy() if convert_to == "numpy" else embeddings
 
-    def _encode_batches(self, ids: dict[str, list[list[int]]], batch_size: int, smart: bool, out: Tensor) -> None:
+    def _encode_batches(
+        self, ids: dict[str, list[list[int]]], batch_size: int, smart: bool, prompt_length: int, out: Tensor
+    ) -> None:
         lengths = [len(row) for row in ids["input_ids"]]
         batches = smart_batches(lengths, batch_size) if smart else input_order_batches(len(lengths), batch_size)
         # Rows are written in batch order, then put back in the caller's order with one scatter.
@@ -239,7 +293,7 @@ class SentenceEncoder(nn.Module):
         in_batch_order = torch.empty_like(out)
         start = 0
         for batch in progress_bar(batches, desc="encode", unit="batch"):
-            features = self._padded(ids, batch, [lengths[i] for i in batch])
+            features = self._padded(ids, batch, [lengths[i] for i in batch]) | {"prompt_length": prompt_length}
             in_batch_order[start : start + len(batch)] = self(features)[:, : self.output_dim]
             start += len(batch)
         out[torch.tensor(order, device=out.device)] = in_batch_order
@@ -271,6 +325,13 @@ class SentenceEncoder(nn.Module):
         if precision == "bf16" and self.precision == "fp32":
             return torch.autocast(self.device.type, dtype=half_dtype(self.device))
         return contextlib.nullcontext()
+
+
+def _prompt_length(features: dict[str, Tensor]) -> int:
+    """``features["prompt_length"]`` as one number: an int, or a tensor holding the batch's count (one value, or
+    the same value per row, as training batches carry it); 0 when absent."""
+    length = features.get("prompt_length", 0)
+    return int(length.reshape(-1)[0]) if isinstance(length, Tensor) else int(length)
 
 
 def smart_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from sbert_ray.models.encoder import DEFAULT_MAX_SEQ_LENGTH, SentenceEncoder
 from sbert_ray.models.pooling import PoolingMode
+from sbert_ray.models.prompts import check_prompts
 from sbert_ray.models.random_bert import random_bert
+from sbert_ray.models.st_layout import ModelError
 
 RANDOM_PREFIX = "random:"
 
@@ -16,22 +20,32 @@ def load_encoder(
     normalize: bool | None = None,
     seed: int = 0,
     allow_unsafe_weights: bool = False,
+    prompts: Mapping[str, str] | None = None,
+    default_prompt_name: str | None = None,
 ) -> SentenceEncoder:
     """``name`` as ``SentenceEncoder.load`` reads it, or for ``random:<shape>`` a freshly initialised BERT (the
     same weights for the same seed, so every data-parallel worker starts equal). Arguments that are not None
-    override what a saved model says; ``allow_unsafe_weights`` also loads pickled PyTorch weights."""
+    override what a saved model says (``prompts`` replace the saved prompts and their default);
+    ``allow_unsafe_weights`` also loads pickled PyTorch weights."""
     if name.startswith(RANDOM_PREFIX):
-        return random_bert(
+        encoder = random_bert(
             name.removeprefix(RANDOM_PREFIX),
             seed=seed,
             pooling=pooling or "mean",
             max_seq_length=max_seq_length or DEFAULT_MAX_SEQ_LENGTH,
             normalize=bool(normalize),
         )
+        problem = check_prompts(prompts or {}, default_prompt_name)
+        if problem:
+            raise ModelError(f"{name}: {problem}")
+        encoder.prompts, encoder.default_prompt_name = dict(prompts or {}), default_prompt_name
+        return encoder
     return SentenceEncoder.load(
         name,
         pooling=pooling,
         max_seq_length=max_seq_length,
         normalize=normalize,
         allow_unsafe_weights=allow_unsafe_weights,
+        prompts=prompts,
+        default_prompt_name=default_prompt_name,
     )

@@ -2,8 +2,10 @@
 
 modules.json                  [Transformer at "", Pooling at "1_Pooling", Normalize at "2_Normalize"]
 sentence_bert_config.json     {"max_seq_length": ..., "do_lower_case": false}
-config_sentence_transformers.json   {"model_type": "SentenceTransformer", "truncate_dim": k when set}
-1_Pooling/config.json         pooling flags (the classic format every sentence-transformers version reads)
+config_sentence_transformers.json   {"model_type": "SentenceTransformer", "truncate_dim": k when set,
+                              "prompts": {name: text}, "default_prompt_name": name when there are prompts}
+1_Pooling/config.json         pooling flags (the classic format every sentence-transformers version reads), and
+                              "include_prompt": false when prompt tokens are left out of pooling
 config.json, model.safetensors, tokenizer files   (written by transformers' save_pretrained)
 
 Reading a folder is also where it is checked: module paths stay inside the folder, and weights are safetensors
@@ -13,7 +15,7 @@ files whose headers read (pickled PyTorch weights only when the caller allows th
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -22,6 +24,7 @@ from transformers.utils import cached_file
 
 from sbert_ray.data.records import DataError
 from sbert_ray.models.pooling import PoolingMode
+from sbert_ray.models.prompts import check_prompts
 
 SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -50,6 +53,9 @@ class StLayout:
     normalize: bool
     max_seq_length: int | None  # None: not recorded (sentence-transformers >= 6 keeps it in the tokenizer)
     truncate_dim: int | None  # embeddings are cut to their first truncate_dim values (Matryoshka models)
+    prompts: dict[str, str] = field(default_factory=dict)  # name -> text put before the input
+    default_prompt_name: str | None = None  # the prompt an input gets when the caller names none
+    include_prompt: bool = True  # pooling includes the prompt's tokens (sentence-transformers' Pooling flag)
 
 
 def read_st_layout(ref: str) -> StLayout | None:
@@ -78,6 +84,10 @@ def read_st_layout(ref: str) -> StLayout | None:
     truncate_dim = model_config.get("truncate_dim")
     if truncate_dim is not None and (not isinstance(truncate_dim, int) or truncate_dim < 1):
         raise ModelError(f"{ref}: config_sentence_transformers.json: truncate_dim must be a positive integer")
+    prompts, default_prompt_name = model_config.get("prompts") or {}, model_config.get("default_prompt_name")
+    problem = check_prompts(prompts, default_prompt_name) if isinstance(prompts, dict) else "prompts must be a mapping"
+    if problem:
+        raise ModelError(f"{ref}: config_sentence_transformers.json: {problem}")
     pooling_config = _read_json(ref, _join(paths["Pooling"], "config.json"))
     if pooling_config is None:
         raise ModelError(f"{ref}: the Pooling module has no config.json")
@@ -87,32 +97,35 @@ def read_st_layout(ref: str) -> StLayout | None:
         normalize="Normalize" in paths,
         max_seq_length=st_config.get("max_seq_length"),
         truncate_dim=truncate_dim,
+        prompts=prompts,
+        default_prompt_name=default_prompt_name,
+        include_prompt=pooling_config.get("include_prompt", True) is not False,
     )
 
 
-def write_st_layout(
-    path: Path,
-    pooling: PoolingMode,
-    embedding_dim: int,
-    max_seq_length: int,
-    normalize: bool,
-    truncate_dim: int | None = None,
-) -> None:
-    """Write the sentence-transformers files around a model already saved with save_pretrained at `path`."""
+def write_st_layout(path: Path, layout: StLayout, embedding_dim: int) -> None:
+    """Write the sentence-transformers files around a model already saved with save_pretrained at `path` (the
+    transformer at the folder's top: ``layout.transformer_subfolder`` is not used)."""
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
     ]
-    if normalize:
+    if layout.normalize:
         modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
         (path / "2_Normalize").mkdir(exist_ok=True)
     _write_json(path / "modules.json", modules)
-    _write_json(path / "sentence_bert_config.json", {"max_seq_length": max_seq_length, "do_lower_case": False})
-    # Always written, so that saving over a folder never leaves an older truncate_dim behind.
-    model_config = {"model_type": "SentenceTransformer"} | ({"truncate_dim": truncate_dim} if truncate_dim else {})
+    _write_json(path / "sentence_bert_config.json", {"max_seq_length": layout.max_seq_length, "do_lower_case": False})
+    # Always written, so that saving over a folder never leaves an older truncate_dim or prompt behind.
+    model_config: dict[str, Any] = {"model_type": "SentenceTransformer"}
+    if layout.truncate_dim:
+        model_config["truncate_dim"] = layout.truncate_dim
+    if layout.prompts:
+        model_config |= {"prompts": layout.prompts, "default_prompt_name": layout.default_prompt_name}
     _write_json(path / "config_sentence_transformers.json", model_config)
     pooling_config = {"word_embedding_dimension": embedding_dim, "pooling_mode_mean_sqrt_len_tokens": False}
-    pooling_config |= {flag: mode == pooling for flag, mode in _POOLING_FLAGS.items()}
+    pooling_config |= {flag: mode == layout.pooling for flag, mode in _POOLING_FLAGS.items()}
+    if not layout.include_prompt:  # only then: sentence-transformers before 2.4 refuses keys it does not know
+        pooling_config["include_prompt"] = False
     (path / "1_Pooling").mkdir(exist_ok=True)
     _write_json(path / "1_Pooling" / "config.json", pooling_config)
 

@@ -62,6 +62,7 @@ class EncodeRequest:
     device: str | None = None
     data_dir: str | os.PathLike | None = None
     block_bytes: int = BLOCK_BYTES
+    prompt_name: str | None = None  # one of the model's prompts, put before every text; None: its default, if any
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -82,6 +83,10 @@ def encode_corpus(request: EncodeRequest) -> EncodeResult:
         raise ConfigError(f"--output {output} already exists; name a new folder")
     corpus = open_corpus(request.input_spec, request.column, request.data_dir)
     encoder = load_encoder(request.model_ref)
+    try:
+        prompt = encoder.resolve_prompt(prompt_name=request.prompt_name)
+    except ValueError as error:
+        raise ConfigError(f"--prompt-name: {error}") from None
 
     start = time.perf_counter()
     connect_ray()
@@ -101,7 +106,7 @@ def encode_corpus(request: EncodeRequest) -> EncodeResult:
         context.target_max_block_size, context.enable_progress_bars = defaults
     embedded = rows.map_batches(
         _EmbedRows,
-        fn_constructor_args=(shareable(encoder), "cuda" if use_gpu else "cpu", request.batch_size),
+        fn_constructor_args=(shareable(encoder), "cuda" if use_gpu else "cpu", request.batch_size, prompt),
         batch_size=None,  # a whole block per call, so smart batching orders the block by length
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=request.workers),
@@ -140,10 +145,10 @@ class _CorpusSource(Datasource):
 class _EmbedRows(EncoderReplica):
     """Adds each row's vector to a block of (id, text) rows."""
 
-    def __init__(self, encoder: ray.ObjectRef, device: str, batch_size: int):
+    def __init__(self, encoder: ray.ObjectRef, device: str, batch_size: int, prompt: str):
         super().__init__(encoder, device, threads=1)
-        self.batch_size = batch_size
+        self.batch_size, self.prompt = batch_size, prompt
 
     def __call__(self, rows: pa.Table) -> pa.Table:
-        vectors = self.encode(rows.column("text").to_pylist(), self.batch_size)
+        vectors = self.encode(rows.column("text").to_pylist(), self.batch_size, self.prompt)
         return rows.append_column("vector", pa.FixedSizeListArray.from_arrays(vectors.reshape(-1), vectors.shape[1]))

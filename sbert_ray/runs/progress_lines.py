@@ -35,8 +35,8 @@ class TrainingProgress(UserCallback):
         parts = [f"stage {stage + 1}/{len(self.stage_steps)}", f"step {step}/{self.stage_steps[stage]}"]
         if "train_loss" in report:
             parts.append(f"loss {report['train_loss']:.4f}")
-        if "dev_spearman" in report:
-            parts.append(f"dev {report['dev_spearman']:.2f}")
+        if "dev_score" in report:
+            parts.append(f"dev {report['dev_score']:.4g}")
         if "pairs_per_s" in report:
             parts.append(f"{report['pairs_per_s']:.1f} pairs/s")
         if self.first is None:  # the rate needs two reports: a resumed run starts counting where it resumed

@@ -1,7 +1,7 @@
 """A sweep on Ray Tune with Ray Train v2: each trial is a function that fits its own ``TorchTrainer``.
 
 run_sweep (this process)                      MLflow parent run: sweep config, results table, plot, best config
-  Tuner(with_resources(run_trial, token CPU))  searcher (random / grid / Optuna TPE) + ASHA on dev_spearman
+  Tuner(with_resources(run_trial, token CPU))  searcher (random / grid / Optuna TPE) + ASHA on dev_score
     run_trial (one Tune trial)                 run_training(trial config, parent run, [TuneReportCallback()])
       TorchTrainer -> train_loop_per_worker    MLflow child run; dev reports reach Tune through the callback
     tune.report(final scores, finished)        the trial's last result
@@ -24,6 +24,7 @@ from ray.tune.search.basic_variant import BasicVariantGenerator
 from ray.tune.search.optuna import OptunaSearch
 
 from sbert_ray.config import ConfigError, TrainConfig, dump_yaml, flatten, to_dict
+from sbert_ray.evaluation.dev_score import dev_spec
 from sbert_ray.runs import owned_paths
 from sbert_ray.runs.cluster import connect_ray, refuse_impossible, runs_that_fit
 from sbert_ray.runs.progress_lines import SweepProgress
@@ -79,6 +80,7 @@ class SweepResult:
     rows: list[TrialRow]
     best: TrialRow | None
     retrained: TrainResult | None
+    dev_metric: str  # what each trial's dev_score is (base.evaluation's dev_metric, or its task's primary metric)
 
 
 def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
@@ -136,7 +138,16 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
             tracker.call(
                 register_run_model, tracking.tracking_uri, best.run_id, tracking.registered_model_name, tracking.alias
             )
-        return SweepResult(tracker.run_id, tracking.tracking_uri, path, summary, rows, best, retrained)
+        return SweepResult(
+            tracker.run_id,
+            tracking.tracking_uri,
+            path,
+            summary,
+            rows,
+            best,
+            retrained,
+            dev_spec(base.evaluation).metric,
+        )
 
 
 def _new_tuner(sweep: SweepConfig, space: SearchSpace, extremes: list[TrainConfig], trainable) -> tune.Tuner:
@@ -218,13 +229,14 @@ def _summarize(
     records = trial_results.table(rows, space)
     trial_results.write_csv(records, out / "results.csv")
     (out / "results.md").write_text(trial_results.markdown(records))
-    trial_results.plot_dev_vs_learning_rate(rows, out / "dev_spearman_vs_learning_rate.png", sweep.name)
+    dev_metric = dev_spec(sweep.base.evaluation).metric
+    trial_results.plot_dev_vs_learning_rate(rows, out / "dev_score_vs_learning_rate.png", sweep.name, dev_metric)
     best = trial_results.best_row(rows)
     counts = {status: sum(r.status == status for r in rows) for status in ("finished", "stopped", "error")}
     tracker.log_metrics({f"sweep/trials_{status}": n for status, n in counts.items()})
     if best is not None:
         (out / "best_config.yaml").write_text(dump_yaml(redacted(best.config)))
-        tracker.log_metrics({f"best/{METRIC}": best.dev_spearman})
+        tracker.log_metrics({f"best/{METRIC}": best.dev_score})
         tracker.set_tags({"best_trial": best.trial_id, "best_run_id": best.run_id})
     tracker.log_artifacts(out)
     print(trial_results.markdown(records))

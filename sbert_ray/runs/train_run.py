@@ -38,6 +38,7 @@ from ray.train.torch import TorchTrainer
 from sbert_ray.config import ConfigError, EvalConfig, StageConfig, TrainConfig, dump_yaml, flatten, to_dict
 from sbert_ray.data.readers import check_available, resolve_data_dir
 from sbert_ray.data.records import DataError
+from sbert_ray.evaluation.dev_score import DEV_SCORE, DevSpec, dev_spec
 from sbert_ray.evaluation.results import nest
 from sbert_ray.evaluation.tasks import EvalTask, Results, check_tasks, parse_tasks, primary_scores
 from sbert_ray.files import check_folder
@@ -79,7 +80,7 @@ class TrainResult:
     before: Results  # flat "<entry>/<metric>" scores of evaluation.before_tasks
     final: Results  # ... of evaluation.final_tasks, on the final model
     headlines: dict[str, tuple[str, float]]  # final entry -> (primary metric, value)
-    metrics: dict  # the last checkpoint's report: global_step, dev_spearman, ...
+    metrics: dict  # the last checkpoint's report: global_step, dev_score, ...
     already_finished: bool = False  # the run had finished with this config before: nothing was trained or logged
 
 
@@ -101,10 +102,17 @@ def absolute_paths(config: TrainConfig) -> TrainConfig:
             evaluation,
             before_tasks=_absolute_tasks(evaluation, "before_tasks"),
             final_tasks=_absolute_tasks(evaluation, "final_tasks"),
+            dev_task=_absolute_dev_task(evaluation),
         ),
         checkpoint=dataclasses.replace(config.checkpoint, storage_path=resolve_storage(config.checkpoint.storage_path)),
         tracking=dataclasses.replace(config.tracking, tracking_uri=resolve_tracking_uri(config.tracking.tracking_uri)),
     )
+
+
+def _absolute_dev_task(evaluation: EvalConfig) -> str | None:
+    """``evaluation.dev_task`` with its files made absolute, once the task and ``dev_metric`` are known to exist."""
+    task = dev_spec(evaluation).task
+    return task.absolute_spec() if task else None
 
 
 def _absolute_tasks(evaluation: EvalConfig, key: str) -> list[str]:
@@ -142,14 +150,16 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, list[list[Source]]]:
     return _checked(config, *evaluation_tasks(config))
 
 
-def evaluation_tasks(config: TrainConfig) -> tuple[tuple[EvalTask, ...], tuple[EvalTask, ...]]:
-    """``evaluation.before_tasks`` and ``final_tasks`` of a config ``absolute_paths`` made (and checked)."""
+def evaluation_tasks(config: TrainConfig) -> tuple[tuple[EvalTask, ...], tuple[EvalTask, ...], DevSpec]:
+    """``evaluation.before_tasks``, ``final_tasks`` and the dev score's task and metric of a config
+    ``absolute_paths`` made (and checked)."""
     evaluation = config.evaluation
-    return tuple(parse_tasks(evaluation.before_tasks)), tuple(parse_tasks(evaluation.final_tasks))
+    before, final = tuple(parse_tasks(evaluation.before_tasks)), tuple(parse_tasks(evaluation.final_tasks))
+    return before, final, dev_spec(evaluation)
 
 
 def _checked(
-    config: TrainConfig, before_tasks: Sequence[EvalTask], final_tasks: Sequence[EvalTask]
+    config: TrainConfig, before_tasks: Sequence[EvalTask], final_tasks: Sequence[EvalTask], dev: DevSpec
 ) -> tuple[TrainConfig, list[list[Source]]]:
     """``prepare`` of an absolute config and its parsed tasks: places, tracking store, model, data, in this order."""
     storage = config.checkpoint.storage_path
@@ -167,7 +177,7 @@ def _checked(
     except TrackingError as err:
         raise ConfigError(f"tracking.tracking_uri: {err}") from None
     _check_model(config)
-    _check_datasets(config, {"before_tasks": before_tasks, "final_tasks": final_tasks})
+    _check_datasets(config, {"before_tasks": before_tasks, "final_tasks": final_tasks}, dev.task)
     sources = [stage_sources(stage, i) for i, stage in enumerate(config.stages)]
     for stage, listed in zip(config.stages, sources, strict=True):
         for source in listed:
@@ -180,7 +190,10 @@ def _checked(
 
 
 def _check_model(config: TrainConfig) -> None:
-    model_size = check_model(config.model.name, config.model.max_seq_length, config.model.allow_unsafe_weights)
+    model = config.model
+    model_size = check_model(
+        model.name, model.max_seq_length, model.allow_unsafe_weights, model.prompts, model.default_prompt_name
+    )
     for i, stage in enumerate(config.stages):
         if stage.matryoshka_dims and max(stage.matryoshka_dims) > model_size:
             raise ConfigError(
@@ -188,12 +201,16 @@ def _check_model(config: TrainConfig) -> None:
             )
 
 
-def _check_datasets(config: TrainConfig, tasks: dict[str, Sequence[EvalTask]]) -> None:
+def _check_datasets(config: TrainConfig, tasks: dict[str, Sequence[EvalTask]], dev_task: EvalTask | None) -> None:
     """Every evaluation task's data, the dev set and each stage's dataset are there (nothing read in full yet)."""
     data_dir = config.data_dir
     for key, parsed in tasks.items():
         check_tasks(parsed, data_dir, f"evaluation.{key}")
-    datasets = [("evaluation.dev_dataset", config.evaluation.dev_dataset, config.evaluation.dev_split)]
+    if dev_task:
+        check_tasks([dev_task], data_dir, "evaluation.dev_task")
+    datasets = (
+        [] if dev_task else [("evaluation.dev_dataset", config.evaluation.dev_dataset, config.evaluation.dev_split)]
+    )
     for i, stage in enumerate(config.stages):
         named = [(d.name, d.split) for d in stage.datasets or []] or [(stage.dataset, stage.split)]
         datasets += [(f"stages.{i}", name, split) for name, split in named if name and not is_path(name)]
@@ -231,7 +248,7 @@ def build_trainer(
             callbacks=callbacks,
             checkpoint_config=ray.train.CheckpointConfig(
                 num_to_keep=config.checkpoint.keep_best,
-                checkpoint_score_attribute="dev_spearman",
+                checkpoint_score_attribute=DEV_SCORE,
                 checkpoint_score_order="max",
             ),
         ),
@@ -268,6 +285,7 @@ class TrainPlan:
     run_dir: str  # <storage>/<name>: checkpoints, record, lease
     before_tasks: tuple[EvalTask, ...]
     final_tasks: tuple[EvalTask, ...]
+    dev: DevSpec  # what scores each checkpoint (the worker resolves the same from the config)
     sources: tuple[list[Source], ...]  # per stage
     rows: tuple[list[int], ...]  # training examples per stage and source
     steps: tuple[int, ...]  # optimizer steps per stage
@@ -305,8 +323,8 @@ def preflight(config: TrainConfig, run_dir: str, previous: record.RunRecord | No
     """Everything checked before the MLflow run opens (``config`` made absolute): tracking store, data, model,
     tasks, the final model's folder, the cluster's room for the workers, every source counted (and its rows
     checked) on the cluster. --restart moves the old run aside here."""
-    before_tasks, final_tasks = evaluation_tasks(config)  # parsed once for the whole run
-    config, sources = _checked(config, before_tasks, final_tasks)
+    before_tasks, final_tasks, dev = evaluation_tasks(config)  # parsed once for the whole run
+    config, sources = _checked(config, before_tasks, final_tasks, dev)
     # Here, not in prepare: a sweep checks its base config there, whose output_dir holds one model per trial.
     owned_paths.check_model_folder(config.output_dir, leaving=run_dir if restart else None)
     connect_ray()
@@ -316,7 +334,7 @@ def preflight(config: TrainConfig, run_dir: str, previous: record.RunRecord | No
         previous = None
     check_resources(config.scaling)  # workers the cluster cannot hold: refused before the MLflow run and record
     steps = tuple(planned_steps(config, i, n)[1] for i, n in enumerate(rows))
-    return TrainPlan(config, run_dir, before_tasks, final_tasks, tuple(sources), tuple(rows), steps, previous)
+    return TrainPlan(config, run_dir, before_tasks, final_tasks, dev, tuple(sources), tuple(rows), steps, previous)
 
 
 def _train(plan: TrainPlan, parent_run_id: str | None, callbacks: list) -> TrainResult:
@@ -429,7 +447,8 @@ def finish(
         tracking.alias,
     )
     tracker.flush(wait_s=tracking.wait_s)  # the plots read the metric history back
-    plot_curves(tracker, {"train/loss": "plots/loss.png", "dev/spearman_cosine": "plots/dev_spearman.png"})
+    dev_metric = plan.dev.metric
+    plot_curves(tracker, {"train/loss": "plots/loss.png", f"dev/{dev_metric}": f"plots/dev_{dev_metric}.png"})
     return TrainResult(
         run_id=tracker.run_id,
         tracking_uri=tracking.tracking_uri,

@@ -92,7 +92,7 @@ class Reporter(Protocol):
         """A report point: every ``eval_every`` steps and at the stage's last step (``state.stage_done``).
         ``save(folder)`` writes the checkpoint of this moment (model in sentence-transformers layout, optimizer,
         scheduler, position, every rank's random state); a reporter that scores the model sets
-        ``state.dev_spearman`` before saving. ``window``: the latest ``train_loss`` and ``pairs_per_s``."""
+        ``state.dev_score`` before saving. ``window``: the latest ``train_loss`` and ``pairs_per_s``."""
 
 
 class LocalReporter:

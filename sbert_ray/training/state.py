@@ -29,7 +29,7 @@ class TrainState:
     step: int = 0  # optimizer steps within the stage
     global_step: int = 0  # optimizer steps over all stages (the MLflow step axis)
     stage_done: bool = False
-    dev_spearman: float | None = None  # the latest dev score, carried into the final report for Tune
+    dev_score: float | None = None  # the latest dev score (sbert_ray.evaluation.dev_score)
     # Examples of each source this worker consumed in the stage (the stream position itself follows from epoch
     # and batch: a resumed worker regenerates its batches to there)
     samples: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -39,7 +39,9 @@ class TrainState:
 
     @classmethod
     def load(cls, directory: Path) -> TrainState:
-        return cls(**json.loads((directory / STATE_FILE).read_text()))
+        saved = json.loads((directory / STATE_FILE).read_text())
+        saved.setdefault("dev_score", saved.pop("dev_spearman", None))  # the name in checkpoints before dev_task
+        return cls(**saved)
 
 
 def save_checkpoint(

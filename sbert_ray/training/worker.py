@@ -22,8 +22,8 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from sbert_ray.config import TrainConfig, from_dict
-from sbert_ray.data.readers import load_records, resolve_data_dir
-from sbert_ray.evaluation.sts import evaluate_pairs
+from sbert_ray.data.readers import resolve_data_dir
+from sbert_ray.evaluation.dev_score import DEV_SCORE, DevScorer
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.models.model_card import describe_hardware
 from sbert_ray.tracking.mlflow_run import RunLogger
@@ -100,17 +100,12 @@ def _ddp(objective: torch.nn.Module, bf16_gradients: bool) -> torch.nn.Module:
 
 
 class RayReporter:
-    """Rank 0 logs metrics to the MLflow run (``logger``; None: no run), scores the dev set and reports each
-    checkpoint to Ray Train; the other ranks report their position, which keeps every rank in step."""
+    """Rank 0 logs metrics to the MLflow run (``logger``; None: no run), scores the dev set (``dev_score``) and
+    reports each checkpoint to Ray Train; the other ranks report their position, which keeps every rank in step."""
 
     def __init__(self, config: TrainConfig, worker: Worker, encoder: SentenceEncoder, logger: RunLogger | None):
         self.rank, self.device, self.encoder, self.logger = worker.rank, worker.device, encoder, logger
-        self.batch_size = config.evaluation.batch_size
-        self.dev_pairs = None
-        if worker.rank == 0:
-            evaluation = config.evaluation
-            dev_pairs = load_records(evaluation.dev_dataset, evaluation.dev_split, resolve_data_dir(config.data_dir))
-            self.dev_pairs = dev_pairs[: evaluation.dev_limit] if evaluation.dev_limit else dev_pairs
+        self.dev = DevScorer(config.evaluation, resolve_data_dir(config.data_dir)) if worker.rank == 0 else None
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self.logger:
@@ -123,9 +118,8 @@ class RayReporter:
             return
         metrics["hardware"] = describe_hardware(self.device)  # for the model card
         metrics |= window
-        dev = evaluate_pairs(self.encoder, self.dev_pairs, batch_size=self.batch_size)
-        metrics["dev_spearman"] = state.dev_spearman = dev["spearman_cosine"]
-        self.log({"dev/spearman_cosine": dev["spearman_cosine"]}, step=state.global_step)
+        metrics[DEV_SCORE] = state.dev_score = self.dev.score(self.encoder)
+        self.log({f"dev/{self.dev.metric}": state.dev_score}, step=state.global_step)
         if self.logger:
             self.logger.drain()  # the metrics up to this checkpoint survive this worker's loss after it
         with tempfile.TemporaryDirectory(prefix="sbert-ray-ckpt-") as directory:

@@ -25,11 +25,14 @@ from typing import Any
 from ray import tune
 
 from sbert_ray.config import ConfigError, TrainConfig, check_folder_name, from_dict, to_dict
+from sbert_ray.evaluation.dev_score import DEV_SCORE
 
 KINDS = ("choice", "grid", "loguniform", "uniform")
 SEARCHES = ("random", "grid", "optuna")  # random: Tune's variant generator (grid keys crossed, others sampled)
 SCHEDULERS = ("asha", "fifo")
-METRIC = "dev_spearman"  # what every trial reports (Spearman x100 on the dev set); higher is better
+METRIC = (
+    DEV_SCORE  # what every trial reports: the dev score of base.evaluation (dev_task, dev_metric); higher is better
+)
 
 
 @dataclass
@@ -71,8 +74,13 @@ class SweepConfig:
             raise ConfigError("search: grid needs every search_space key to be a grid")
         if self.search == "optuna" and "grid" in kinds:
             raise ConfigError("search: optuna samples its own points; use choice instead of grid")
-        for _ in space.extreme_configs():  # every combination of options builds a valid training config
-            pass
+        dev = (self.base.evaluation.dev_task, self.base.evaluation.dev_metric)
+        for config in space.extreme_configs():  # every combination of options builds a valid training config
+            if (config.evaluation.dev_task, config.evaluation.dev_metric) != dev:
+                raise ConfigError(
+                    "search_space: trials are ranked by one dev score; set evaluation.dev_task and dev_metric in "
+                    "base, not in the search space"
+                )
 
 
 @dataclass(frozen=True)

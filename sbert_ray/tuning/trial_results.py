@@ -21,7 +21,7 @@ class TrialRow:
     status: str  # finished | stopped (by the scheduler) | error
     sampled: dict[str, Any]  # search key -> what Tune sampled (a label for choice / grid keys)
     config: TrainConfig
-    dev_spearman: float | None  # the last one reported
+    dev_score: float | None  # the last one reported (sbert_ray.evaluation.dev_score)
     global_step: int | None
     final: dict[str, float]  # final suite: dataset -> Spearman x100 (finished trials only)
     error: str = ""
@@ -53,7 +53,7 @@ def trial_rows(grid: ResultGrid, space: SearchSpace) -> list[TrialRow]:
                 status=status,
                 sampled=sampled,
                 config=space.config(sampled),
-                dev_spearman=None if dev is None or math.isnan(dev) else float(dev),
+                dev_score=None if dev is None or math.isnan(dev) else float(dev),
                 global_step=metrics.get("global_step"),
                 final={k.removeprefix("final_"): v for k, v in metrics.items() if k.startswith("final_")},
                 error=str(result.error).strip().splitlines()[-1] if result.error else "",  # the root cause
@@ -64,8 +64,8 @@ def trial_rows(grid: ResultGrid, space: SearchSpace) -> list[TrialRow]:
 
 def best_row(rows: list[TrialRow]) -> TrialRow | None:
     """Highest dev score; a finished trial beats one the scheduler stopped, which was never fully trained."""
-    scored = [r for r in rows if r.status != "error" and r.dev_spearman is not None]
-    return max(scored, key=lambda r: (r.status == "finished", r.dev_spearman), default=None)
+    scored = [r for r in rows if r.status != "error" and r.dev_score is not None]
+    return max(scored, key=lambda r: (r.status == "finished", r.dev_score), default=None)
 
 
 def table(rows: list[TrialRow], space: SearchSpace) -> list[dict[str, Any]]:
@@ -75,7 +75,7 @@ def table(rows: list[TrialRow], space: SearchSpace) -> list[dict[str, Any]]:
             "trial": r.trial_id,
             "status": r.status,
             **{p.key: r.sampled[p.key] for p in space.params},
-            METRIC: _round(r.dev_spearman),
+            METRIC: _round(r.dev_score),
             "steps": r.global_step,
             **{f"final {name}": _round(r.final.get(name)) for name in finals},
             "mlflow_run": r.run_id,
@@ -101,8 +101,8 @@ def markdown(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_dev_vs_learning_rate(rows: list[TrialRow], path: Path, title: str) -> None:
-    """Dev Spearman against the (last stage's) learning rate, one colour per pooling / objective pair;
+def plot_dev_vs_learning_rate(rows: list[TrialRow], path: Path, title: str, dev_metric: str) -> None:
+    """The dev score (``dev_metric``) against the (last stage's) learning rate, one colour per pooling / objective pair;
     hollow markers are trials the scheduler stopped early."""
     import matplotlib
 
@@ -114,18 +114,16 @@ def plot_dev_vs_learning_rate(rows: list[TrialRow], path: Path, title: str) -> N
     for colour, (pooling, objective) in zip(plt.cm.tab10.colors * 10, groups, strict=False):
         for status, face in (("finished", colour), ("stopped", "none")):
             points = [
-                (r.config.stages[-1].learning_rate, r.dev_spearman)
+                (r.config.stages[-1].learning_rate, r.dev_score)
                 for r in rows
-                if (r.pooling, r.objective) == (pooling, objective)
-                and r.status == status
-                and r.dev_spearman is not None
+                if (r.pooling, r.objective) == (pooling, objective) and r.status == status and r.dev_score is not None
             ]
             if points:
                 label = f"{pooling} / {objective}" + (" (stopped)" if status == "stopped" else "")
                 ax.scatter(*zip(*points, strict=True), facecolors=face, edgecolors=colour, label=label, s=40)
     ax.set_xscale("log")
     ax.set_xlabel("learning rate")
-    ax.set_ylabel("dev Spearman x100")
+    ax.set_ylabel(f"dev {dev_metric}")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")

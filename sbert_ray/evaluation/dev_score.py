@@ -1,0 +1,70 @@
+"""The dev score: one number per checkpoint that keeps the best checkpoints, ranks a sweep's trials and drives ASHA.
+
+By default the STSb dev Spearman of the paper (the scored pairs of ``evaluation.dev_dataset`` / ``dev_split``, the
+first ``dev_limit`` of them). ``evaluation.dev_task`` names any evaluation task instead (``stsb-retrieval:dev``,
+``retrieval:<folder>``, ``pairs:<file>``, ...) and ``evaluation.dev_metric`` one of its metrics (default: the task's
+primary metric); a task with several entries (``sts``, ``senteval``) scores the mean of their values. Higher is
+better for every metric a task reports.
+
+Ray Train reports carry the score as ``dev_score`` (``DEV_SCORE``); MLflow logs it as ``dev/<metric>``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sbert_ray.config import ConfigError, EvalConfig
+from sbert_ray.data.readers import load_records
+from sbert_ray.evaluation.sts import evaluate_pairs
+from sbert_ray.evaluation.tasks import EvalTask, correlation_names, parse_tasks
+
+DEV_SCORE = "dev_score"  # the key of the dev score in Ray Train reports: keep-best attribute and Tune's metric
+DEV_PAIRS_METRIC = "spearman_cosine"  # the default dev metric (of the dev pairs)
+
+
+@dataclass(frozen=True)
+class DevSpec:
+    """What the dev score is, resolved from the config once: a task (None: the dev pairs) and its metric."""
+
+    task: EvalTask | None
+    metric: str
+
+
+def dev_spec(evaluation: EvalConfig) -> DevSpec:
+    """The dev task and metric of ``evaluation``, or a ConfigError naming the key (an unknown task or metric, or a
+    dev_task that is not exactly one task). Reads no data."""
+    task = None
+    if evaluation.dev_task is not None:
+        tasks = parse_tasks(evaluation.dev_task, key="evaluation.dev_task")
+        if len(tasks) != 1:
+            raise ConfigError(f"evaluation.dev_task: one task, got {len(tasks)} ({evaluation.dev_task!r})")
+        task = tasks[0]
+    known = task.metric_names() if task else correlation_names(("cosine",))
+    metric = evaluation.dev_metric or (task.primary_metric if task else DEV_PAIRS_METRIC)
+    if metric not in known:
+        scored = f"task {task.spec!r}" if task else f"the dev pairs of {evaluation.dev_dataset!r}"
+        raise ConfigError(
+            f"evaluation.dev_metric: {metric!r} is not a metric of {scored}; choose from {', '.join(known)}"
+        )
+    return DevSpec(task, metric)
+
+
+class DevScorer:
+    """Scores an encoder on the dev set: ``score(encoder)`` is the dev score, ``metric`` its name."""
+
+    def __init__(self, evaluation: EvalConfig, data_dir=None) -> None:
+        spec = dev_spec(evaluation)
+        self.task, self.metric, self.data_dir = spec.task, spec.metric, data_dir
+        self.batch_size = evaluation.batch_size
+        self.pairs = None
+        if self.task is None:  # read once: the dev pairs are scored at every checkpoint
+            pairs = load_records(evaluation.dev_dataset, evaluation.dev_split, data_dir)
+            self.pairs = pairs[: evaluation.dev_limit] if evaluation.dev_limit else pairs
+
+    def score(self, encoder) -> float:
+        if self.task is None:
+            return evaluate_pairs(encoder, self.pairs, batch_size=self.batch_size)[self.metric]
+        values = self.task.entry_scores(self.task.run(encoder, self.data_dir, self.batch_size), self.metric)
+        return float(np.mean(list(values.values())))
