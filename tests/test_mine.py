@@ -49,7 +49,7 @@ class EncodedOnce:
         texts = list(dict.fromkeys(texts))
         self.vectors = dict(zip(texts, encoder.encode(texts, batch_size=32, convert_to="numpy"), strict=True))
 
-    def encode(self, texts, batch_size=32, convert_to="numpy"):
+    def encode(self, texts, batch_size=32, convert_to="numpy", prompt_name=None):
         return np.stack([self.vectors[text] for text in texts])
 
     def score(self, anchor: str, text: str) -> float:
