@@ -7,6 +7,7 @@ taken. Nothing dropped silently: what a pass leaves out or repeats is counted.""
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
@@ -23,12 +24,18 @@ from sbert_ray.training.stream import BatchPlan, SourceCounts, SourceStream, Sta
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return random_bert("tiny").tokenizer
+def encoder():
+    return random_bert("tiny", max_seq_length=32)
 
 
-def tokenized(texts: list[list[str]], tokenizer, max_seq_length: int = 32) -> pa.Table:
-    return tokenize_table(pa.table({f"text_{k}": c for k, c in enumerate(texts)}), tokenizer, max_seq_length)
+@pytest.fixture(scope="module")
+def tokenizer(encoder):
+    return encoder.tokenizer
+
+
+def tokenized(texts: list[list[str]], tokenizer, max_seq_length: int = 32, prompts=None) -> pa.Table:
+    encoder = SimpleNamespace(tokenizer=tokenizer, max_seq_length=max_seq_length, prompts=prompts or {})
+    return tokenize_table(pa.table({f"text_{k}": c for k, c in enumerate(texts)}), encoder)
 
 
 def shard(tokenizer, rows: int, seed: int, table_rows: int = 50) -> list[pa.Table]:
@@ -75,6 +82,17 @@ def test_truncated_texts_are_counted(tokenizer) -> None:
         assert truncated_rows(tokenizer, texts, ids, max_length).sum() == expected
     table = tokenized([texts, ["x " * 10] * 4], tokenizer, max_seq_length=5)
     assert table.column("truncated").to_pylist() == [1, 1, 2, 1]
+
+
+def test_the_anchor_gets_the_query_prompt_and_the_other_columns_the_document_prompt(tokenizer) -> None:
+    """As sentence-transformers' encode_query / encode_document put them; the hashes stay those of the texts."""
+    prompts = {"query": "query: ", "passage": "passage: "}
+    table = tokenized([["a cat"], ["a dog"]], tokenizer, prompts=prompts)
+    expected = [tokenizer(["query: a cat"])["input_ids"][0], tokenizer(["passage: a dog"])["input_ids"][0]]
+    assert [table.column(f"ids_{k}").to_pylist()[0] for k in (0, 1)] == expected
+    assert (
+        table.column("hash_0").to_pylist() == tokenized([["a cat"], ["a dog"]], tokenizer).column("hash_0").to_pylist()
+    )
 
 
 @pytest.mark.parametrize("rows", [230, 400, 1000])  # a short shard, the expected one, a long one

@@ -228,7 +228,7 @@ def train(config: TrainConfig, reporter: LocalReporter, restored: Path | None = 
     worker = Worker(CPU)
     encoder, state = start_worker(config, worker, restored)
     meter = StepMeter(time.time(), CPU)
-    data = functools.partial(local_sources, config, tokenizer=encoder.tokenizer, max_seq_length=encoder.max_seq_length)
+    data = functools.partial(local_sources, config, encoder=encoder)
     return train_stages(config, encoder, state, restored, data, worker, reporter, meter)
 
 

@@ -195,8 +195,7 @@ def ours_in_process(config: TrainConfig) -> dict:
     meter = StepMeter(time.time(), device)
     worker = Worker(device, resolve_precision(config.scaling.precision, device))
     encoder, state = start_worker(config, worker, restored=None)
-    tokenizer, max_seq_length = encoder.tokenizer, encoder.max_seq_length
-    stage_data = functools.partial(local_sources, config, tokenizer=tokenizer, max_seq_length=max_seq_length)
+    stage_data = functools.partial(local_sources, config, encoder=encoder)
     train_stages(config, encoder, state, None, stage_data, worker, LocalReporter(), meter)
     return {"precision": worker.precision, **meter.summary()}
 

@@ -14,6 +14,8 @@ import pyarrow as pa
 import torch
 
 from sbert_ray.config import StageConfig
+from sbert_ray.models import SentenceEncoder
+from sbert_ray.models.prompts import prompt_for_column
 
 PAD_MULTIPLE_CUDA = 8  # on GPUs padded widths are rounded up to this: tensor-core tiles, fewer shapes to compile
 
@@ -28,14 +30,18 @@ def text_hashes(texts: pa.Array) -> np.ndarray:
     return pd.util.hash_array(np.asarray(texts.to_numpy(zero_copy_only=False), dtype=object)).view(np.int64)
 
 
-def tokenize_table(table: pa.Table, tokenizer, max_seq_length: int) -> pa.Table:
-    """A source's table (``text_<k>`` columns, optional ``label``) tokenised: per column ``ids_<k>`` (int32 token
-    ids, truncated to ``max_seq_length``) and ``hash_<k>``; per row ``length`` (its longest text, which sets its
-    batch's padded width), ``truncated`` (its texts that lost tokens) and the label."""
+def tokenize_table(table: pa.Table, encoder: SentenceEncoder) -> pa.Table:
+    """A source's table (``text_<k>`` columns, optional ``label``) tokenised with the encoder's tokenizer: per
+    column ``ids_<k>`` (int32 token ids, truncated to its ``max_seq_length``; the anchor column after the model's
+    query prompt, the others after its document prompt, as ``encode_query`` / ``encode_document`` put them) and
+    ``hash_<k>`` (of the text itself); per row ``length`` (its longest text, which sets its batch's padded width),
+    ``truncated`` (its texts that lost tokens) and the label."""
+    tokenizer, max_seq_length = encoder.tokenizer, encoder.max_seq_length
     columns, truncated = {}, np.zeros(table.num_rows, dtype=np.int8)
     texts = [name for name in table.column_names if name.startswith("text_")]
     for name in texts:
-        sentences = table.column(name).to_pylist()
+        prompt = prompt_for_column(encoder.prompts, int(name.removeprefix("text_")))
+        sentences = [prompt + text for text in table.column(name).to_pylist()]
         ids = tokenizer(
             sentences, truncation=True, max_length=max_seq_length, return_attention_mask=False,
             return_token_type_ids=False,

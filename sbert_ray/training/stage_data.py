@@ -125,11 +125,10 @@ class _SourceFiles(Datasource):
 
 
 class _Tokenize:
-    """The map stage: each process loads the model's tokenizer once."""
+    """The map stage: each process loads the model (its tokenizer, length limit and prompts) once."""
 
     def __init__(self, model_json: str):
-        encoder = load_encoder(**json.loads(model_json))
-        self.tokenizer, self.max_seq_length = encoder.tokenizer, encoder.max_seq_length
+        self.encoder = load_encoder(**json.loads(model_json))
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        return tokenize_table(table, self.tokenizer, self.max_seq_length)
+        return tokenize_table(table, self.encoder)

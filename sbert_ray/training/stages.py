@@ -111,6 +111,11 @@ def _train_stage(
 ) -> TrainState:
     """One stage's batches, objective and optimizer (restored from ``resume_from``), then its steps."""
     device, world_size = worker.device, worker.world_size
+    if encoder.prompts and not encoder.pooling.include_prompt:
+        raise ValueError(
+            "training a model whose pooling leaves prompt tokens out (include_prompt: false) is not supported: "
+            "the columns of a batch carry different prompts, which one forward cannot leave out"
+        )
     plan = batch_plan(stage, state.stage, config.seed, world_size, worker.rank)
     steps = stage_steps([s.rows for s in sources], [s.weight for s in sources], stage, plan)  # preflight: > 0
     settings = StepSettings.for_stage(stage, steps, config.evaluation.eval_every, device, worker.precision)

@@ -33,6 +33,7 @@ import torch
 
 from sbert_ray.config import StageConfig, TrainConfig
 from sbert_ray.losses.registry import OBJECTIVES
+from sbert_ray.models import SentenceEncoder
 from sbert_ray.training.batches import TokenizedRows, local_batch_size, tokenize_table
 from sbert_ray.training.loop import MicroBatch
 from sbert_ray.training.sources import Source, read_tables, stage_sources
@@ -271,14 +272,14 @@ def _fill(order: np.ndarray, rows: TokenizedRows, plan: BatchPlan, counts: Sourc
     return batches, np.array(current + waiting, dtype=np.int64)
 
 
-def local_sources(config: TrainConfig, index: int, tokenizer, max_seq_length: int) -> list[SourceStream]:
+def local_sources(config: TrainConfig, index: int, encoder: SentenceEncoder) -> list[SourceStream]:
     """Stage ``index``'s sources read and tokenised in this process, for one worker without Ray (the training
     benchmark's ``--local`` runs, tests): the same tables the cluster's stream gives, counted by a first read."""
     stage = config.stages[index]
 
     def tables(source: Source) -> Iterator[pa.Table]:
         read = (t for f in source.files or (None,) for t in read_tables(source, f, stage, config.data_dir))
-        return (tokenize_table(t, tokenizer, max_seq_length) for t in _first_rows(read, stage.limit))
+        return (tokenize_table(t, encoder) for t in _first_rows(read, stage.limit))
 
     return [
         SourceStream(s.name, sum(t.num_rows for t in tables(s)), s.weight, functools.partial(tables, s))
