@@ -327,11 +327,11 @@ def preflight(config: TrainConfig, run_dir: str, previous: record.RunRecord | No
     config, sources = _checked(config, before_tasks, final_tasks, dev)
     # Here, not in prepare: a sweep checks its base config there, whose output_dir holds one model per trial.
     owned_paths.check_model_folder(config.output_dir, leaving=run_dir if restart else None)
-    connect_ray()
-    rows = count_stages(config, sources)
     if restart:
         _replace_previous(run_dir, previous, config.tracking.tracking_uri)
         previous = None
+    connect_ray()
+    rows = count_stages(config, sources)
     check_resources(config.scaling)  # workers the cluster cannot hold: refused before the MLflow run and record
     steps = tuple(planned_steps(config, i, n)[1] for i, n in enumerate(rows))
     return TrainPlan(config, run_dir, before_tasks, final_tasks, dev, tuple(sources), tuple(rows), steps, previous)
