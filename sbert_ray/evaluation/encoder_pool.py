@@ -39,6 +39,9 @@ class EncoderReplica:
     def encode(self, sentences: list[str], batch_size: int) -> np.ndarray:
         return self.encoder.encode(sentences, batch_size=batch_size, convert_to="numpy")
 
+    def encode_token_ids(self, ids: dict[str, list[list[int]]], batch_size: int) -> np.ndarray:
+        return self.encoder.encode_token_ids(ids, batch_size=batch_size, convert_to="numpy")
+
 
 def shareable(encoder: SentenceEncoder) -> ray.ObjectRef:
     """A CPU copy of ``encoder`` in the object store for actors to load onto their own device; the caller's
@@ -65,8 +68,10 @@ class RayEncoder:
         self.workers = [actor.remote(shared, device, cpus_per_worker) for _ in range(num_workers)]
 
     def batches(self, sentences: Sequence[str], batch_size: int) -> list[list[int]]:
-        """Index batches in the order ``SentenceEncoder.encode`` would form them."""
-        return smart_batches([len(ids) for ids in self.encoder.token_ids(sentences)["input_ids"]], batch_size)
+        """Index batches as ``SentenceEncoder.encode`` would form them (its default token budget). A worker's share
+        (whole batches, in this order) is cut by encode into the very same batches: each starts at its longest."""
+        lengths = [len(ids) for ids in self.encoder.token_ids(sentences)["input_ids"]]
+        return smart_batches(lengths, batch_size, batch_size * self.encoder.max_seq_length)
 
     def encode(self, sentences: Sequence[str], batch_size: int = 32, convert_to: str = "numpy") -> np.ndarray:
         if convert_to != "numpy":
