@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +54,10 @@ def keep_torch_threads():
     torch.set_num_threads(threads)
 
 
-def test_bench_encode_writes_records_and_an_mlflow_run(tmp_path: Path, data_dir: Path, keep_torch_threads) -> None:
+def test_bench_encode_writes_records_and_an_mlflow_run(
+    tmp_path: Path, data_dir: Path, keep_torch_threads, monkeypatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # the optional packages missing, whatever is installed
     output, tracking_uri = tmp_path / "bench.json", f"sqlite:///{tmp_path / 'mlflow.db'}"
     argv = ["bench", "encode", "--model", "random:tiny", "--data-dir", str(data_dir), "--limit", "40"]
     argv += ["--batch-sizes", "8,16", "--repeats", "2", "--output", str(output), "--tracking-uri", tracking_uri]
@@ -61,6 +65,12 @@ def test_bench_encode_writes_records_and_an_mlflow_run(tmp_path: Path, data_dir:
     assert cli.main([*argv, "--threads", "1"]) == 0
 
     records = json.loads(output.read_text())
+    skipped = [record for record in records if "skipped" in record]
+    assert {(r["impl"], r["precision"], r["cast"], r["batch_size"]) for r in skipped} == {
+        ("sentence-transformers", "fp32", cast, size) for cast in ("onnx", "onnx-int8") for size in (8, 16)
+    }  # rows that cannot run, with the reason
+    assert all("needs optimum-onnx and onnxruntime" in r["skipped"] for r in skipped), skipped
+    records = [record for record in records if "skipped" not in record]
     # per batch size: ours fp32, bf16 autocast, bf16 weights, each sorted and unsorted; theirs fp32 and bf16
     assert len(records) == 2 * (3 * 2 + 2)
     for record in records:
@@ -75,10 +85,17 @@ def test_bench_encode_writes_records_and_an_mlflow_run(tmp_path: Path, data_dir:
     for batch_size in (8, 16):
         reference = by_key["sentence-transformers", "fp32", "none", True, batch_size]
         assert reference["speedup_vs_reference_fp32"] == reference["speedup_vs_reference_fp32_cpu"] == 1.0
+        fastest = max(r["sentences_per_s"] for r in records if r["impl"] == "sentence-transformers" and
+                      r["batch_size"] == batch_size)  # fmt: skip
+        assert by_key["sbert-ray", "fp32", "none", True, batch_size]["speedup_vs_fastest_reference"] == (
+            pytest.approx(by_key["sbert-ray", "fp32", "none", True, batch_size]["sentences_per_s"] / fastest)
+        )
         for precision, cast in (("fp32", "none"), ("bf16", "autocast"), ("bf16", "weights")):
             ordered = by_key["sbert-ray", precision, cast, True, batch_size]
             unordered = by_key["sbert-ray", precision, cast, False, batch_size]
-            assert ordered["padded_tokens"] < unordered["padded_tokens"]  # sorting by length pads less
+            # Sorted batches are cut by the token budget (batch size x max_seq_length): on 40 sentences that is one
+            # or two large batches, which may pad more than 5 unsorted batches of 8; both see the same tokens.
+            assert ordered["tokens"] == unordered["tokens"] and ordered["padded_tokens"] >= ordered["tokens"]
             assert ordered["smart_batching_speedup_cpu"] is not None and unordered["smart_batching_speedup"] is None
             assert abs(ordered["spearman_delta_vs_fp32"]) < 1.0  # x100 Spearman, bf16 vs fp32 on STSb test
         ours = by_key["sbert-ray", "fp32", "none", True, batch_size]

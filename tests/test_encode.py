@@ -4,19 +4,28 @@ before Ray starts; on a local Ray cluster every input row is written exactly onc
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import math
+import os
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
+import ray
+from cluster_fixtures import NO_STATE_API
+from local_cluster import BUCKET
 
 from sbert_ray.cli import main
+from sbert_ray.config import ConfigError
 from sbert_ray.data.corpus import open_corpus
 from sbert_ray.data.readers import load_records
 from sbert_ray.data.records import DataError
 from sbert_ray.models.encoder import SentenceEncoder
+from sbert_ray.runs.cluster import NodeKind, actors_problem
 from sbert_ray.runs.encode_corpus import EncodeRequest, encode_corpus
 
 # Quotes, commas, a line break inside a value, non-ASCII text: what CSV quoting and the readers must keep intact.
@@ -58,7 +67,7 @@ def test_table_files_give_their_column_as_numbered_rows(tmp_path, sentences, suf
     texts = AWKWARD + sentences[:20] if suffix != ".tsv" else sentences[:20]  # TSV has no quoting: one line a row
     path = tmp_path / f"corpus{suffix}"
     write_table(path, texts)
-    corpus = open_corpus(str(path), "sentence")
+    [corpus] = open_corpus(str(path), "sentence")
     assert list(corpus.rows()) == list(enumerate(texts))
     tables = list(corpus.tables(rows_per_table=7))
     assert [t.num_rows for t in tables] == [7] * (len(texts) // 7) + ([len(texts) % 7] if len(texts) % 7 else [])
@@ -68,7 +77,7 @@ def test_table_files_give_their_column_as_numbered_rows(tmp_path, sentences, suf
 def test_text_file_rows_are_its_non_blank_lines(tmp_path):
     path = tmp_path / "corpus.txt"
     path.write_bytes("\ufefffirst\r\n\n  \nsecond \nthird".encode())
-    assert list(open_corpus(str(path)).rows()) == [(0, "first"), (1, "second "), (2, "third")]
+    assert list(open_corpus(str(path))[0].rows()) == [(0, "first"), (1, "second "), (2, "third")]
 
 
 def bad_inputs(tmp_path):
@@ -88,7 +97,7 @@ def bad_inputs(tmp_path):
         ("header-only.csv", "sentence", "no rows"),
         ("latin1.txt", None, "line 1: not UTF-8"),
         ("missing.txt", None, "no such file"),
-        ("a-folder.csv", "sentence", "directory"),
+        ("a-folder.csv", "sentence", "no files found"),  # a folder is read as shards: here none
         ("not-parquet.parquet", "sentence", "not a readable parquet file"),
         ("words.docx", None, "unsupported file type"),
         ("other-column.csv", "sentence", "no column 'sentence'"),
@@ -123,7 +132,7 @@ def test_text_file_embedded_on_two_workers(local_ray, tmp_path, tiny_model_dir, 
     )
     assert result.rows == len(sentences) and result.output == str(tmp_path / "out")
     assert_embedded(tmp_path / "out", sentences, SentenceEncoder.load(str(tiny_model_dir)))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "out"]  # no staging folder left
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["_sbert_ray_encode.json", "corpus.txt.parquet"]
 
 
 def test_registered_dataset_from_the_command_line(local_ray, tmp_path, tiny_model_dir, data_dir, capsys):
@@ -132,10 +141,11 @@ def test_registered_dataset_from_the_command_line(local_ray, tmp_path, tiny_mode
     assert main([*args, "--output", str(out), "--batch-size", "16"]) == 0
     pairs = load_records("sickr", "trial", data_dir)
     texts = list(dict.fromkeys(s for p in pairs for s in (p.sentence1, p.sentence2)))
-    assert f"wrote {len(texts)} embeddings (dimension 32) to {out}" in capsys.readouterr().out
+    assert f"wrote {len(texts)} embeddings (dimension 32) of 1 input files to {out}" in capsys.readouterr().out
     assert_embedded(out, texts, SentenceEncoder.load(str(tiny_model_dir)))
-    assert main([*args, "--output", str(out)]) == 2  # an existing output folder is never overwritten
-    assert "already exists" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["_sbert_ray_encode.json", "sickr-trial.parquet"]
+    assert main([*args, "--output", str(out)]) == 0  # a rerun resumes: the complete file is kept
+    assert "wrote 0 embeddings (dimension 32) of 0 input files" in capsys.readouterr().out
 
 
 @pytest.mark.cluster
@@ -154,7 +164,124 @@ def test_a_bad_row_midway_names_its_line_and_leaves_no_output(local_ray, tmp_pat
     err = capfd.readouterr().err
     assert err.endswith(f"sbert-ray encode: error: {message}\n") and err.count(message) == 1
     assert "Traceback" not in err and "Exception occurred" not in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl"]  # neither output nor staging folder
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["_sbert_ray_encode.json"]  # no output, no staging
+
+
+def shards(folder, sentences: list[str]) -> dict[str, list[str]]:
+    """Three shards of a corpus in two formats, one in a subfolder: {key: texts}."""
+    (folder / "more").mkdir(parents=True)
+    texts = {"a.jsonl": sentences[:50], "b.parquet": sentences[50:120], "more/c.jsonl": sentences[120:]}
+    for key, shard in texts.items():
+        write_table(folder / key, shard, column="text")
+    (folder / "_SUCCESS").write_text("")  # hidden files are not data
+    return texts
+
+
+def assert_shards_embedded(read_table, texts: dict[str, list[str]], encoder: SentenceEncoder) -> None:
+    for key, shard in texts.items():
+        table = read_table(f"{key}.parquet")
+        assert table.column("file").to_pylist() == [key] * len(shard)
+        assert table.column("id").to_pylist() == list(range(len(shard)))  # rows in file order, each once
+        assert table.column("text").to_pylist() == shard
+        vectors = np.array(table.column("vector").to_pylist(), dtype=np.float32)
+        # The same float32 model in other batches (Ray Data blocks): ulps of values below ~4, so ~1e-6.
+        np.testing.assert_allclose(vectors, encoder.encode(shard, batch_size=16), atol=1e-5, rtol=1e-5)
+
+
+def test_a_folder_of_shards_gives_one_file_each_and_a_rerun_writes_only_what_is_missing(
+    local_ray, tmp_path, tiny_model_dir, sentences
+):
+    texts = shards(tmp_path / "corpus", sentences)
+    out = tmp_path / "out"
+    request = EncodeRequest(str(tiny_model_dir), str(tmp_path / "corpus"), out, batch_size=16, block_bytes=2048)
+    result = encode_corpus(request)
+    assert (result.rows, result.files_written, result.files_skipped) == (len(sentences), 3, 0)
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [
+        "_sbert_ray_encode.json", "a.jsonl.parquet", "b.parquet.parquet", "more", "more/c.jsonl.parquet"
+    ]  # fmt: skip
+    assert_shards_embedded(lambda name: pq.read_table(out / name), texts, SentenceEncoder.load(str(tiny_model_dir)))
+
+    kept = {name: (out / name).stat().st_mtime_ns for name in ("a.jsonl.parquet", "more/c.jsonl.parquet")}
+    (out / "b.parquet.parquet").unlink()
+    result = encode_corpus(request)
+    assert (result.rows, result.files_written, result.files_skipped) == (70, 1, 2)
+    assert {name: (out / name).stat().st_mtime_ns for name in kept} == kept  # untouched
+    assert pq.read_table(out / "b.parquet.parquet").column("text").to_pylist() == texts["b.parquet"]
+
+
+def test_more_gpu_replicas_than_the_cluster_has_are_refused_at_once(local_ray, tmp_path, tiny_model_dir):
+    path = tmp_path / "corpus.txt"
+    path.write_text("one sentence\n")
+    request = EncodeRequest(str(tiny_model_dir), str(path), tmp_path / "out", workers=2, device="cuda")
+    with pytest.raises(
+        ConfigError,
+        match=r"--workers 2 encoder replicas: 2 of 1 CPU, 1 GPU each, but this cluster "
+        r"can hold at most 0 \(its nodes: 1 x 2 CPU\)",
+    ):
+        encode_corpus(request)
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["_sbert_ray_encode.json"]  # claimed, nothing written
+
+
+def test_a_rerun_with_another_model_is_refused_before_ray(tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.setattr("sbert_ray.runs.encode_corpus.connect_ray", lambda: pytest.fail("Ray was started"))
+    path, out = tmp_path / "corpus.txt", tmp_path / "out"
+    path.write_text("one sentence\n")
+    out.mkdir()
+    (out / "_sbert_ray_encode.json").write_text(json.dumps({"model": "another-model", "column": None}))
+    with pytest.raises(ConfigError, match=r"holds embeddings made with \{'model': 'another-model'"):
+        encode_corpus(EncodeRequest(str(tiny_model_dir), str(path), out))
+    assert [p.name for p in out.iterdir()] == ["_sbert_ray_encode.json"]
+
+
+def test_replicas_are_counted_against_every_node_kind():
+    kinds = [NodeKind({"CPU": 8, "GPU": 2}, 2), NodeKind({"CPU": 4}, 3)]
+    gpu, cpu = {"CPU": 1, "GPU": 1}, {"CPU": 1, "GPU": 0}
+    assert actors_problem(kinds, gpu, 4, "--workers 4") is None
+    assert actors_problem(kinds, gpu, 5, "--workers 5") == (
+        "--workers 5: 5 of 1 CPU, 1 GPU each, but this cluster can hold at most 4 (its nodes: 2 x 8 CPU, 2 GPU, "
+        "3 x 4 CPU)"
+    )
+    assert actors_problem(kinds, cpu, 28, "w") is None and "at most 28" in actors_problem(kinds, cpu, 29, "w")
+    assert actors_problem([NodeKind({"CPU": 4, "GPU": 1}, math.inf)], gpu, 1000, "w") is None  # may grow
+    assert actors_problem([], gpu, 1000, "w") is None  # unknown: a cluster we joined without its maximum
+
+
+@pytest.mark.cluster
+def test_shards_on_object_storage_are_read_and_written_there(s3_server, tmp_path, tiny_model_dir, sentences):
+    """Input and output under s3:// prefixes; the cluster's processes reach the object store as cloud nodes do."""
+    client = s3_server.client()
+    texts = shards(tmp_path / "corpus", sentences)
+    for path in (tmp_path / "corpus").rglob("*.*"):
+        client.upload_file(str(path), BUCKET, f"encode-in/{path.relative_to(tmp_path / 'corpus')}")
+    with ray_with_env(s3_server.env):
+        request = EncodeRequest(str(tiny_model_dir), f"s3://{BUCKET}/encode-in", f"s3://{BUCKET}/encode-out")
+        assert encode_corpus(request).files_written == 3
+    objects = client.list_objects_v2(Bucket=BUCKET, Prefix="encode-out/")["Contents"]
+    # No staging objects left; "encode-out/" itself may remain as the empty marker pyarrow keeps for a folder.
+    keys = sorted(o["Key"] for o in objects if not o["Key"].endswith("/"))
+    assert keys == ["encode-out/_sbert_ray_encode.json"] + [f"encode-out/{key}.parquet" for key in texts]
+
+    def read_table(name: str) -> pa.Table:
+        return pq.read_table(io.BytesIO(client.get_object(Bucket=BUCKET, Key=f"encode-out/{name}")["Body"].read()))
+
+    assert_shards_embedded(read_table, texts, SentenceEncoder.load(str(tiny_model_dir)))
+
+
+@contextlib.contextmanager
+def ray_with_env(env: dict[str, str]):
+    """This process and a fresh local cluster with ``env`` (the session's cluster is stopped; the next test that asks
+    for ``local_ray`` starts it anew)."""
+    ray.shutdown()
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        runtime_env = {"env_vars": {**env, **NO_STATE_API}}
+        ray.init(address="local", num_cpus=2, include_dashboard=False, runtime_env=runtime_env)
+        yield
+    finally:
+        ray.shutdown()
+        for key, value in saved.items():
+            os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from sentence_transformers import SentenceTransformer
 from transformers import AutoTokenizer
 
 from sbert_ray.models import BERT_SHAPES, Pooling, SentenceEncoder, build_random_bert, resolve_model_ref
+from sbert_ray.models.encoder import smart_batches
 from sbert_ray.models.resolve import packaged_model_dir
 from sbert_ray.models.st_layout import ModelError
 
@@ -75,6 +76,27 @@ def test_encode_restores_caller_order(encoder: SentenceEncoder) -> None:
     # The same float32 math at other padded widths (other kernel blocking): a few ulps of values below ~4 (~1e-6).
     np.testing.assert_allclose(batched, one_by_one, atol=1e-5, rtol=1e-5)
     assert not np.allclose(batched[0], batched[1])  # the rows really are different sentences
+
+
+def test_token_budget_batches_hold_many_short_sentences_and_few_long_ones() -> None:
+    lengths = [3, 40, 5, 40, 3, 12, 3, 5]
+    batches = smart_batches(lengths, batch_size=2, max_tokens=80)
+    assert batches == [[1, 3], [5, 2, 7, 0, 4, 6]]  # 2 x 40 tokens; then 6 x 12 (padded to the batch's longest)
+    assert all(len(b) * max(lengths[i] for i in b) <= 80 for b in batches)
+    assert smart_batches([200, 3], batch_size=2, max_tokens=80) == [[0], [1]]  # one sentence over the budget alone
+    assert smart_batches(lengths, batch_size=3) == [[1, 3, 5], [2, 7, 0], [4, 6]]  # no budget: batch_size each
+
+
+def test_token_budget_batching_gives_the_vectors_of_fixed_batches(encoder: SentenceEncoder) -> None:
+    sentences = SENTENCES * 7  # short and long ones: the budget puts ~10x more short ones in a batch
+    lengths = [len(ids) for ids in encoder.token_ids(sentences)["input_ids"]]
+    budget = 2 * encoder.max_seq_length
+    assert max(len(b) for b in smart_batches(lengths, 2, budget)) > 2  # the default budget really regroups
+    fixed = np.concatenate([encoder.encode([sentence]) for sentence in sentences])  # no padding at all
+    # The same float32 math at other padded widths (other kernel blocking): a few ulps of values below ~4 (~1e-6).
+    np.testing.assert_allclose(encoder.encode(sentences, batch_size=2), fixed, atol=1e-5, rtol=1e-5)
+    ids = encoder.token_ids(sentences)
+    np.testing.assert_array_equal(encoder.encode_token_ids(ids, batch_size=2), encoder.encode(sentences, batch_size=2))
 
 
 def test_encode_outputs_and_no_autograd(encoder: SentenceEncoder) -> None:

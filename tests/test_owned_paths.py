@@ -113,7 +113,7 @@ def test_every_sentinel_survives_every_command(sentinels, data_dir, capsys):
         (["tune", sweep, "base.output_dir=~/"], f"base.output_dir: {home} is your home folder"),
         (["tune", sweep, f"base.checkpoint.storage_path={root}", "name=home"], f"storage_path: {home} is your"),
         ([*encode, "--output", "~"], f"--output: {home} is your home folder"),
-        ([*encode, "--output", models], f"--output {models} already exists"),
+        ([*encode, "--output", models], f"--output {models} exists and is not an sbert-ray encode output"),
         (["eval", "--model", "random:tiny", "--output", "."], f"--output: {work} is the working directory"),
         (["eval", "--model", "random:tiny", "--output", "~"], f"--output: {home} is your home folder"),
         (["bench", "encode", "--model", "random:tiny", "--no-mlflow", "--output", "."], f"--output: {work} is the"),

@@ -4,13 +4,17 @@ Every variant encodes the same sentences with the same model in one process, rep
 (A B C A B C ...) so that a change in machine load hits all of them alike; each record holds the median and the
 spread. Variants: ours in fp32, in bf16 under autocast and with bf16 weights, each with smart batching on and off
 (the paper's Table 7), and sentence-transformers in fp32 and bf16 (its weights cast; it sorts by characters),
-for every batch size. Besides speed: STSb test Spearman per precision, and utilisation, the model FLOP/s achieved
-over the batches as padded against a matmul peak measured on the same device and precision.
+for every batch size; on CPU also sentence-transformers' ONNX backend in fp32 and its dynamically quantised int8
+export, where its optional packages (optimum-onnx, onnxruntime) install beside this project's transformers (a row
+that cannot run is a record with ``skipped``, the reason). Besides speed: STSb test Spearman per precision, and
+utilisation, the model FLOP/s achieved over the batches as padded against a matmul peak measured on the same
+device and precision.
 """
 
 from __future__ import annotations
 
 import copy
+import shutil
 import statistics
 import tempfile
 import time
@@ -107,7 +111,9 @@ def build_variants(
     precisions: Sequence[str],
     smart_batching: Sequence[bool],
     reference: bool,
-) -> list[Variant]:
+    workdir: Path | None = None,
+) -> tuple[list[Variant], dict[tuple[str, str, str], str]]:
+    """The variants to time, and the ways that cannot run here, each with the reason."""
     ours = SentenceEncoder.load(folder).to(device)
     ours_half = copy.deepcopy(ours).to_precision("bf16") if "bf16" in precisions else None
     ways: list[tuple[str, str, str, bool, Callable, nn.Module]] = []
@@ -126,11 +132,51 @@ def build_variants(
         if "bf16" in precisions:
             theirs_half = copy.deepcopy(theirs).to(half_dtype(device))
             ways.append((REFERENCE, "bf16", "weights", True, _theirs(theirs_half), theirs_half[0]))
-    return [
+    skipped: dict[tuple[str, str, str], str] = {}
+    if reference and "fp32" in precisions:
+        onnx_ways, reason = _onnx_ways(folder, device, workdir)
+        ways.extend(onnx_ways)
+        skipped.update({(REFERENCE, "fp32", cast): reason for cast in ONNX_CASTS if reason})
+    variants = [
         Variant(impl, precision, cast, smart, batch_size, encode, model)
         for batch_size in batch_sizes
         for impl, precision, cast, smart, encode, model in ways
     ]
+    return variants, skipped
+
+
+ONNX_CASTS = ("onnx", "onnx-int8")  # sentence-transformers' ONNX backend: its export, and that export quantised
+
+
+def _onnx_ways(folder: str, device: torch.device, workdir: Path | None) -> tuple[list[tuple], str | None]:
+    """sentence-transformers' ONNX backend (fp32) and its dynamically quantised int8 export, on CPU; or the reason
+    they cannot run here."""
+    if device.type != "cpu":
+        return [], f"the ONNX rows run on CPU only (onnxruntime's CPU provider), not on {device}"
+    try:
+        import onnxruntime  # noqa: F401  (sentence-transformers says only "requires installing" when missing)
+        import optimum.onnxruntime  # noqa: F401
+    except ImportError as err:  # missing, or (optimum-onnx <= 0.1.0) built for transformers < 4.58
+        return [], f"sentence-transformers' ONNX backend needs optimum-onnx and onnxruntime: {err}"
+    from sentence_transformers import SentenceTransformer, export_dynamic_quantized_onnx_model
+
+    # The export writes onnx/ into the model's folder: a copy, never the original.
+    copy_dir = Path(shutil.copytree(folder, Path(workdir or tempfile.mkdtemp()) / "onnx-model"))
+    onnx = SentenceTransformer(str(copy_dir), backend="onnx", device="cpu", trust_remote_code=False)
+    config = _quantization_config()
+    export_dynamic_quantized_onnx_model(onnx, config, str(copy_dir))
+    kwargs = {"file_name": f"onnx/model_qint8_{config}.onnx"}
+    int8 = SentenceTransformer(str(copy_dir), backend="onnx", device="cpu", model_kwargs=kwargs)
+    return [
+        (REFERENCE, "fp32", "onnx", True, _theirs(onnx), onnx[0]),
+        (REFERENCE, "fp32", "onnx-int8", True, _theirs(int8), int8[0]),
+    ], None
+
+
+def _quantization_config() -> str:
+    """onnxruntime's quantisation preset for this CPU: VNNI int8 dot products where the CPU has them."""
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return "avx512_vnni" if "avx512_vnni" in flags else "avx2"
 
 
 def _ours(encoder: SentenceEncoder, precision: str, smart: bool) -> Callable:
@@ -168,7 +214,11 @@ def run_encode_bench(
     test_pairs = load_records("stsb", "test", data_dir)
     with tempfile.TemporaryDirectory(prefix="sbert-ray-bench-") as workdir:
         folder = model_folder(model, Path(workdir))
-        variants = build_variants(folder, torch_device, batch_sizes, precisions, smart_batching, reference)
+        variants, skipped = build_variants(
+            folder, torch_device, batch_sizes, precisions, smart_batching, reference, Path(workdir)
+        )
+        for (impl, precision, cast), reason in skipped.items():
+            progress(f"skipped {impl}/{precision}-{cast}: {reason}")
         progress(f"{len(variants)} variants x {repeats} repeats on {len(sentences)} sentences, {device}")
         for variant in variants:  # warm-up: first calls create kernels and allocator pools
             variant.encode(sentences[: 4 * variant.batch_size], variant.batch_size)
@@ -188,6 +238,11 @@ def run_encode_bench(
         flops, tokens = ForwardFlops(ours.transformer), sum(len(ids) for ids in ours.token_ids(sentences)["input_ids"])
         records = [_record(v, len(sentences), tokens, peaks, spearman, flops, torch_device) for v in variants]
     _add_ratios(records)
+    records += [
+        {"impl": impl, "precision": precision, "cast": cast, "smart_batching": True, "batch_size": size, "skipped": why}
+        for (impl, precision, cast), why in skipped.items()
+        for size in batch_sizes
+    ]
     for record in records:
         record["model"] = model
     return records
@@ -244,16 +299,23 @@ def _record(
 
 
 def _add_ratios(records: list[dict]) -> None:
-    """``speedup_vs_reference_fp32`` (over sentence-transformers fp32 at the same batch size) and, on sorted
-    runs, ``smart_batching_speedup`` (over the same variant unsorted: the paper's Table 7), by wall time and by
-    CPU time (``_cpu``); None where not measured.
+    """``speedup_vs_reference_fp32`` (over sentence-transformers fp32 at the same batch size),
+    ``speedup_vs_fastest_reference`` (over the fastest sentence-transformers variant at the same batch size: torch,
+    ONNX or ONNX int8) and, on sorted runs, ``smart_batching_speedup`` (over the same variant unsorted: the paper's
+    Table 7), by wall time and by CPU time (``_cpu``); None where not measured.
 
     CPU time is the work the process did (all its threads). With one thread it is what other processes on a
     shared machine cannot distort, beyond cache and memory contention; with more it includes threads waiting on
     each other, and on a GPU it counts only the host's share.
     """
     by_key = {(r["impl"], r["precision"], r["cast"], r["smart_batching"], r["batch_size"]): r for r in records}
+    fastest = {}
     for r in records:
+        if r["impl"] == REFERENCE and r["sentences_per_s"] > fastest.get(r["batch_size"], 0.0):
+            fastest[r["batch_size"]] = r["sentences_per_s"]
+    for r in records:
+        best = fastest.get(r["batch_size"])
+        r["speedup_vs_fastest_reference"] = r["sentences_per_s"] / best if best else None
         reference = by_key.get((REFERENCE, "fp32", "none", True, r["batch_size"]))
         unsorted = by_key.get((r["impl"], r["precision"], r["cast"], False, r["batch_size"]))
         unsorted = unsorted if r["smart_batching"] else None

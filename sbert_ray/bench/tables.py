@@ -15,6 +15,7 @@ COLUMNS = (  # (header, record key, format)
     ("sent/s", "sentences_per_s", "{:.0f}"),
     ("spread", "spread", "{:.0%}"),
     ("x ST fp32", "speedup_vs_reference_fp32", "{:.2f}"),
+    ("x fastest ST", "speedup_vs_fastest_reference", "{:.2f}"),
     ("x unsorted", "smart_batching_speedup", "{:.2f}"),
     ("sent/cpu-s", "sentences_per_cpu_s", "{:.0f}"),
     ("x ST (cpu)", "speedup_vs_reference_fp32_cpu", "{:.2f}"),
@@ -25,7 +26,14 @@ COLUMNS = (  # (header, record key, format)
     ("STSb", "spearman", "{:.2f}"),
 )
 
-LOGGED_METRICS = ("sentences_per_s", "sentences_per_cpu_s", "speedup_vs_reference_fp32", "utilisation", "spearman")
+LOGGED_METRICS = (
+    "sentences_per_s",
+    "sentences_per_cpu_s",
+    "speedup_vs_reference_fp32",
+    "speedup_vs_fastest_reference",
+    "utilisation",
+    "spearman",
+)
 
 
 def label(record: dict) -> str:
@@ -51,6 +59,7 @@ def bar_chart(records: Sequence[dict], title: str):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    records = [r for r in records if not r.get("skipped")]  # rows that could not run have no rates
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(records) + 1.5))
     rates = [r["sentences_per_s"] for r in records]
     whiskers = [

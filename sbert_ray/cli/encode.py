@@ -14,12 +14,23 @@ def add_arguments(subparsers) -> None:
     en.add_argument(
         "--input",
         required=True,
-        help="a .txt file (one sentence per line), a .csv/.tsv/.jsonl/.parquet file (see --column), "
+        help="a .txt file (one sentence per line) or .csv/.tsv/.jsonl/.parquet file (see --column); a folder, glob "
+        "('shards/*.jsonl') or object storage prefix (s3://bucket/corpus/) of such files, read in parallel; "
         "or a registered dataset NAME[:SPLIT] (default split: test), whose distinct sentences are embedded",
     )
-    en.add_argument("--output", required=True, help="folder to create; it appears only once complete")
+    en.add_argument(
+        "--output",
+        required=True,
+        help="folder or object storage prefix (s3://...): one KEY.parquet per input file, each appearing only once "
+        "complete; a rerun skips the files already there",
+    )
     en.add_argument("--column", help="the text column of a table file (default: text)")
-    en.add_argument("--batch-size", type=positive_int, default=32)
+    en.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=32,
+        help="sentences per batch at the model's max_seq_length; shorter ones fill the same token budget",
+    )
     en.add_argument(
         "--workers", type=positive_int, default=1, help="encoder replicas (one GPU each with --device cuda)"
     )
@@ -53,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
     )
     result = encode_corpus(request)
     print(
-        f"wrote {result.rows} embeddings (dimension {result.dimension}) to {result.output} in {result.seconds:.1f} s "
-        f"({result.rows / result.seconds:.0f} rows/s)"
+        f"wrote {result.rows} embeddings (dimension {result.dimension}) of {result.files_written} input files to "
+        f"{result.output} in {result.seconds:.1f} s ({result.rows / result.seconds:.0f} rows/s); "
+        f"{result.files_skipped} files were already there"
     )
     return 0

@@ -1,27 +1,35 @@
-"""A corpus to embed: the rows of one text, CSV, TSV, JSONL or parquet file, numbered as they are read, or the
-distinct sentences of a registered dataset.
+"""A corpus to embed: the rows of text, CSV, TSV, JSONL or parquet files (one file, a folder or glob of shards, on
+local disk or object storage such as ``s3://``), or the distinct sentences of a registered dataset.
 
-A row's ``id`` is its 0-based position in the input: for a text file its non-blank lines (one sentence each; blank
-lines are not rows, as everywhere in this project), for CSV/TSV the records after the header line, for JSONL the
-non-blank lines, for parquet the rows, for a dataset its distinct sentences in first-seen order. Files are read as
-a stream of pyarrow tables (id, text), so a corpus of any size is never held in memory at once. ``open_corpus``
-checks what can be checked cheaply (the file is there and readable, has the column and a first row) before any
-work; a bad row further on is a ``DataError`` naming the file and line (or row) when the stream reaches it.
+A row is identified by its file's ``key`` (its path under the folder, prefix or glob it was found in; a single
+file's own name; ``NAME-SPLIT`` for a dataset) and its ``id``, the 0-based position in that file: for a text file
+its non-blank lines (one sentence each; blank lines are not rows, as everywhere in this project), for CSV/TSV the
+records after the header line, for JSONL the non-blank lines, for parquet the rows, for a dataset its distinct
+sentences in first-seen order. Files are read as streams of pyarrow tables (id, text), so a corpus of any size is
+never held in memory at once. ``open_corpus`` checks what can be checked cheaply (every file is there and
+readable, has the column and a first row) before any work; a bad row further on is a ``DataError`` naming the file
+and line (or row) when the stream reaches it.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import fnmatch
+import io
 import itertools
 import json
 import os
+import posixpath
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
+from pyarrow import fs
 
 from sbert_ray.data.readers import check_available, load_records
 from sbert_ray.data.records import TEXT_FIELDS, DataError
@@ -30,25 +38,30 @@ TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".parquet")
 CORPUS_SUFFIXES = (".txt", *TABLE_SUFFIXES)
 DEFAULT_COLUMN = "text"
 SCHEMA = pa.schema([("id", pa.int64()), ("text", pa.string())])
+GLOB_CHARACTERS = "*?["
 
 
 @dataclasses.dataclass(frozen=True)
 class CorpusFile:
-    path: Path
+    uri: str  # a local absolute path or an object storage URI (s3://bucket/key)
+    key: str  # its path under the folder, prefix or glob it was found in: names its output
     column: str | None  # the text column of a table; None for a text file
+
+    @property
+    def suffix(self) -> str:
+        return posixpath.splitext(self.uri)[1].lower()
 
     def rows(self) -> Iterator[tuple[int, str]]:
         """(id, text) of every row, in file order."""
-        suffix = self.path.suffix.lower()
-        if suffix == ".txt":
-            texts = (text for _, text in _lines(self.path) if text.strip())
-        elif suffix == ".jsonl":
-            lines = (numbered for numbered in _lines(self.path) if numbered[1].strip())
-            texts = (_json_text(self.path, number, line, self.column) for number, line in lines)
-        elif suffix == ".parquet":
-            texts = _parquet_texts(self.path, self.column)
+        if self.suffix == ".txt":
+            texts = (text for _, text in _lines(self.uri) if text.strip())
+        elif self.suffix == ".jsonl":
+            lines = (numbered for numbered in _lines(self.uri) if numbered[1].strip())
+            texts = (_json_text(self.uri, number, line, self.column) for number, line in lines)
+        elif self.suffix == ".parquet":
+            texts = _parquet_texts(self.uri, self.column)
         else:
-            texts = _table_texts(self.path, self.column)
+            texts = _table_texts(self.uri, self.column)
         return enumerate(texts)
 
     def tables(self, rows_per_table: int) -> Iterator[pa.Table]:
@@ -61,6 +74,10 @@ class CorpusDataset:
     split: str
     data_dir: str | None
 
+    @property
+    def key(self) -> str:
+        return f"{self.name}-{self.split}"
+
     def sentences(self) -> list[str]:
         """Every distinct text field of the split's records, in first-seen order."""
         records = load_records(self.name, self.split, self.data_dir)
@@ -71,42 +88,97 @@ class CorpusDataset:
         return _tables(enumerate(self.sentences()), rows_per_table)
 
 
-Corpus = CorpusFile | CorpusDataset
+CorpusSource = CorpusFile | CorpusDataset
 
 
-def open_corpus(spec: str, column: str | None = None, data_dir: str | os.PathLike | None = None) -> Corpus:
-    """``spec`` is a file (by its suffix, or because it exists) or a registered dataset ``name[:split]`` (split
-    "test" by default). Checked here, before any work: a DataError names the file (or dataset) and what is wrong."""
-    path = Path(spec).expanduser()
-    if path.suffix.lower() in CORPUS_SUFFIXES or path.exists():
-        return _check_file(path.resolve(), column)
+def open_corpus(spec: str, column: str | None = None, data_dir: str | os.PathLike | None = None) -> list[CorpusSource]:
+    """The sources of ``spec``: a file (by its suffix, or because it exists), a folder or object storage prefix (every
+    corpus file under it), a glob of files (``shards/*.jsonl``, ``s3://bucket/corpus/part-*.parquet``), or a
+    registered dataset ``name[:split]`` (split "test" by default). Checked here, before any work: a DataError names
+    the file (or dataset) and what is wrong."""
+    if "://" in spec or any(c in spec for c in GLOB_CHARACTERS) or _is_local_file_or_folder(spec):
+        return [_check_file(file) for file in _corpus_files(spec, column)]
     if column is not None:
         raise DataError(f"{spec}: --column applies to table files ({', '.join(TABLE_SUFFIXES)}), not datasets")
     name, _, split = spec.partition(":")
     corpus = CorpusDataset(name, split or "test", str(data_dir) if data_dir else None)
     check_available(corpus.name, corpus.split, data_dir)
-    return corpus
+    return [corpus]
 
 
-def _check_file(path: Path, column: str | None) -> CorpusFile:
-    suffix = path.suffix.lower()
-    if suffix not in CORPUS_SUFFIXES:
-        raise DataError(f"{path}: unsupported file type {suffix!r} (use {', '.join(CORPUS_SUFFIXES)})")
-    if suffix == ".txt" and column is not None:
-        raise DataError(f"{path}: a text file has one sentence per line and no columns; --column is for tables")
-    if not path.exists():
-        raise DataError(f"{path}: no such file")
-    if path.is_dir():
-        raise DataError(f"{path}: is a directory, not a file")
+def _is_local_file_or_folder(spec: str) -> bool:
+    path = Path(spec).expanduser()
+    return path.suffix.lower() in CORPUS_SUFFIXES or path.exists()
+
+
+def _corpus_files(spec: str, column: str | None) -> list[CorpusFile]:
+    """Every file ``spec`` names, sorted, keyed by its path under the folder, prefix or glob's fixed part."""
+    uri = spec if "://" in spec else str(Path(spec).expanduser().resolve())
+    filesystem, path = _filesystem(uri)
+    scheme = uri[: uri.index("://") + 3] if "://" in uri else ""
+    wildcard = next((i for i, c in enumerate(path) if c in GLOB_CHARACTERS), None)
+    base = path if wildcard is None else posixpath.dirname(path[:wildcard])
     try:
-        with open(path, "rb"):
+        info = filesystem.get_file_info(base)
+        if wildcard is None and info.type != fs.FileType.Directory:  # one file: checked as such (or not there)
+            return [CorpusFile(uri, posixpath.basename(path), _file_column(uri, column))]
+        if info.type != fs.FileType.Directory:
+            raise DataError(f"{spec}: no such folder {scheme}{base}")
+        listed = filesystem.get_file_info(fs.FileSelector(base, recursive=True))
+    except OSError as err:
+        raise DataError(f"{spec}: cannot be listed ({err})") from None
+    found = sorted(
+        entry.path
+        for entry in listed
+        if entry.type == fs.FileType.File
+        and (wildcard is None or fnmatch.fnmatchcase(entry.path, path))
+        and not any(part.startswith((".", "_")) for part in posixpath.relpath(entry.path, base).split("/"))
+    )  # hidden files (.crc, _SUCCESS) are not data, as for Spark and Ray Data
+    if not found:
+        raise DataError(f"{spec}: no files found")
+    files = [CorpusFile(f"{scheme}{found_path}", posixpath.relpath(found_path, base), None) for found_path in found]
+    return [dataclasses.replace(file, column=_file_column(file.uri, column)) for file in files]
+
+
+def _file_column(uri: str, column: str | None) -> str | None:
+    suffix = posixpath.splitext(uri)[1].lower()
+    if suffix not in CORPUS_SUFFIXES:
+        raise DataError(f"{uri}: unsupported file type {suffix!r} (use {', '.join(CORPUS_SUFFIXES)})")
+    if suffix == ".txt" and column is not None:
+        raise DataError(f"{uri}: a text file has one sentence per line and no columns; --column is for tables")
+    return None if suffix == ".txt" else column or DEFAULT_COLUMN
+
+
+def _check_file(corpus: CorpusFile) -> CorpusFile:
+    filesystem, path = _filesystem(corpus.uri)
+    info = filesystem.get_file_info(path)
+    if info.type == fs.FileType.NotFound:
+        raise DataError(f"{corpus.uri}: no such file")
+    try:
+        with _open(corpus.uri):
             pass
     except OSError as err:
-        raise DataError(f"{path}: cannot be read ({err.strerror})") from None
-    corpus = CorpusFile(path, None if suffix == ".txt" else column or DEFAULT_COLUMN)
+        raise DataError(f"{corpus.uri}: cannot be read ({err.strerror or err})") from None
     if next(corpus.rows(), None) is None:  # reads up to the first row only
-        raise DataError(f"{path}: no rows to embed (an empty file, a header only, or blank lines only)")
+        raise DataError(f"{corpus.uri}: no rows to embed (an empty file, a header only, or blank lines only)")
     return corpus
+
+
+def _filesystem(uri: str) -> tuple[fs.FileSystem, str]:
+    if "://" not in uri:
+        return fs.LocalFileSystem(), uri
+    try:
+        return fs.FileSystem.from_uri(uri)
+    except (OSError, ValueError) as err:
+        raise DataError(f"{uri}: pyarrow cannot open it ({err})") from None
+
+
+@contextmanager
+def _open(uri: str) -> Iterator[BinaryIO]:
+    """A buffered binary stream of the file (local or object storage)."""
+    filesystem, path = _filesystem(uri)
+    with filesystem.open_input_stream(path) as stream:
+        yield io.BufferedReader(stream)
 
 
 def _tables(rows: Iterable[tuple[int, str]], rows_per_table: int) -> Iterator[pa.Table]:
@@ -116,9 +188,9 @@ def _tables(rows: Iterable[tuple[int, str]], rows_per_table: int) -> Iterator[pa
         yield pa.table([pa.array(ids, pa.int64()), pa.array(texts, pa.string())], schema=SCHEMA)
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
+def _lines(path: str) -> Iterator[tuple[int, str]]:
     """(line number, text without its LF or CRLF) of a UTF-8 file; a byte that is not UTF-8 names its line."""
-    with open(path, "rb") as file:
+    with _open(path) as file:
         for number, raw in enumerate(file, start=1):
             try:
                 line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
@@ -127,7 +199,7 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
             yield number, line.removesuffix("\n").removesuffix("\r")
 
 
-def _json_text(path: Path, number: int, line: str, column: str) -> str:
+def _json_text(path: str, number: int, line: str, column: str) -> str:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as err:
@@ -140,15 +212,15 @@ def _json_text(path: Path, number: int, line: str, column: str) -> str:
     return row[column]
 
 
-def _table_texts(path: Path, column: str) -> Iterator[str]:
+def _table_texts(path: str, column: str) -> Iterator[str]:
     """The column of a CSV (RFC-4180 quoting, values may span lines) or TSV (TAB, no quoting) file, streamed."""
-    tsv = path.suffix.lower() == ".tsv"
+    tsv = path.lower().endswith(".tsv")
     parse = (
         pa_csv.ParseOptions(delimiter="\t", quote_char=False) if tsv else pa_csv.ParseOptions(newlines_in_values=True)
     )
     convert = pa_csv.ConvertOptions(include_columns=[column], column_types={column: pa.string()})
     try:
-        with open(path, encoding="utf-8-sig", newline="") as file:
+        with _open(path) as stream, io.TextIOWrapper(stream, encoding="utf-8-sig", newline="") as file:
             header = next(csv.reader(file, delimiter="\t", quoting=csv.QUOTE_NONE) if tsv else csv.reader(file), [])
     except UnicodeDecodeError:
         raise DataError(f"{path}, line 1: not UTF-8 text") from None
@@ -157,15 +229,17 @@ def _table_texts(path: Path, column: str) -> Iterator[str]:
     if column not in header:
         raise DataError(f"{path}, line 1: no column {column!r} (columns: {header})")
     try:
-        for batch in pa_csv.open_csv(path, parse_options=parse, convert_options=convert):
-            yield from batch.column(0).to_pylist()
+        with _open(path) as stream:
+            for batch in pa_csv.open_csv(stream, parse_options=parse, convert_options=convert):
+                yield from batch.column(0).to_pylist()
     except pa.ArrowInvalid as err:  # a row with the wrong number of fields, text that is not UTF-8
         raise DataError(f"{path}: {err}") from None
 
 
-def _parquet_texts(path: Path, column: str) -> Iterator[str]:
+def _parquet_texts(path: str, column: str) -> Iterator[str]:
+    filesystem, fs_path = _filesystem(path)
     try:
-        file = pq.ParquetFile(path)
+        file = pq.ParquetFile(filesystem.open_input_file(fs_path))
     except (pa.ArrowException, OSError) as err:
         raise DataError(f"{path}: not a readable parquet file ({err})") from None
     schema = file.schema_arrow

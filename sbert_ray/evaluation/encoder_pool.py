@@ -50,6 +50,11 @@ class EncoderReplica:
         corpus chunk searched for each query's top k) sends back only the reduction."""
         return function(self.encoder, *args)
 
+    def encode_token_ids(self, ids: dict[str, list[list[int]]], batch_size: int, prompt_length: int = 0) -> np.ndarray:
+        return self.encoder.encode_token_ids(
+            ids, batch_size=batch_size, convert_to="numpy", prompt_length=prompt_length
+        )
+
 
 def shareable(encoder: SentenceEncoder) -> ray.ObjectRef:
     """A CPU copy of ``encoder`` in the object store for actors to load onto their own device; the caller's
@@ -82,7 +87,7 @@ class RayEncoder:
     def batches(self, sentences: Sequence[str], batch_size: int, prompt: str = "") -> list[list[int]]:
         """Index batches in the order ``SentenceEncoder.encode`` would form them (with ``prompt`` before each)."""
         ids = self.encoder.token_ids([prompt + sentence for sentence in sentences])["input_ids"]
-        return smart_batches([len(row) for row in ids], batch_size)
+        return smart_batches([len(row) for row in ids], batch_size, batch_size * self.encoder.max_seq_length)
 
     def encode(
         self, sentences: Sequence[str], batch_size: int = 32, convert_to: str = "numpy", prompt_name: str | None = None

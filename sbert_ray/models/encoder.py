@@ -225,18 +225,8 @@ class SentenceEncoder(nn.Module):
         return resolve_prompt(self.prompts, self.default_prompt_name, prompt, prompt_name)
 
     def token_ids(self, sentences: Sequence[str]) -> dict[str, list[list[int]]]:
-        """Unpadded ids per sentence, truncated to max_seq_length: ``input_ids`` and, where the model takes them,
-        ``token_type_ids``. No attention mask: padding rebuilds it from the lengths, and asking the tokenizer for
-        fewer lists makes it markedly faster (fast tokenizers spend most of their time building Python lists)."""
-        wants_type_ids = "token_type_ids" in self.tokenizer.model_input_names
-        encodings = self.tokenizer(
-            list(sentences),
-            truncation=True,
-            max_length=self.max_seq_length,
-            return_attention_mask=False,
-            return_token_type_ids=wants_type_ids,
-        )
-        return {name: encodings[name] for name in ("input_ids", "token_type_ids") if name in encodings}
+        """Unpadded ids per sentence, truncated to max_seq_length (see ``token_ids``)."""
+        return token_ids(self.tokenizer, sentences, self.max_seq_length)
 
     def encode(
         self,
@@ -247,13 +237,17 @@ class SentenceEncoder(nn.Module):
         smart_batching: bool = True,
         prompt_name: str | None = None,
         prompt: str | None = None,
+        max_tokens: int | None = None,
     ) -> np.ndarray | Tensor:
         """Float32 embeddings [len(sentences), output_dim] in the caller's order, computed without autograd.
 
         Smart batching (paper Table 7): sentences are sorted by token count, longest first, so each batch
         pads only to its own longest member. Token count rather than character count (as
         sentence-transformers uses) because tokens are what padding costs; the ids are reused for the batches.
-        ``smart_batching=False`` keeps the input order (for measuring what sorting saves).
+        Batches are cut by a token budget (``smart_batches``): at most ``max_tokens`` padded tokens each, by default
+        ``batch_size * max_seq_length``, so a batch holds ``batch_size`` sentences of the full length and more of
+        shorter ones (a short batch leaves a CPU's matrix units, and a GPU, mostly idle). ``smart_batching=False``
+        keeps the input order in batches of ``batch_size`` (for measuring what sorting saves).
 
         ``precision``: ``"fp32"`` or ``"bf16"``; by default the weights' own (``to_precision``). ``"bf16"`` on
         float32 weights runs under autocast; on 16-bit weights it runs natively, which is faster. bf16 means
@@ -265,29 +259,53 @@ class SentenceEncoder(nn.Module):
         """
         if isinstance(sentences, str):
             raise TypeError("encode expects a sequence of sentences, not a single string")
+        prompt = self.resolve_prompt(prompt, prompt_name)
+        ids = self.token_ids([prompt + sentence for sentence in sentences])
+        return self.encode_token_ids(
+            ids, batch_size, convert_to, precision, smart_batching, max_tokens, self.prompt_length(prompt)
+        )
+
+    def encode_token_ids(
+        self,
+        ids: dict[str, list[list[int]]],
+        batch_size: int = 32,
+        convert_to: Literal["numpy", "torch"] = "numpy",
+        precision: Precision | None = None,
+        smart_batching: bool = True,
+        max_tokens: int | None = None,
+        prompt_length: int = 0,
+    ) -> np.ndarray | Tensor:
+        """``encode`` of sentences already tokenised by ``token_ids`` (a pipeline's CPU stage does that, so the
+        replicas on GPUs only run the model); ``prompt_length``: the tokens of a prompt the ids start with."""
         if convert_to not in ("numpy", "torch"):
             raise ValueError(f"convert_to must be 'numpy' or 'torch', not {convert_to!r}")
         if batch_size < 1:  # range(0, n, -1) is empty: the result would be uninitialised memory
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         precision_context = self._precision_context(precision or self.precision)
-        prompt = self.resolve_prompt(prompt, prompt_name)
-        embeddings = torch.empty(len(sentences), self.output_dim, device=self.device)
-        if len(sentences) > 0:
+        lengths = [len(row) for row in ids["input_ids"]]
+        if smart_batching:
+            batches = smart_batches(lengths, batch_size, max_tokens or batch_size * self.max_seq_length)
+        else:
+            batches = input_order_batches(len(lengths), batch_size)
+        embeddings = torch.empty(len(lengths), self.output_dim, device=self.device)
+        if lengths:
             was_training = self.training
             self.eval()
             try:
                 with torch.inference_mode(), precision_context:
-                    ids = self.token_ids([prompt + sentence for sentence in sentences])
-                    self._encode_batches(ids, batch_size, smart_batching, self.prompt_length(prompt), out=embeddings)
+                    self._encode_batches(ids, lengths, batches, prompt_length, out=embeddings)
             finally:
                 self.train(was_training)
         return embeddings.cpu().numpy() if convert_to == "numpy" else embeddings
 
     def _encode_batches(
-        self, ids: dict[str, list[list[int]]], batch_size: int, smart: bool, prompt_length: int, out: Tensor
+        self,
+        ids: dict[str, list[list[int]]],
+        lengths: list[int],
+        batches: list[list[int]],
+        prompt_length: int,
+        out: Tensor,
     ) -> None:
-        lengths = [len(row) for row in ids["input_ids"]]
-        batches = smart_batches(lengths, batch_size) if smart else input_order_batches(len(lengths), batch_size)
         # Rows are written in batch order, then put back in the caller's order with one scatter.
         order = [i for batch in batches for i in batch]
         in_batch_order = torch.empty_like(out)
@@ -334,10 +352,36 @@ def _prompt_length(features: dict[str, Tensor]) -> int:
     return int(length.reshape(-1)[0]) if isinstance(length, Tensor) else int(length)
 
 
-def smart_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
-    """Indices cut into batches after a stable sort by length, longest first (what ``encode`` does)."""
+def token_ids(tokenizer: PreTrainedTokenizerBase, sentences: Sequence[str], max_length: int) -> dict[str, list]:
+    """Unpadded ids per sentence, truncated to ``max_length``: ``input_ids`` and, where the model takes them,
+    ``token_type_ids``. No attention mask: padding rebuilds it from the lengths, and asking the tokenizer for
+    fewer lists makes it markedly faster (fast tokenizers spend most of their time building Python lists)."""
+    if not sentences:  # the tokenizer refuses an empty list
+        return {"input_ids": []}
+    wants_type_ids = "token_type_ids" in tokenizer.model_input_names
+    encodings = tokenizer(
+        list(sentences),
+        truncation=True,
+        max_length=max_length,
+        return_attention_mask=False,
+        return_token_type_ids=wants_type_ids,
+    )
+    return {name: encodings[name] for name in ("input_ids", "token_type_ids") if name in encodings}
+
+
+def smart_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Indices cut into batches after a stable sort by length, longest first (what ``encode`` does): each batch
+    as many sentences as fit in ``max_tokens`` padded tokens (its first, longest member times the count; at least
+    one), or ``batch_size`` sentences each when ``max_tokens`` is None."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    if max_tokens is None:
+        return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    batches, start = [], 0
+    while start < len(order):
+        count = max(1, max_tokens // max(1, lengths[order[start]]))
+        batches.append(order[start : start + count])
+        start += count
+    return batches
 
 
 def input_order_batches(count: int, batch_size: int) -> list[list[int]]:

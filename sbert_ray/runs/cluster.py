@@ -83,7 +83,7 @@ def refuse_impossible(scaling: ScalingConfig) -> None:
     if not kinds:
         return
     bundle, n, strategy = scaling.resources_per_worker(), scaling.num_workers, scaling.placement_strategy
-    nodes = ", ".join(f"{'any number' if math.isinf(k.count) else int(k.count)} x {_text(k.resources)}" for k in kinds)
+    nodes = _nodes_text(kinds)
     if not any(kind.holds(bundle) for kind in kinds):
         raise ConfigError(f"scaling: one worker needs {_text(bundle)}, more than any node of this cluster ({nodes})")
     if strategy == "STRICT_PACK":  # every worker on one node
@@ -97,6 +97,31 @@ def refuse_impossible(scaling: ScalingConfig) -> None:
             f"scaling.num_workers={n} workers of {_text(bundle)} ({strategy}): this cluster can hold at most "
             f"{int(most)} (its nodes: {nodes})"
         )
+
+
+def refuse_impossible_actors(bundle: dict[str, float], count: int, what: str) -> None:
+    """A ``ConfigError`` naming the numbers when the connected cluster (as ``node_kinds`` knows it) can never hold
+    ``count`` actors of ``bundle`` placed anywhere: Ray would wait for them for ever."""
+    problem = actors_problem([kind for kind in node_kinds() or [] if kind.count], bundle, count, what)
+    if problem:
+        raise ConfigError(problem)
+
+
+def actors_problem(kinds: list[NodeKind], bundle: dict[str, float], count: int, what: str) -> str | None:
+    """Why ``count`` actors of ``bundle`` (``what`` names them) never fit on nodes of ``kinds``, or None (also when
+    the kinds are unknown: a cluster that may grow)."""
+    bundle = {key: need for key, need in bundle.items() if need > 0}
+    most = sum(kind.holds(bundle) * kind.count for kind in kinds)
+    if not kinds or count <= most:
+        return None
+    return (
+        f"{what}: {count} of {_text(bundle)} each, but this cluster can hold at most {int(most)} "
+        f"(its nodes: {_nodes_text(kinds)})"
+    )
+
+
+def _nodes_text(kinds: list[NodeKind]) -> str:
+    return ", ".join(f"{'any number' if math.isinf(k.count) else int(k.count)} x {_text(k.resources)}" for k in kinds)
 
 
 def node_kinds() -> list[NodeKind] | None:

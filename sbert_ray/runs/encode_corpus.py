@@ -1,57 +1,76 @@
-"""``sbert-ray encode``: embed a corpus of any size with Ray Data, written as parquet files of (id, text, vector).
+"""``sbert-ray encode``: embed a corpus of any size with Ray Data: one parquet file of (file, id, text, vector) per
+input file, in a local folder or under an object storage prefix.
 
-    input checked: the file is readable, has the column and a first row (or the dataset is there)   (no Ray yet)
-      -> model loaded once; a CPU copy in the object store
-      -> read: one task on the driver's node streams the input in blocks of rows, numbered as read
-      -> map_batches on an actor pool: an EncoderReplica per actor (one GPU each with --device cuda); each block
-         is encoded with smart batching (SentenceEncoder.encode orders it by length)
-      -> write_parquet on the driver's node into a hidden staging folder beside the output, which is renamed to
-         the output once every row is written: a folder under the output's name is always complete
+    input checked: every file readable, with the column and a first row (or the dataset is there)   (no Ray yet)
+      -> the output marked as ours (a rerun must use the same model and column; a folder of other files is refused)
+      -> files whose output is already there are skipped (a rerun resumes)
+      -> model loaded once; a CPU copy in the object store; the replicas checked against the cluster's nodes
+      -> read: one task per input file (in parallel), streaming blocks of rows numbered within their file
+      -> tokenise: a CPU map_batches stage (token ids per row), so the replicas only run the model
+      -> encode: map_batches on an actor pool, an EncoderReplica per actor (one GPU each with --device cuda);
+         each block is cut into batches by a token budget (SentenceEncoder.encode_token_ids)
+      -> each encoded block written as a part file in a hidden staging folder inside the output
+      -> once every row of an input file is written, its parts are joined into one file in staging and moved to
+         ``OUTPUT/KEY.parquet`` (a rename on disk, one copy on object storage): a file under the output's names is
+         always complete; the staging folder is removed at the end, whatever happened
 
-Reading and writing stay on the driver's node (where the input was checked and where the output is asked for);
-only the encoding, which is what takes the time, spreads over the cluster.
+Local input and output stay on the driver's node (where the paths were checked; other nodes need not see them);
+object storage is read and written from any node. A row is ``(file, id)``: the input file's key (its path under the
+folder, prefix or glob; see ``sbert_ray.data.corpus``) and its 0-based row within that file.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import posixpath
 import time
+import uuid
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import ray
 import ray.data
+from pyarrow import fs
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
 from sbert_ray.config import ConfigError
-from sbert_ray.data.corpus import SCHEMA, Corpus, open_corpus
+from sbert_ray.data.corpus import CorpusSource, open_corpus
 from sbert_ray.evaluation.encoder_pool import EncoderReplica, shareable
+from sbert_ray.files import check_folder
 from sbert_ray.models import load_encoder
+from sbert_ray.models.encoder import token_ids
 from sbert_ray.progress import quiet
 from sbert_ray.runs import owned_paths
-from sbert_ray.runs.cluster import connect_ray, input_errors_unwrapped
+from sbert_ray.runs.cluster import connect_ray, input_errors_unwrapped, refuse_impossible_actors
 
-BLOCK_BYTES = 1 << 20  # rows read into one block (~10k sentences), encoded (ordered by length) in one actor call
+BLOCK_BYTES = 1 << 20  # rows read into one block (~10k sentences), encoded (cut by the token budget) in one call
 ROWS_PER_READ = 1024  # rows the read task turns into one table at a time
-ROWS_PER_FILE = 65536  # blocks are gathered into parquet files of about this many rows
-IO_TASKS = 2  # parquet writers at once
+READ_SCHEMA = pa.schema([("file", pa.string()), ("id", pa.int64()), ("text", pa.string()), ("last", pa.bool_())])
+ENCODE_MARKER = "_sbert_ray_encode.json"  # marks an output folder as ours, with the settings its vectors were made with
+PARTS, JOINED = "parts", "joined"  # staging subfolders: encoded blocks, and whole files waiting to be moved
 
 
 @dataclass
 class EncodeResult:
     output: str
-    rows: int
+    rows: int  # written by this run
     dimension: int
     seconds: float
+    files_written: int
+    files_skipped: int  # complete from an earlier run
 
 
 @dataclass(frozen=True)
 class EncodeRequest:
     """What ``sbert-ray encode`` embeds (``input_spec``, see ``sbert_ray.data.corpus``), with which model and how many
-    replicas (one GPU each with a cuda ``device``, or by default when the cluster has GPUs), into which new folder."""
+    replicas (one GPU each with a cuda ``device``, or by default when the cluster has GPUs), into which folder or
+    object storage prefix (created, or resumed: input files whose output is there are skipped)."""
 
     model_ref: str
     input_spec: str
@@ -74,14 +93,41 @@ class EncodeRequest:
         owned_paths.refuse_protected(self.output, "--output")
 
 
-@input_errors_unwrapped()  # a bad row midway is found in the read task
+@dataclass(frozen=True)
+class _Output:
+    """The output folder (local, absolute) or prefix (object storage), as a pyarrow filesystem and path."""
+
+    uri: str
+
+    @classmethod
+    def of(cls, output: str | os.PathLike) -> _Output:
+        text = str(output)
+        uri = text.rstrip("/") if "://" in text else str(Path(text).expanduser().resolve())
+        if not uri.split("://")[-1].strip("/"):
+            raise ConfigError(f"--output {text}: name a folder (or a prefix inside the bucket)")
+        return cls(check_folder(uri, "--output"))
+
+    @property
+    def local(self) -> bool:
+        return "://" not in self.uri
+
+    def file(self, key: str) -> str:
+        return f"{_filesystem(self.uri)[1]}/{key}.parquet"
+
+
+def _filesystem(uri: str) -> tuple[fs.FileSystem, str]:
+    """pyarrow's filesystem and path of a local absolute path or an object storage URI."""
+    return fs.FileSystem.from_uri(uri) if "://" in uri else (fs.LocalFileSystem(), uri)
+
+
+@input_errors_unwrapped()  # a bad row midway is found in a read task
 def encode_corpus(request: EncodeRequest) -> EncodeResult:
-    """Embed every row of the request's input and write them to the folder ``request.output``, which must not
-    exist yet."""
-    output = Path(request.output).expanduser().resolve()
-    if output.exists():
-        raise ConfigError(f"--output {output} already exists; name a new folder")
-    corpus = open_corpus(request.input_spec, request.column, request.data_dir)
+    """Embed every row of the request's input into one parquet file per input file under ``request.output``;
+    input files whose output is already there are skipped."""
+    output = _Output.of(request.output)
+    sources = open_corpus(request.input_spec, request.column, request.data_dir)
+    _claim(output, _settings(request))
+    pending = _not_written(sources, output)
     encoder = load_encoder(request.model_ref)
     try:
         prompt = encoder.resolve_prompt(prompt_name=request.prompt_name)
@@ -91,64 +137,218 @@ def encode_corpus(request: EncodeRequest) -> EncodeResult:
     start = time.perf_counter()
     connect_ray()
     use_gpu = request.device.startswith("cuda") if request.device else ray.cluster_resources().get("GPU", 0) > 0
-    # Reading and writing run on this node, take no CPU from the actors (they would wait on each other on a full
-    # cluster) and stay few: one read task, IO_TASKS writers.
-    here = {"ray.io/node-id": ray.get_runtime_context().get_node_id()}
+    replica = {"CPU": 1, "GPU": 1 if use_gpu else 0}
+    refuse_impossible_actors(replica, request.workers, f"--workers {request.workers} encoder replicas")
+    rows = 0
+    if pending:
+        staging = f"{output.uri}/.partial-{uuid.uuid4().hex[:12]}"
+        rows = _encode(request, pending, encoder, use_gpu, output, staging)
+    seconds = time.perf_counter() - start
+    return EncodeResult(output.uri, rows, encoder.embedding_dim, seconds, len(pending), len(sources) - len(pending))
+
+
+def _settings(request: EncodeRequest) -> dict[str, str | None]:
+    """What decides the vectors of an output: a rerun into the same output must have the same."""
+    model = Path(request.model_ref).expanduser()
+    return {"model": str(model.resolve()) if model.exists() else request.model_ref, "column": request.column}
+
+
+def _claim(output: _Output, settings: dict[str, str | None]) -> None:
+    """Mark the output as ours (``ENCODE_MARKER``, holding ``settings``), or refuse it: a folder that exists and is
+    neither empty nor ours, or ours with other settings (its files would mix two models' vectors)."""
+    filesystem, root = _filesystem(output.uri)
+    marker = f"{root}/{ENCODE_MARKER}"
+    if filesystem.get_file_info(marker).is_file:
+        with filesystem.open_input_stream(marker) as stream:
+            theirs = json.loads(stream.read())
+        if theirs != settings:
+            raise ConfigError(
+                f"--output {output.uri} holds embeddings made with {theirs}, this run's are {settings}: "
+                "choose another folder"
+            )
+        return
+    if filesystem.get_file_info(fs.FileSelector(root, allow_not_found=True)):
+        raise ConfigError(
+            f"--output {output.uri} exists and is not an sbert-ray encode output (no {ENCODE_MARKER}): choose a new "
+            "folder or an empty one"
+        )
+    _make_parent(filesystem, marker)
+    with filesystem.open_output_stream(marker) as stream:
+        stream.write(json.dumps(settings).encode())
+
+
+def _not_written(sources: list[CorpusSource], output: _Output) -> list[CorpusSource]:
+    filesystem, _ = _filesystem(output.uri)
+    infos = filesystem.get_file_info([output.file(source.key) for source in sources])
+    return [source for source, info in zip(sources, infos, strict=True) if info.type == fs.FileType.NotFound]
+
+
+def _encode(request: EncodeRequest, sources: list[CorpusSource], encoder, use_gpu: bool, output: _Output, staging):
+    """Run the pipeline, moving each input file's output in as soon as all its rows are written; the staging
+    folder is removed at the end whatever happened (files already moved in stay: they are complete)."""
+    here = {"label_selector": {"ray.io/node-id": ray.get_runtime_context().get_node_id()}}
+    local_input = any("://" not in getattr(source, "uri", "") for source in sources)  # a dataset is read here too
+    on_output_node = here if output.local else {}
+    parts = _pipeline(request, sources, encoder, use_gpu, staging, here if local_input else {}, on_output_node)
+    join = ray.remote(_join_parts).options(num_cpus=0, **on_output_node)
+    totals, written, joins = {}, Counter(), []
+    try:
+        for part in parts.iter_rows():
+            key = part["file"]
+            written[key] += part["rows"]
+            if part["total"] >= 0:
+                totals[key] = part["total"]
+            if written[key] == totals.get(key):
+                joins.append(join.remote(staging, output.uri, key))
+        return sum(ray.get(joins))
+    finally:
+        ray.wait(joins, num_returns=len(joins))  # none still writing into staging when it is removed
+        ray.get(ray.remote(_remove).options(num_cpus=0, **on_output_node).remote(staging))
+
+
+def _pipeline(
+    request: EncodeRequest, sources, encoder, use_gpu: bool, staging: str, read_where: dict, write_where: dict
+) -> ray.data.Dataset:
     # Ray Data gathers what a read task yields into blocks of up to DataContext.target_max_block_size (128 MiB);
-    # smaller ones let the actors share the work. A repartition would be a task of one CPU, which the actors may
-    # all hold: a deadlock on a full cluster. The context is sealed into the dataset when it is created.
+    # smaller ones let the actors share the work. The context is sealed into the dataset when it is created.
     context = ray.data.DataContext.get_current()
     defaults = context.target_max_block_size, context.enable_progress_bars
     context.target_max_block_size, context.enable_progress_bars = request.block_bytes, defaults[1] and not quiet()
     try:
-        rows = ray.data.read_datasource(_CorpusSource(corpus), override_num_blocks=1, num_cpus=0, label_selector=here)
+        # Reading and tokenising take no CPU from the actors (on a full cluster they would wait on each other);
+        # with GPU replicas the actors hold one CPU each and tokenising gets one of the others per task.
+        rows = ray.data.read_datasource(
+            _CorpusFiles(sources), override_num_blocks=len(sources), num_cpus=0, **read_where
+        )
     finally:
         context.target_max_block_size, context.enable_progress_bars = defaults
-    embedded = rows.map_batches(
+    tokenized = rows.map_batches(
+        _tokenize,
+        fn_kwargs={"tokenizer": encoder.tokenizer, "max_length": encoder.max_seq_length, "prompt": prompt},
+        batch_size=None,
+        batch_format="pyarrow",
+        num_cpus=1 if use_gpu else 0,
+    )
+    embedded = tokenized.map_batches(
         _EmbedRows,
-        fn_constructor_args=(shareable(encoder), "cuda" if use_gpu else "cpu", request.batch_size, prompt),
-        batch_size=None,  # a whole block per call, so smart batching orders the block by length
+        fn_constructor_args=(shareable(encoder), "cuda" if use_gpu else "cpu", request.batch_size, prompt_length),
+        batch_size=None,  # a whole block per call: its rows are sorted by length and cut by the token budget
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=request.workers),
         num_cpus=1,
         num_gpus=1 if use_gpu else 0,
     )
-    with owned_paths.staging_beside(output) as staging:
-        embedded.write_parquet(
-            str(staging / "embeddings"),
-            min_rows_per_file=ROWS_PER_FILE,
-            concurrency=IO_TASKS,
-            ray_remote_args={"num_cpus": 0, "label_selector": here},
-        )
-        written = sum(pq.ParquetFile(path).metadata.num_rows for path in (staging / "embeddings").glob("*.parquet"))
-        os.replace(staging / "embeddings", output)
-    return EncodeResult(str(output), written, encoder.embedding_dim, time.perf_counter() - start)
+    return embedded.map_batches(
+        _write_parts,
+        fn_kwargs={"parts": f"{staging}/{PARTS}"},
+        batch_size=None,
+        batch_format="pyarrow",
+        num_cpus=0,
+        **write_where,
+    )
 
 
-class _CorpusSource(Datasource):
-    """The corpus as one read task streaming blocks of rows: ids are positions in the input, so it is read in
-    order by one task (encoding, not reading, is what takes the time)."""
+class _CorpusFiles(Datasource):
+    """One read task per input file, streaming blocks of (file, id, text, last): ``last`` marks the file's final
+    row, so the driver knows when all of a file is written."""
 
-    def __init__(self, corpus: Corpus):
+    def __init__(self, sources: list[CorpusSource]):
         super().__init__()
-        self.corpus = corpus
+        self.sources = sources
 
     def estimate_inmemory_data_size(self) -> int | None:
         return None
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit=None, data_context=None) -> list[ReadTask]:
-        corpus = self.corpus
         metadata = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None, input_files=None)
-        return [ReadTask(lambda: corpus.tables(ROWS_PER_READ), metadata, schema=SCHEMA)]
+        return [ReadTask(lambda s=source: _file_tables(s), metadata, schema=READ_SCHEMA) for source in self.sources]
+
+
+def _file_tables(source: CorpusSource):
+    tables = source.tables(ROWS_PER_READ)
+    table = next(tables)  # every source has a first row (checked by open_corpus)
+    for following in tables:
+        yield _tagged(table, source.key, last=False)
+        table = following
+    yield _tagged(table, source.key, last=True)
+
+
+def _tagged(table: pa.Table, key: str, last: bool) -> pa.Table:
+    marks = [False] * (table.num_rows - 1) + [last]
+    return pa.table(
+        [pa.array([key] * table.num_rows, pa.string()), table["id"], table["text"], pa.array(marks)],
+        schema=READ_SCHEMA,
+    )
+
+
+def _tokenize(rows: pa.Table, tokenizer, max_length: int, prompt: str) -> pa.Table:
+    texts = [prompt + text for text in rows.column("text").to_pylist()]
+    for name, ids in token_ids(tokenizer, texts, max_length).items():
+        rows = rows.append_column(name, pa.array(ids, pa.list_(pa.int32())))
+    return rows
 
 
 class _EmbedRows(EncoderReplica):
-    """Adds each row's vector to a block of (id, text) rows."""
+    """Replaces the token ids of a block of rows by each row's vector."""
 
-    def __init__(self, encoder: ray.ObjectRef, device: str, batch_size: int, prompt: str):
+    def __init__(self, encoder: ray.ObjectRef, device: str, batch_size: int, prompt_length: int):
         super().__init__(encoder, device, threads=1)
-        self.batch_size, self.prompt = batch_size, prompt
+        self.batch_size, self.prompt_length = batch_size, prompt_length
 
     def __call__(self, rows: pa.Table) -> pa.Table:
-        vectors = self.encode(rows.column("text").to_pylist(), self.batch_size, self.prompt)
-        return rows.append_column("vector", pa.FixedSizeListArray.from_arrays(vectors.reshape(-1), vectors.shape[1]))
+        names = [name for name in ("input_ids", "token_type_ids") if name in rows.column_names]
+        ids = {name: rows.column(name).to_pylist() for name in names}
+        vectors = self.encode_token_ids(ids, self.batch_size, self.prompt_length)
+        vector = pa.FixedSizeListArray.from_arrays(vectors.reshape(-1), vectors.shape[1])
+        return rows.drop_columns(names).append_column("vector", vector)
+
+
+def _write_parts(rows: pa.Table, parts: str) -> pa.Table:
+    """Each input file's rows of the block as ``PARTS/KEY/FIRST-ID.parquet``; one summary row per file: the rows
+    written and, where the block holds the file's last row, the file's row count (else -1)."""
+    filesystem, root = _filesystem(parts)
+    summary = {"file": [], "rows": [], "total": []}
+    for key in pc.unique(rows["file"]).to_pylist():
+        part = rows.filter(pc.equal(rows["file"], key))
+        ids = part["id"]
+        folder = f"{root}/{key}"
+        filesystem.create_dir(folder, recursive=True)
+        pq.write_table(
+            part.drop_columns(["last"]), f"{folder}/{pc.min(ids).as_py():012d}.parquet", filesystem=filesystem
+        )
+        last = pc.any(part["last"]).as_py()
+        summary["file"].append(key), summary["rows"].append(part.num_rows)
+        summary["total"].append(pc.max(ids).as_py() + 1 if last else -1)
+    return pa.table(summary)
+
+
+def _join_parts(staging: str, output: str, key: str) -> int:
+    """The parts of one input file, in row order, as one parquet file moved to ``OUTPUT/KEY.parquet``."""
+    filesystem, root = _filesystem(staging)
+    out_path = f"{_filesystem(output)[1]}/{key}.parquet"
+    parts = sorted(
+        info.path for info in filesystem.get_file_info(fs.FileSelector(f"{root}/{PARTS}/{key}")) if info.is_file
+    )
+    joined = f"{root}/{JOINED}/{key}.parquet"
+    _make_parent(filesystem, joined)
+    rows = 0
+    with pq.ParquetWriter(joined, pq.read_schema(parts[0], filesystem=filesystem), filesystem=filesystem) as writer:
+        for part in parts:  # one part in memory at a time
+            table = pq.read_table(part, filesystem=filesystem)
+            writer.write_table(table)
+            rows += table.num_rows
+    _make_parent(filesystem, out_path)
+    filesystem.move(joined, out_path)  # a rename on disk; on object storage one copy, so it appears complete
+    return rows
+
+
+def _make_parent(filesystem: fs.FileSystem, path: str) -> None:
+    """A local file's folder; object storage needs none (pyarrow would add empty marker objects)."""
+    if isinstance(filesystem, fs.LocalFileSystem):
+        filesystem.create_dir(posixpath.dirname(path), recursive=True)
+
+
+def _remove(staging: str) -> None:
+    filesystem, root = _filesystem(staging)
+    if filesystem.get_file_info(root).type != fs.FileType.NotFound:
+        filesystem.delete_dir(root)
