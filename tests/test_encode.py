@@ -227,7 +227,9 @@ def test_a_rerun_with_another_model_is_refused_before_ray(tmp_path, tiny_model_d
     path, out = tmp_path / "corpus.txt", tmp_path / "out"
     path.write_text("one sentence\n")
     out.mkdir()
-    (out / "_sbert_ray_encode.json").write_text(json.dumps({"model": "another-model", "column": None}))
+    (out / "_sbert_ray_encode.json").write_text(
+        json.dumps({"model": "another-model", "column": None, "prompt_name": None})
+    )
     with pytest.raises(ConfigError, match=r"holds embeddings made with \{'model': 'another-model'"):
         encode_corpus(EncodeRequest(str(tiny_model_dir), str(path), out))
     assert [p.name for p in out.iterdir()] == ["_sbert_ray_encode.json"]

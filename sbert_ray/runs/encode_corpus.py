@@ -126,13 +126,13 @@ def encode_corpus(request: EncodeRequest) -> EncodeResult:
     input files whose output is already there are skipped."""
     output = _Output.of(request.output)
     sources = open_corpus(request.input_spec, request.column, request.data_dir)
-    _claim(output, _settings(request))
-    pending = _not_written(sources, output)
     encoder = load_encoder(request.model_ref)
     try:
         prompt = encoder.resolve_prompt(prompt_name=request.prompt_name)
     except ValueError as error:
         raise ConfigError(f"--prompt-name: {error}") from None
+    _claim(output, _settings(request))
+    pending = _not_written(sources, output)
 
     start = time.perf_counter()
     connect_ray()
@@ -142,7 +142,7 @@ def encode_corpus(request: EncodeRequest) -> EncodeResult:
     rows = 0
     if pending:
         staging = f"{output.uri}/.partial-{uuid.uuid4().hex[:12]}"
-        rows = _encode(request, pending, encoder, use_gpu, output, staging)
+        rows = _encode(request, pending, encoder, prompt, use_gpu, output, staging)
     seconds = time.perf_counter() - start
     return EncodeResult(output.uri, rows, encoder.embedding_dim, seconds, len(pending), len(sources) - len(pending))
 
@@ -150,7 +150,8 @@ def encode_corpus(request: EncodeRequest) -> EncodeResult:
 def _settings(request: EncodeRequest) -> dict[str, str | None]:
     """What decides the vectors of an output: a rerun into the same output must have the same."""
     model = Path(request.model_ref).expanduser()
-    return {"model": str(model.resolve()) if model.exists() else request.model_ref, "column": request.column}
+    model_ref = str(model.resolve()) if model.exists() else request.model_ref
+    return {"model": model_ref, "column": request.column, "prompt_name": request.prompt_name}
 
 
 def _claim(output: _Output, settings: dict[str, str | None]) -> None:
@@ -183,13 +184,16 @@ def _not_written(sources: list[CorpusSource], output: _Output) -> list[CorpusSou
     return [source for source, info in zip(sources, infos, strict=True) if info.type == fs.FileType.NotFound]
 
 
-def _encode(request: EncodeRequest, sources: list[CorpusSource], encoder, use_gpu: bool, output: _Output, staging):
+def _encode(
+    request: EncodeRequest, sources: list[CorpusSource], encoder, prompt: str, use_gpu: bool, output: _Output, staging
+):
     """Run the pipeline, moving each input file's output in as soon as all its rows are written; the staging
     folder is removed at the end whatever happened (files already moved in stay: they are complete)."""
     here = {"label_selector": {"ray.io/node-id": ray.get_runtime_context().get_node_id()}}
     local_input = any("://" not in getattr(source, "uri", "") for source in sources)  # a dataset is read here too
     on_output_node = here if output.local else {}
-    parts = _pipeline(request, sources, encoder, use_gpu, staging, here if local_input else {}, on_output_node)
+    where = (here if local_input else {}, on_output_node)
+    parts = _pipeline(request, sources, encoder, prompt, use_gpu, staging, *where)
     join = ray.remote(_join_parts).options(num_cpus=0, **on_output_node)
     totals, written, joins = {}, Counter(), []
     try:
@@ -207,7 +211,14 @@ def _encode(request: EncodeRequest, sources: list[CorpusSource], encoder, use_gp
 
 
 def _pipeline(
-    request: EncodeRequest, sources, encoder, use_gpu: bool, staging: str, read_where: dict, write_where: dict
+    request: EncodeRequest,
+    sources,
+    encoder,
+    prompt: str,
+    use_gpu: bool,
+    staging: str,
+    read_where: dict,
+    write_where: dict,
 ) -> ray.data.Dataset:
     # Ray Data gathers what a read task yields into blocks of up to DataContext.target_max_block_size (128 MiB);
     # smaller ones let the actors share the work. The context is sealed into the dataset when it is created.
@@ -231,7 +242,12 @@ def _pipeline(
     )
     embedded = tokenized.map_batches(
         _EmbedRows,
-        fn_constructor_args=(shareable(encoder), "cuda" if use_gpu else "cpu", request.batch_size, prompt_length),
+        fn_constructor_args=(
+            shareable(encoder),
+            "cuda" if use_gpu else "cpu",
+            request.batch_size,
+            encoder.prompt_length(prompt),
+        ),
         batch_size=None,  # a whole block per call: its rows are sorted by length and cut by the token budget
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=request.workers),
