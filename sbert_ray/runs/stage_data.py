@@ -69,7 +69,7 @@ def stage_datasets(config: TrainConfig, sources: list[list[Source]], rows: list[
                 batch_size=ROWS_PER_TABLE,
                 batch_format="pyarrow",
                 num_cpus=0,
-                concurrency=(1, max(1, int(ray.cluster_resources().get("CPU", 1)))),
+                concurrency=(1, _cluster_cpus()),
             )
             described.append({"key": key, "name": source.name, "rows": n, "weight": source.weight})
         stage_data.append(described)
@@ -77,7 +77,14 @@ def stage_datasets(config: TrainConfig, sources: list[list[Source]], rows: list[
 
 
 def _read(source: Source, stage: StageConfig, data_dir) -> ray.data.Dataset:
-    return ray.data.read_datasource(_SourceFiles(source, stage, data_dir), num_cpus=0)
+    """Read tasks reserve no CPU, so without a cap Ray Data would run one per file at once: every one a process of
+    its own (~400 MB with torch imported), which grows with the number of shards. At most one per CPU of the
+    cluster runs at a time instead."""
+    return ray.data.read_datasource(_SourceFiles(source, stage, data_dir), num_cpus=0, concurrency=_cluster_cpus())
+
+
+def _cluster_cpus() -> int:
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
 class _SourceFiles(Datasource):
