@@ -43,3 +43,15 @@ def test_bench_ingest_refuses_a_single_training_step(data_dir: Path, capsys) -> 
             "--train-steps", "1"]  # fmt: skip
     assert main(argv) == 2
     assert "--train-steps must be 0" in capsys.readouterr().err
+
+
+def test_bench_ingest_through_the_cluster_streams_what_the_local_path_does(local_ray, data_dir: Path) -> None:
+    """The cluster mode reads and tokenises in Ray Data's tasks and consumes the stream here, as a Train worker
+    consumes its shard: the same rows and the same pairs per run as the Ray-free path."""
+    from sbert_ray.bench.ingest_speed import IngestBenchSettings, run_ingest_bench
+
+    settings = IngestBenchSettings(model="random:tiny", data_dir=str(data_dir), limit=64, batches=6)
+    on_ray = run_ingest_bench(settings, repeats=1, local=False)
+    local = run_ingest_bench(settings, repeats=1, local=True)
+    assert on_ray["mode"] == "ray" and on_ray["train_pairs_per_s"] is None
+    assert (on_ray["rows"], on_ray["pairs_per_run"]) == (local["rows"], local["pairs_per_run"]) == (64, 96)
