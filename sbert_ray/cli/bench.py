@@ -1,5 +1,5 @@
-"""``sbert-ray bench encode | train``: throughput side by side with sentence-transformers, as a table, JSON and an
-MLflow run."""
+"""``sbert-ray bench encode | train | ingest``: throughput side by side with sentence-transformers (ingest: the input
+pipeline beside the training step), as a table, JSON and an MLflow run."""
 
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ def add_arguments(subparsers) -> None:
     bench_common.add_argument("--no-mlflow", action="store_true", help="print and write JSON only")
     _add_encode_arguments(bench_sub, bench_common)
     _add_train_arguments(bench_sub, bench_common)
+    _add_ingest_arguments(bench_sub, bench_common)
 
 
 def _add_encode_arguments(bench_sub, bench_common: argparse.ArgumentParser) -> None:
@@ -107,6 +108,31 @@ def _add_train_arguments(bench_sub, bench_common: argparse.ArgumentParser) -> No
         "(s3://... or NFS), as checkpoint.storage_path",
     )
     bt.set_defaults(func=run_train)
+
+
+def _add_ingest_arguments(bench_sub, bench_common: argparse.ArgumentParser) -> None:
+    bi = add_command(
+        bench_sub,
+        "ingest",
+        parents=[bench_common],
+        help="pairs/s the input pipeline delivers per worker (read, tokenise, batch, collate) vs the training step",
+    )
+    bi.add_argument(
+        "--dataset", default="stsb", help="registered name, or a file, folder, glob or s3:// prefix of scored pairs"
+    )
+    bi.add_argument("--batch-size", type=positive_int, default=16, help="one worker's micro-batch (default: 16)")
+    bi.add_argument("--max-seq-length", type=positive_int, default=128)
+    bi.add_argument("--window-batches", type=positive_int, default=200, help="as stages.N.window_batches")
+    bi.add_argument("--limit", type=positive_int, help="first N pairs of the dataset (default: all)")
+    bi.add_argument("--batches", type=positive_int, help="micro-batches timed per run (default: one pass)")
+    bi.add_argument("--local", action="store_true", help="read and tokenise in this process, without Ray")
+    bi.add_argument(
+        "--train-steps", type=int, default=30, help="steps of a Ray-free training run whose pairs/s go beside; 0: none"
+    )
+    bi.add_argument(
+        "--target-pairs-per-s", type=float, default=6400.0, help="a worker's need (default: 256 pairs per 40 ms)"
+    )
+    bi.set_defaults(func=run_ingest)
 
 
 def run_encode(args: argparse.Namespace) -> int:
@@ -219,4 +245,47 @@ def _train_bench_output(
         run_id = log_records(records, params, store.uri, args.experiment)
         print(f"MLflow run {run_id} at {store}", file=sys.stderr)
     print(json_text(records))
+    return 0
+
+
+def run_ingest(args: argparse.Namespace) -> int:
+    """The table on stderr, ``--output`` JSON, an MLflow run, then the record as JSON on stdout."""
+    from sbert_ray.bench.ingest_speed import IngestBenchSettings, format_table, log_records, run_ingest_bench
+    from sbert_ray.data.readers import resolve_data_dir
+
+    check_output(args, "--output")
+    data_dir = resolve_data_dir(args.data_dir)
+    settings = IngestBenchSettings(
+        model=args.model,
+        data_dir=str(data_dir.resolve()) if data_dir else None,
+        dataset=args.dataset,
+        batch_size=args.batch_size,
+        max_seq_length=args.max_seq_length,
+        window_batches=args.window_batches,
+        limit=args.limit,
+        batches=args.batches,
+    )
+    store = None if args.no_mlflow else tracking_store(args)
+    if not args.local:
+        from sbert_ray.runs.cluster import connect_ray
+
+        connect_ray()
+    _set_threads(args.threads)
+    record = run_ingest_bench(
+        settings,
+        repeats=args.repeats,
+        local=args.local,
+        train_steps=args.train_steps,
+        train_threads=args.threads or 1,
+        target_pairs_per_s=args.target_pairs_per_s,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    print(format_table([record]), file=sys.stderr)
+    if args.output:
+        write_json([record], args.output)
+        print(f"wrote {args.output}", file=sys.stderr)
+    if store is not None:
+        run_id = log_records([record], {**vars(settings), "repeats": args.repeats}, store.uri, args.experiment)
+        print(f"MLflow run {run_id} at {store}", file=sys.stderr)
+    print(json_text([record]))
     return 0

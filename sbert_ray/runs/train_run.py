@@ -8,7 +8,7 @@ argument-similarity fold run through ``run_training``, which reads as its phases
                 cluster can never hold them                                    (no MLflow yet; nothing trained)
     open_run    MLflow run (params, tags, config.yaml; the tracking URI masked everywhere), record written
     (stages)    each stage's sources as lazy Ray datasets: read, tokenised and split as the workers stream them
-                (runs.stage_data; counted in preflight)
+                (training.stage_data; counted in preflight)
     score       "before" tasks: a Ray task on a worker's resources, on the configured model (runs.scoring)
     fit         TorchTrainer(train_loop_per_worker, the config as a plain dict) .fit() -> Result; divergence check
     finish      final model swapped into output_dir; final tasks on the checkpoint's model; model card, artifacts,

@@ -77,7 +77,6 @@ def stage_datasets(config: TrainConfig, sources: list[list[Source]], rows: list[
     """The Train datasets (``{key: ray.data.Dataset}``, lazy: nothing runs before the workers iterate them) and
     what each worker needs to stream them."""
     datasets, stage_data = {}, []
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))  # tokenisers: up to one per CPU of the cluster
     # Training prints its own progress lines; Ray Data's bars would interleave with them in every worker's log.
     ray.data.DataContext.get_current().enable_progress_bars = False
     for i, (stage, stage_sources) in enumerate(zip(config.stages, sources, strict=True)):
@@ -91,7 +90,7 @@ def stage_datasets(config: TrainConfig, sources: list[list[Source]], rows: list[
                 batch_size=ROWS_PER_TABLE,
                 batch_format="pyarrow",
                 num_cpus=0,
-                compute=ray.data.ActorPoolStrategy(min_size=1, max_size=cpus),
+                compute=ray.data.ActorPoolStrategy(min_size=1, max_size=_cluster_cpus()),
             )
             described.append({"key": key, "name": source.name, "rows": n, "weight": source.weight})
         stage_data.append(described)
@@ -99,9 +98,18 @@ def stage_datasets(config: TrainConfig, sources: list[list[Source]], rows: list[
 
 
 def _read(source: Source, stage: StageConfig, data_dir) -> ray.data.Dataset:
-    # One block stream per read task: the default would split a small source into ~200 blocks of a few rows.
+    """One read task per file (the default would split a small source into ~200 blocks of a few rows). Read tasks
+    reserve no CPU, so without a cap Ray Data would run one per file at once: every one a process of its own
+    (~400 MB with torch imported), which grows with the number of shards. At most one per CPU of the cluster runs
+    at a time instead."""
     files = max(1, len(source.files))
-    return ray.data.read_datasource(_SourceFiles(source, stage, data_dir), num_cpus=0, override_num_blocks=files)
+    return ray.data.read_datasource(
+        _SourceFiles(source, stage, data_dir), num_cpus=0, override_num_blocks=files, concurrency=_cluster_cpus()
+    )
+
+
+def _cluster_cpus() -> int:
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
 class _SourceFiles(Datasource):

@@ -1,0 +1,57 @@
+"""`sbert-ray bench ingest --local`: the input pipeline timed alone (read, tokenise, window batching, collate) in
+this process without Ray, beside a short training run's pairs/s; the record as JSON, on stdout and in MLflow. No
+timing is asserted, only that the numbers are there and consistent."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import ray
+from mlflow.tracking import MlflowClient
+
+from sbert_ray.cli import main
+
+
+def test_bench_ingest_times_the_input_path_beside_the_training_step(data_dir: Path, tmp_path: Path, capsys) -> None:
+    output, tracking_uri = tmp_path / "ingest.json", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    argv = [
+        "bench", "ingest", "--model", "random:tiny", "--data-dir", str(data_dir), "--local", "--limit", "64",
+        "--batch-size", "16", "--batches", "6", "--repeats", "2", "--train-steps", "2", "--output", str(output),
+        "--tracking-uri", tracking_uri, "--experiment", "bench",
+    ]  # fmt: skip
+    assert main(argv) == 0 and not ray.is_initialized()
+
+    (record,) = json.loads(output.read_text())
+    assert json.loads(capsys.readouterr().out) == [record]  # stdout is the JSON alone
+    assert record["mode"] == "local" and record["rows"] == 64
+    assert record["pairs_per_run"] == 6 * 16  # 4 batches a pass: the timed stream goes on into the second pass
+    assert len(record["ingest_pairs_per_s_runs"]) == 2 and record["time_to_first_batch_s"] > 0
+    assert record["ingest_pairs_per_s_after_first_batch"] > 0 and record["train_pairs_per_s"] > 0
+    assert record["ingest_vs_train"] == pytest.approx(record["ingest_pairs_per_s"] / record["train_pairs_per_s"])
+    assert record["ingest_vs_target"] == pytest.approx(record["ingest_pairs_per_s"] / 6400)
+
+    client = MlflowClient(tracking_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("bench").experiment_id])
+    assert run.data.metrics["local/ingest_pairs_per_s"] == pytest.approx(record["ingest_pairs_per_s"])
+    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["bench_ingest.json"]
+
+
+def test_bench_ingest_refuses_a_single_training_step(data_dir: Path, capsys) -> None:
+    argv = ["bench", "ingest", "--model", "random:tiny", "--data-dir", str(data_dir), "--local", "--no-mlflow",
+            "--train-steps", "1"]  # fmt: skip
+    assert main(argv) == 2
+    assert "--train-steps must be 0" in capsys.readouterr().err
+
+
+def test_bench_ingest_through_the_cluster_streams_what_the_local_path_does(local_ray, data_dir: Path) -> None:
+    """The cluster mode reads and tokenises in Ray Data's tasks and consumes the stream here, as a Train worker
+    consumes its shard: the same rows and the same pairs per run as the Ray-free path."""
+    from sbert_ray.bench.ingest_speed import IngestBenchSettings, run_ingest_bench
+
+    settings = IngestBenchSettings(model="random:tiny", data_dir=str(data_dir), limit=64, batches=6)
+    on_ray = run_ingest_bench(settings, repeats=1, local=False)
+    local = run_ingest_bench(settings, repeats=1, local=True)
+    assert on_ray["mode"] == "ray" and on_ray["train_pairs_per_s"] is None
+    assert (on_ray["rows"], on_ray["pairs_per_run"]) == (local["rows"], local["pairs_per_run"]) == (64, 96)
