@@ -25,9 +25,9 @@ import torch
 
 from sbert_ray.bench import tables
 from sbert_ray.config import ConfigError, ModelConfig, StageConfig, TrainConfig
-from sbert_ray.training.sources import stage_sources
 from sbert_ray.files import json_text
 from sbert_ray.models import load_encoder
+from sbert_ray.training.sources import stage_sources
 from sbert_ray.training.stream import SourceStream, StageBatches, batch_plan, local_sources, stage_steps
 
 GPU_STEP_PAIRS_PER_S = 256 / 0.040  # a GPU worker taking a 256-pair step every 40 ms
