@@ -8,6 +8,7 @@ import ray.train
 from ray.train.torch import TorchTrainer
 
 from sbert_ray.config import TrainConfig, to_dict
+from sbert_ray.runs.scoring import dev_validation
 from sbert_ray.runs.stage_data import data_config
 from sbert_ray.training.worker import train_loop_per_worker
 
@@ -21,7 +22,8 @@ def torch_trainer(
     """``config.scaling.num_workers`` workers with their CPUs (and GPUs), training on ``data`` (the Ray datasets
     of every stage's sources and what workers need to stream them: ``runs.stage_data.stage_datasets``); rank 0
     logs to the MLflow run ``tracking``
-    names (``RunLogger``'s arguments: tracking URI, run id, spool file for metrics during outages) when one is given.
+    names (``RunLogger``'s arguments: tracking URI, run id, spool file for metrics during outages) when one is given;
+    with ``evaluation.async_dev`` Ray Train scores the dev set on each checkpoint beside the workers.
     Call ``fit()`` right away: the workers time their first optimizer step from now."""
     scaling = config.scaling
     return TorchTrainer(
@@ -41,6 +43,7 @@ def torch_trainer(
             placement_strategy=scaling.placement_strategy,
         ),
         run_config=run_config,
+        validation_config=dev_validation(config, tracking),
         datasets=data[0],
         dataset_config=data_config(),
     )
