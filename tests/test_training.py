@@ -135,6 +135,7 @@ def test_stages_stream_through_ray_data_tokenised_as_the_tokenizer_does(local_ra
             assert streamed.column("label").to_pylist() == read.column("label").to_pylist()
 
 
+@pytest.mark.cluster  # its drivers start their own local clusters
 def test_resubmitted_run_resumes(tiny_train_config):
     """A driver killed mid-run (as a cancelled job): running the same config again continues the same run."""
     path = tiny_train_config(name="resubmit", limit=800, eval_every=20)

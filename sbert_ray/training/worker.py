@@ -2,12 +2,13 @@
 (``training.stages``, ``training.loop``): DDP set up by Ray Train, each stage's data from its Ray Data shards, and a
 reporter that logs rank 0's metrics to the run the driver opened and calls ``ray.train.report``.
 
-Rank 0 additionally scores the dev set and writes checkpoints (the last one holds the final model); all ranks call
-``ray.train.report`` at the same points, which is also where they synchronise. Checkpoints upload in the
-background (Ray Train's async upload mode: one upload thread per worker, so uploads never race and are committed
-in report order) while training continues. A restarted worker resumes from the latest full-state checkpoint
-(``resume_checkpoint``), never from a weights-only one. Saving the final model and scoring
-it are the run layer's (``sbert_ray.runs.train_run``). On a NaN or infinite loss every rank stops together and
+Rank 0 additionally scores the dev set (or, with ``evaluation.async_dev``, has Ray Train score each checkpoint in a
+task beside training: ``runs.scoring.dev_validation``) and writes checkpoints (the last one holds the final model),
+weights-only or full state (``checkpoint.full_every``); all ranks call ``ray.train.report`` at the same points,
+which is also where they synchronise. Checkpoints upload in the background (Ray Train's async upload mode: one
+upload thread per worker, so uploads never race and are committed in report order) while training continues. A
+restarted worker resumes from the latest full-state checkpoint (``resume_checkpoint``), never from a weights-only
+one. Saving the final model and scoring it are the run layer's (``sbert_ray.runs.train_run``). On a NaN or infinite loss every rank stops together and
 returns it (rather than fail: Ray would restart them from the checkpoint into the same NaN).
 """
 
