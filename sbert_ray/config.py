@@ -108,6 +108,12 @@ class EvalConfig:
     dev_metric: str | None = None
     eval_every: int = 0  # optimizer steps between dev evaluations; 0 = only at the end of each stage
     batch_size: int = 64  # sentences per encoding batch when scoring
+    # Score the dev set off the training ranks: each checkpoint in a Ray task sized like one training worker, while
+    # training goes on (Ray Train's checkpoint validation); keep_best re-ranks a checkpoint when its score arrives
+    # and MLflow gets it at the checkpoint's step. Off by default: the task needs a worker's CPUs (and GPU) beyond
+    # the training workers', which a 2-CPU machine lacks (the scores would wait until training ends, or share its
+    # cores), and a sweep's scheduler compares trials on each report's score, which then comes later (refused).
+    async_dev: bool = False
     final_tasks: list[str] = field(default_factory=lambda: ["sts"])  # [] skips the final suite
     before_tasks: list[str] = field(default_factory=list)  # tasks scored on the model before training
 
@@ -143,7 +149,11 @@ class ScalingConfig:
 class CheckpointConfig:
     storage_path: str = "~/sbert-ray/runs"  # stable across jobs so a resubmitted run resumes
     keep_best: int = 2  # checkpoints kept by the dev score (evaluation.dev_metric), besides the latest
-    max_failures: int = 2  # worker restarts from the latest checkpoint; -1 = no limit (Ray's meaning)
+    max_failures: int = 2  # worker restarts from the latest full-state checkpoint; -1 = no limit (Ray's meaning)
+    # Report points between full-state checkpoints (weights, optimizer, scheduler, stream position, random state),
+    # which a restarted or resubmitted run resumes from; the report points between them write the weights only
+    # (about a third of the bytes with AdamW) for keep_best. The end of every stage is always full. 1: all full.
+    full_every: int = 1
 
 
 @dataclass
@@ -213,6 +223,7 @@ class TrainConfig:
         _at_least("evaluation.batch_size", evaluation.batch_size, 1)
         _at_least("checkpoint.keep_best", self.checkpoint.keep_best, 1)
         _at_least("checkpoint.max_failures", self.checkpoint.max_failures, -1)
+        _at_least("checkpoint.full_every", self.checkpoint.full_every, 1)
         self.tracking.validate()
         for i, stage in enumerate(self.stages):  # last: the objective registry imports torch
             stage.loss = _objective_settings(f"stages.{i}", stage)

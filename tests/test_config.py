@@ -122,6 +122,7 @@ def test_shipped_configs_load():
         (["scaling.cpus_per_worker=0"], "scaling.cpus_per_worker must be > 0"),
         (["scaling.cpus_per_worker=-1"], "scaling.cpus_per_worker must be > 0"),
         (["scaling.resource_wait_s=-1"], "scaling.resource_wait_s must be >= 0, got -1"),
+        (["checkpoint.full_every=0"], "checkpoint.full_every must be >= 1, got 0"),
         (["stages.0.adam_eps=-1e-6"], "stages.0.adam_eps must be > 0"),
         (["stages.0.weight_decay=-0.01"], "stages.0.weight_decay must be >= 0"),
         (["stages.0.max_grad_norm=-1"], "stages.0.max_grad_norm must be > 0"),
@@ -290,3 +291,11 @@ def test_names_must_be_usable_as_folder_names(name, problem):
 def test_a_name_with_spaces_and_accents_is_a_folder_name():
     TrainConfig(name="café run 2").validate()
     SweepConfig(name="x" * 200).validate()
+
+
+def test_a_sweep_refuses_dev_scores_that_arrive_after_their_report():
+    """ASHA compares trials on the dev score of each report; with evaluation.async_dev it comes later."""
+    sweep = SweepConfig()
+    sweep.base.evaluation.async_dev = True
+    with pytest.raises(ConfigError, match=r"^base\.evaluation\.async_dev: "):
+        sweep.validate()

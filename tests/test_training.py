@@ -27,6 +27,7 @@ from sentence_transformers import SentenceTransformer
 
 from sbert_ray.config import ConfigError, load_config
 from sbert_ray.data import load_records
+from sbert_ray.evaluation.sts import evaluate_pairs
 from sbert_ray.models import load_encoder
 from sbert_ray.models.encoder import SentenceEncoder
 from sbert_ray.runs.train_run import TrainingDiverged, count_stages, prepare, run_training
@@ -42,14 +43,23 @@ def only_run(tracking_uri: str):
     return client, runs[0]
 
 
-def wait_for_registered_checkpoint(run_dir: Path, timeout: float = 400) -> None:
-    """Wait until Ray has registered a checkpoint (its snapshot lists one): only then can a restart use it. The
-    timeout is generous: a driver starting its own Ray cluster on 2 busy cores can take minutes."""
+def wait_for_registered_checkpoint(run_dir: Path, global_step: int = 1, timeout: float = 400) -> None:
+    """Wait until Ray has registered a checkpoint of ``global_step`` or later (its snapshot's latest): only then can
+    a restart use it. The timeout is generous: a driver starting its own Ray cluster on 2 busy cores can take
+    minutes."""
     snapshot = run_dir / "checkpoint_manager_snapshot.json"
     deadline = time.time() + timeout
-    while not (snapshot.exists() and "checkpoint_" in snapshot.read_text()):
-        assert time.time() < deadline, "no checkpoint was registered"
+    while not (snapshot.exists() and _latest_step(snapshot.read_text()) >= global_step):
+        assert time.time() < deadline, f"no checkpoint of step {global_step} or later was registered"
         time.sleep(0.2)
+
+
+def _latest_step(snapshot: str) -> int:
+    try:
+        latest = json.loads(snapshot)["latest_checkpoint_result"]
+    except json.JSONDecodeError:  # caught while Ray rewrites it
+        return 0
+    return latest["metrics"]["global_step"] if latest else 0
 
 
 def test_training_run_is_complete_in_mlflow(local_ray, tiny_train_config, tmp_path):
@@ -211,14 +221,15 @@ def loss_curve(tracking_uri: str, run_id: str) -> dict[int, list[float]]:
     return curve
 
 
-RESUME_STEPS = 120  # global batch 8: a checkpoint every 20 steps, the kill comes after the first
+RESUME_STEPS = 120  # global batch 8: a checkpoint every 20 steps, full state every 40; the kill comes after 60
 
 
 def test_a_killed_run_resumes_on_the_curve_of_an_uninterrupted_one(local_ray, tiny_train_config):
     """Checkpoints hold every rank's random state (dropout), optimizer, scheduler and stream position, so a run
     whose worker is killed retrains from its checkpoint along the very curve of an uninterrupted run with the same
     seed and ends with its weights: the steps before the kill show that one seed gives one curve, those after it
-    that resuming is exact."""
+    that resuming is exact. With full state every other checkpoint, the run killed after the weights-only one of
+    step 60 resumes from the full one before it (all checkpoints kept: keep_best may otherwise drop it)."""
     overrides = ["evaluation.final_tasks=[]", "evaluation.dev_limit=20"]
     config = load_config(tiny_train_config(name="straight", limit=RESUME_STEPS * 8, eval_every=20), overrides)
     uninterrupted = run_training(config)
@@ -227,11 +238,13 @@ def test_a_killed_run_resumes_on_the_curve_of_an_uninterrupted_one(local_ray, ti
     }
     assert len(straight) == RESUME_STEPS // 10 and len(set(straight.values())) > 1
 
-    config = load_config(tiny_train_config(name="killed", limit=RESUME_STEPS * 8, eval_every=20), overrides)
+    full_every = ["checkpoint.full_every=2", "checkpoint.keep_best=6"]  # checkpoint kinds do not change training
+    path = tiny_train_config(name="killed", limit=RESUME_STEPS * 8, eval_every=20)
+    config = load_config(path, overrides + full_every)
     outcome: dict = {}
     thread = threading.Thread(target=lambda: outcome.update(result=run_training(config)))
     thread.start()
-    wait_for_registered_checkpoint(Path(config.checkpoint.storage_path) / config.name)
+    wait_for_registered_checkpoint(Path(config.checkpoint.storage_path) / config.name, global_step=60)
     workers = [p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
     assert workers, "no Ray Train worker process found"
     workers[0].kill()
@@ -241,7 +254,8 @@ def test_a_killed_run_resumes_on_the_curve_of_an_uninterrupted_one(local_ray, ti
     client = MlflowClient(config.tracking.tracking_uri)
     assert client.get_run(run_id).info.status == "FINISHED"
     resumed_from = client.get_metric_history(run_id, "train/resumed_from_step")
-    assert resumed_from and resumed_from[0].value >= 20  # restarted from a checkpoint, not from step 0
+    # From a full-state checkpoint (steps 40, 80), not the weights-only one of step 60 (nor from step 0)
+    assert resumed_from and resumed_from[0].value in (40, 80)
     resumed = loss_curve(config.tracking.tracking_uri, run_id)
     assert resumed.keys() == straight.keys()
     # Both runs execute the same float32 operations in the same order on this machine (same seed, data order,
@@ -253,6 +267,32 @@ def test_a_killed_run_resumes_on_the_curve_of_an_uninterrupted_one(local_ray, ti
     weights = [SentenceEncoder.load(r.model_dir).state_dict() for r in (uninterrupted, outcome["result"])]
     for name, value in weights[0].items():
         torch.testing.assert_close(weights[1][name], value, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_dev_scores_off_the_training_ranks_land_on_their_own_checkpoints(local_ray, tiny_train_config, data_dir):
+    """evaluation.async_dev: each checkpoint is scored in a Ray task beside training (the cluster's spare CPU);
+    its score reaches keep_best's ranking (the checkpoint's metrics), MLflow at the checkpoint's own step and the
+    run's result, and it is that checkpoint's model's score. With full state every other report point the first
+    checkpoint holds weights only; the stage's last is full."""
+    overrides = ["evaluation.async_dev=true", "evaluation.final_tasks=[]", "checkpoint.full_every=2"]
+    config = load_config(tiny_train_config(name="async-dev", eval_every=4), [*overrides, "checkpoint.keep_best=3"])
+    result = run_training(config)
+
+    client, run = only_run(config.tracking.tracking_uri)
+    logged = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "dev/spearman_cosine")}
+    run_dir = Path(config.checkpoint.storage_path) / config.name
+    snapshot = json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())
+    kept = {c["metrics"]["global_step"]: c for c in snapshot["checkpoint_results"]}
+    assert logged.keys() == kept.keys() == {4, 8, 12} and len(set(logged.values())) == 3
+    assert {step: c["metrics"]["weights_only"] for step, c in kept.items()} == {4: True, 8: False, 12: False}
+    dev_pairs = load_records("stsb", "dev", data_dir)[:100]
+    for step, checkpoint in kept.items():
+        model = SentenceEncoder.load(str(run_dir / checkpoint["checkpoint_dir_name"] / "model"))
+        score = evaluate_pairs(model, dev_pairs, batch_size=config.evaluation.batch_size)["spearman_cosine"]
+        # Another thread count may sum cosines in another order (~1e-7): a near tie of 100 pairs can swap ranks,
+        # moving Spearman x100 by ~1e-3; a neighbouring checkpoint's model scores further off than that.
+        assert checkpoint["metrics"]["dev_score"] == logged[step] == pytest.approx(score, abs=2e-3), step
+    assert result.metrics["dev_score"] == logged[12]
 
 
 def test_nan_loss_stops_the_run_naming_the_step_and_the_last_good_checkpoint(local_ray, tiny_train_config):

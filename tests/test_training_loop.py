@@ -24,7 +24,7 @@ from sbert_ray.training.loop import LOG_EVERY, Diverged, LocalReporter, MicroBat
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.optimization import Optimization, prepare_optimization
 from sbert_ray.training.stages import Worker, start_worker, train_stages
-from sbert_ray.training.state import MODEL_DIR, TRAINING_FILE, TrainState
+from sbert_ray.training.state import MODEL_DIR, TRAINING_FILE, TrainState, is_full_state
 from sbert_ray.training.stream import local_sources
 
 CPU = torch.device("cpu")
@@ -266,3 +266,30 @@ def test_a_run_resumed_from_a_mid_epoch_checkpoint_ends_where_the_uninterrupted_
     assert all(torch.equal(training[0]["head"][k], training[1]["head"][k]) for k in training[0]["head"])
     moments = [[t for s in run["optimizer"]["state"].values() for t in s.values()] for run in training]
     assert all(torch.equal(a, b) for a, b in zip(*moments, strict=True))
+
+
+def test_weights_only_report_points_between_full_states_and_the_resume_from_a_full_one(
+    tiny_model_dir, data_dir, tmp_path
+):
+    """checkpoint.full_every 2: report points alternate weights-only and full state, every stage's end is full; a
+    weights-only checkpoint is refused as a resume point, and the run resumed from the full one of step 4 ends
+    on the uninterrupted run's weights, bit for bit."""
+    config = two_stage_config(tiny_model_dir, data_dir)
+    config.checkpoint.full_every = 2
+    whole = LocalReporter(tmp_path / "whole")
+    train(config, whole)
+    folders = {r["global_step"]: tmp_path / "whole" / f"step-{r['global_step']}" for r in whole.reports}
+    # stage 0: steps 2, 4, 6 (its last); stage 1: its steps 2 (global 8) and 4 (its last, global 10)
+    assert {step: is_full_state(folder) for step, folder in folders.items()} == {
+        2: False, 4: True, 6: True, 8: False, 10: True
+    }  # fmt: skip
+    assert TrainState.load(folders[8]).global_step == 8  # a weights-only checkpoint still says where it stands
+    with pytest.raises(ValueError, match="weights-only"):
+        start_worker(config, Worker(CPU), folders[8])
+
+    resumed = LocalReporter(tmp_path / "resumed")
+    train(config, resumed, restored=folders[4])
+    assert [r["train_loss"] for r in resumed.reports] == [r["train_loss"] for r in whole.reports[2:]]
+    ends = [tmp_path / run / "step-10" / MODEL_DIR for run in ("whole", "resumed")]
+    weights = [SentenceEncoder.load(str(end)).state_dict() for end in ends]
+    assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])

@@ -49,7 +49,7 @@ from sbert_ray.runs import owned_paths, record
 from sbert_ray.runs.cluster import check_resources, connect_ray
 from sbert_ray.runs.progress_lines import TrainingProgress
 from sbert_ray.runs.run_lease import run_lease
-from sbert_ray.runs.scoring import ModelSource, checkpoint_model, evaluate_on_worker_resources
+from sbert_ray.runs.scoring import ModelSource, checkpoint_model, dev_validation, evaluate_on_worker_resources
 from sbert_ray.tracking.errors import TrackingError
 from sbert_ray.tracking.mlflow_run import (
     NAME_TAG,
@@ -237,6 +237,7 @@ def build_trainer(
     run_id: str,
     callbacks: list | None = None,
 ) -> TorchTrainer:
+    tracking = {"tracking_uri": tracking_uri, "run_id": run_id, "spool": metrics_spool(config, run_id)}
     return torch_trainer(
         config,
         data,
@@ -253,7 +254,8 @@ def build_trainer(
             ),
         ),
         # Rank 0's RunLogger: metrics the tracking store does not take wait in the spool file of the run.
-        {"tracking_uri": tracking_uri, "run_id": run_id, "spool": metrics_spool(config, run_id)},
+        tracking,
+        dev_validation(config, tracking),
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from pathlib import Path
@@ -25,7 +26,7 @@ from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.optimization import Optimization
 from sbert_ray.training.precision import autocast
 from sbert_ray.training.sparse_embeddings import densify, sparse_gradient_weight
-from sbert_ray.training.state import TrainState, rng_state, save_checkpoint
+from sbert_ray.training.state import TrainState, rng_state, save_checkpoint, save_weights
 
 LOG_EVERY = 10  # optimizer steps between loss reads (and MLflow metric points)
 
@@ -64,10 +65,17 @@ class StepSettings:
     grad_accum_steps: int = 1
     max_grad_norm: float = 1.0
     eval_every: int = 0  # optimizer steps between report points; 0: only at the stage's last step
+    full_every: int = 1  # report points between full-state checkpoints (the others hold weights only)
 
     @classmethod
     def for_stage(
-        cls, stage: StageConfig, steps: tuple[int, int], eval_every: int, device: torch.device, precision: str
+        cls,
+        stage: StageConfig,
+        steps: tuple[int, int],
+        eval_every: int,
+        device: torch.device,
+        precision: str,
+        full_every: int = 1,
     ) -> StepSettings:
         """``steps``: (optimizer steps per epoch, steps of the stage), as ``batches.stage_steps`` gives them."""
         per_epoch, total = steps
@@ -79,7 +87,13 @@ class StepSettings:
             grad_accum_steps=stage.grad_accum_steps,
             max_grad_norm=stage.max_grad_norm,
             eval_every=eval_every,
+            full_every=full_every,
         )
+
+    def full_state_at(self, step: int) -> bool:
+        """Whether the report point at ``step`` of the stage writes a full-state checkpoint: every ``full_every``
+        report points and at the stage's last step (a function of the step, so a resumed run agrees)."""
+        return step == self.total_steps or (self.eval_every > 0 and step % (self.eval_every * self.full_every) == 0)
 
 
 class Reporter(Protocol):
@@ -88,11 +102,11 @@ class Reporter(Protocol):
     def log(self, metrics: dict[str, float], step: int) -> None:
         """Training metrics at global ``step`` (a distributed reporter keeps rank 0's)."""
 
-    def report(self, state: TrainState, save: Callable[[Path], None], window: dict[str, float]) -> None:
+    def report(self, state: TrainState, save: CheckpointWriter, window: dict[str, float]) -> None:
         """A report point: every ``eval_every`` steps and at the stage's last step (``state.stage_done``).
-        ``save(folder)`` writes the checkpoint of this moment (model in sentence-transformers layout, optimizer,
-        scheduler, position, every rank's random state); a reporter that scores the model sets
-        ``state.dev_score`` before saving. ``window``: the latest ``train_loss`` and ``pairs_per_s``."""
+        ``save(folder)`` writes the checkpoint of this moment: model in sentence-transformers layout and position,
+        and when ``save.full_state`` optimizer, scheduler and every rank's random state; a reporter that scores the
+        model sets ``state.dev_score`` before saving. ``window``: the latest ``train_loss`` and ``pairs_per_s``."""
 
 
 class LocalReporter:
@@ -107,7 +121,7 @@ class LocalReporter:
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.logged.append((step, dict(metrics)))
 
-    def report(self, state: TrainState, save: Callable[[Path], None], window: dict[str, float]) -> None:
+    def report(self, state: TrainState, save: CheckpointWriter, window: dict[str, float]) -> None:
         self.reports.append({"stage": state.stage, "step": state.step, "global_step": state.global_step, **window})
         if self.checkpoints is not None:
             folder = self.checkpoints / f"step-{state.global_step}"
@@ -176,7 +190,12 @@ def train_stage(
             state.stage_done = last
             sources = data_metrics().items()
             state.samples = {k[5:-8]: int(v) for k, v in sources if k.startswith("data/") and k.endswith("/samples")}
-            reporter.report(state, checkpoint_writer(state, objective, optimization, device, world_size), window)
+            stalled_from = time.perf_counter()
+            full_state = settings.full_state_at(state.step)
+            save = checkpoint_writer(state, objective, optimization, device, world_size, full_state)
+            reporter.report(state, save, window)
+            # What the report point cost this rank's training (scoring, writing, handing the checkpoint over).
+            reporter.log({"train/report_s": time.perf_counter() - stalled_from}, step=state.global_step)
             meter.restart()  # the dev evaluation is not training time
         if last:
             break
@@ -229,14 +248,35 @@ def read_count(count: torch.Tensor, world_size: int) -> int:
     return int(count.item())
 
 
+@dataclasses.dataclass(frozen=True)
+class CheckpointWriter:
+    """``save(folder)`` of a report point: a full-state checkpoint when ``full_state``, else the weights only."""
+
+    full_state: bool
+    write: Callable[[Path], None]
+
+    def __call__(self, folder: Path) -> None:
+        self.write(folder)
+
+
 def checkpoint_writer(
-    state: TrainState, objective: torch.nn.Module, optimization: Optimization, device: torch.device, world_size: int
-) -> Callable[[Path], None]:
-    """``save(folder)`` for a report point. Every rank's random state is gathered now (a collective: each rank
-    calls this), so that a resumed run draws the dropout masks the uninterrupted one would."""
+    state: TrainState,
+    objective: torch.nn.Module,
+    optimization: Optimization,
+    device: torch.device,
+    world_size: int,
+    full_state: bool = True,
+) -> CheckpointWriter:
+    """The writer of a report point's checkpoint. For a full-state one every rank's random state is gathered now
+    (a collective: each rank calls this with the same ``full_state``), so that a resumed run draws the dropout
+    masks the uninterrupted one would."""
+    if not full_state:
+        return CheckpointWriter(False, lambda folder: save_weights(folder, state, objective))
     rng_states = [rng_state(device)]
     if world_size > 1:
         rng_states = [None] * world_size
         dist.all_gather_object(rng_states, rng_state(device))
     optimizer, scheduler, scaler = optimization
-    return lambda folder: save_checkpoint(folder, state, objective, optimizer, scheduler, scaler, rng_states)
+    return CheckpointWriter(
+        True, lambda folder: save_checkpoint(folder, state, objective, optimizer, scheduler, scaler, rng_states)
+    )

@@ -24,7 +24,7 @@ from sbert_ray.training.loop import Reporter, StepSettings, train_stage
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.optimization import prepare_optimization
 from sbert_ray.training.sparse_embeddings import sparse_embedding_gradients
-from sbert_ray.training.state import MODEL_DIR, TrainState, load_rng_states, set_rng_state
+from sbert_ray.training.state import MODEL_DIR, TrainState, is_full_state, load_rng_states, set_rng_state
 from sbert_ray.training.stream import SourceStream, StageBatches, batch_plan, stage_steps
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,8 @@ def start_worker(config: TrainConfig, worker: Worker, restored: Path | None) -> 
     seed_everything(config.seed)
     if restored is None:
         encoder, state = load_encoder(**dataclasses.asdict(config.model), seed=config.seed), TrainState()
+    elif not is_full_state(restored):
+        raise ValueError(f"{restored} is a weights-only checkpoint: a run resumes from a full-state one")
     else:
         encoder, state = SentenceEncoder.load(str(restored / MODEL_DIR)), TrainState.load(restored)
     # On its device before any optimizer is built or restored: optimizer state follows its parameters' device.
@@ -118,7 +120,9 @@ def _train_stage(
         )
     plan = batch_plan(stage, state.stage, config.seed, world_size, worker.rank)
     steps = stage_steps([s.rows for s in sources], [s.weight for s in sources], stage, plan)  # preflight: > 0
-    settings = StepSettings.for_stage(stage, steps, config.evaluation.eval_every, device, worker.precision)
+    settings = StepSettings.for_stage(
+        stage, steps, config.evaluation.eval_every, device, worker.precision, config.checkpoint.full_every
+    )
     meter.data_ready()
     # A head restored from the checkpoint must not advance the random stream restored with it.
     rng_devices = [device.index or 0] if device.type == "cuda" else []

@@ -1,5 +1,7 @@
-"""What a checkpoint holds and how a worker restores it: model, objective head, optimizer, scheduler, gradient
-scaler, position, and every rank's random number generators (so a resumed run draws the same dropout masks)."""
+"""What a checkpoint holds and how a worker restores it. A full-state checkpoint: model, objective head, optimizer,
+scheduler, gradient scaler, position, and every rank's random number generators (so a resumed run draws the same
+dropout masks). A weights-only checkpoint: model and position, for keeping the best model; a run never resumes
+from one (``is_full_state``)."""
 
 from __future__ import annotations
 
@@ -44,19 +46,30 @@ class TrainState:
         return cls(**saved)
 
 
+def save_weights(directory: Path, state: TrainState, objective) -> None:
+    """A weights-only checkpoint: the encoder in sentence-transformers layout (a checkpoint is a usable model) and
+    where training stood."""
+    objective.encoder.save(directory / MODEL_DIR)
+    state.save(directory)
+
+
 def save_checkpoint(
     directory: Path, state: TrainState, objective, optimizer, scheduler, scaler, rng_states: list[dict]
 ) -> None:
-    """The encoder in sentence-transformers layout (a checkpoint is a usable model), the rest beside it;
+    """A full-state checkpoint: the weights (``save_weights``) and beside them what a resumed run needs;
     ``rng_states`` holds one entry per rank (``rng_state()`` of each)."""
-    objective.encoder.save(directory / MODEL_DIR)
+    save_weights(directory, state, objective)
     head = {k: v for k, v in objective.state_dict().items() if not k.startswith("encoder.")}
     training = {"head": head, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
     if scaler is not None:
         training["scaler"] = scaler.state_dict()
     torch.save(training, directory / TRAINING_FILE)
     torch.save(rng_states, directory / RNG_FILE)
-    state.save(directory)
+
+
+def is_full_state(directory: Path) -> bool:
+    """Whether a run can resume from this checkpoint folder (a weights-only one lacks the optimizer state)."""
+    return (directory / TRAINING_FILE).exists()
 
 
 def restore_training(directory: Path, objective, optimizer, scheduler, scaler) -> None:

@@ -22,11 +22,13 @@ def torch_trainer(
     data: tuple[dict, list],
     run_config: ray.train.RunConfig,
     tracking: dict | None = None,
+    validation: ray.train.ValidationConfig | None = None,
 ) -> TorchTrainer:
     """``config.scaling.num_workers`` workers with their CPUs (and GPUs), training on ``data`` (the Ray datasets
     of every stage's sources and what workers need to stream them: ``training.stage_data.stage_datasets``); rank 0
     logs to the MLflow run ``tracking``
-    names (``RunLogger``'s arguments: tracking URI, run id, spool file for metrics during outages) when one is given.
+    names (``RunLogger``'s arguments: tracking URI, run id, spool file for metrics during outages) when one is given;
+    ``validation``: how Ray Train scores checkpoints beside the workers (``evaluation.async_dev``; the run layer's).
     Call ``fit()`` right away: the workers time their first optimizer step from now."""
     scaling = config.scaling
     return TorchTrainer(
@@ -46,6 +48,7 @@ def torch_trainer(
             placement_strategy=scaling.placement_strategy,
         ),
         run_config=run_config,
+        validation_config=validation,
         datasets=data[0],
         dataset_config=data_config(),
     )

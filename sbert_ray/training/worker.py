@@ -2,15 +2,21 @@
 (``training.stages``, ``training.loop``): DDP set up by Ray Train, each stage's data from its Ray Data shards, and a
 reporter that logs rank 0's metrics to the run the driver opened and calls ``ray.train.report``.
 
-Rank 0 additionally scores the dev set and writes checkpoints (the last one holds the final model); all ranks call
-``ray.train.report`` at the same points, which is also where they synchronise. Saving the final model and scoring
-it are the run layer's (``sbert_ray.runs.train_run``). On a NaN or infinite loss every rank stops together and
-returns it (rather than fail: Ray would restart them from the checkpoint into the same NaN).
+Rank 0 additionally scores the dev set (or, with ``evaluation.async_dev``, has Ray Train score each checkpoint in a
+task beside training: ``runs.scoring.dev_validation``) and writes checkpoints (the last one holds the final model),
+weights-only or full state (``checkpoint.full_every``); all ranks call ``ray.train.report`` at the same points,
+which is also where they synchronise. Checkpoints upload in the background (Ray Train's async upload mode: one
+upload thread per worker, so uploads never race and are committed in report order) while training continues. A
+restarted worker resumes from the latest full-state checkpoint (``resume_checkpoint``), never from a weights-only
+one. Saving the final model and scoring it are the run layer's (``sbert_ray.runs.train_run``). On a NaN or infinite
+loss every rank stops together and returns it (rather than fail: Ray would restart them from the checkpoint into
+the same NaN).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -27,12 +33,16 @@ from sbert_ray.evaluation.dev_score import DEV_SCORE, DevScorer
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.models.model_card import describe_hardware
 from sbert_ray.tracking.mlflow_run import RunLogger
-from sbert_ray.training.loop import Diverged
+from sbert_ray.training.loop import CheckpointWriter, Diverged
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.precision import resolve_precision
 from sbert_ray.training.stages import Worker, start_worker, train_stages
 from sbert_ray.training.state import TrainState
 from sbert_ray.training.stream import SourceStream
+
+log = logging.getLogger(__name__)
+
+WEIGHTS_ONLY = "weights_only"  # in a report's metrics: its checkpoint holds no optimizer state, no resume point
 
 # DDP all-reduces gradients in buckets of this size as soon as backward has filled one (the last layers' first),
 # so communication overlaps the rest of backward.
@@ -54,7 +64,7 @@ def train_loop_per_worker(loop_config: dict) -> dict:
     worker = Worker(device, precision, context.get_world_rank(), world_size, distribute=ddp)
     tracking = loop_config["tracking"]  # run id, URI, file for metrics in outages; None: no MLflow run (benchmarks)
     with tempfile.TemporaryDirectory(prefix="sbert-ray-resume-") as resume_dir:
-        checkpoint = ray.train.get_checkpoint()
+        checkpoint = resume_checkpoint()
         restored = None if checkpoint is None else Path(checkpoint.to_directory(resume_dir))
         encoder, state = start_worker(config, worker, restored)
         run_logger = RunLogger(**tracking) if worker.rank == 0 and tracking else None
@@ -67,6 +77,20 @@ def train_loop_per_worker(loop_config: dict) -> dict:
             if run_logger:
                 run_logger.drain()  # the metrics thread dies with this process: hand its queue on first
     return _summary(worker, meter)
+
+
+def resume_checkpoint() -> ray.train.Checkpoint | None:
+    """The checkpoint a restarted or resubmitted run resumes from: the latest one reported when it holds the full
+    state (Ray Train's ``get_checkpoint()``, which returns the latest), else the latest full-state one Ray Train still
+    keeps. None: a new run, or keep_best removed every full-state checkpoint (the run starts over, warned)."""
+    if ray.train.get_checkpoint() is None:
+        return None
+    reported = ray.train.get_all_reported_checkpoints(consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED)
+    full = [r for r in reported if not r.metrics.get(WEIGHTS_ONLY)]
+    if not full:
+        log.warning("no full-state checkpoint left to resume from (checkpoint.keep_best removed them): starting over")
+        return None
+    return max(full, key=lambda r: r.metrics["global_step"]).checkpoint
 
 
 def _stage_data(loop_config: dict) -> Callable[[int], list[SourceStream]]:
@@ -105,26 +129,43 @@ class RayReporter:
 
     def __init__(self, config: TrainConfig, worker: Worker, encoder: SentenceEncoder, logger: RunLogger | None):
         self.rank, self.device, self.encoder, self.logger = worker.rank, worker.device, encoder, logger
-        self.dev = DevScorer(config.evaluation, resolve_data_dir(config.data_dir)) if worker.rank == 0 else None
+        self.async_dev = config.evaluation.async_dev  # scored beside training (``runs.scoring.dev_validation``)
+        self.dev = None
+        if worker.rank == 0 and not self.async_dev:
+            self.dev = DevScorer(config.evaluation, resolve_data_dir(config.data_dir))
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self.logger:
             self.logger.log_metrics(metrics, step=step)
 
-    def report(self, state: TrainState, save: Callable[[Path], None], window: dict[str, float]) -> None:
+    def report(self, state: TrainState, save: CheckpointWriter, window: dict[str, float]) -> None:
         metrics = {"stage": state.stage, "step": state.step, "global_step": state.global_step}
         if self.rank != 0:
             ray.train.report(metrics)
             return
         metrics["hardware"] = describe_hardware(self.device)  # for the model card
         metrics |= window
-        metrics[DEV_SCORE] = state.dev_score = self.dev.score(self.encoder)
-        self.log({f"dev/{self.dev.metric}": state.dev_score}, step=state.global_step)
+        validation = self.score_dev(state, metrics)
         if self.logger:
             self.logger.drain()  # the metrics up to this checkpoint survive this worker's loss after it
-        with tempfile.TemporaryDirectory(prefix="sbert-ray-ckpt-") as directory:
-            save(Path(directory))
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
+        metrics[WEIGHTS_ONLY] = not save.full_state
+        directory = tempfile.mkdtemp(prefix="sbert-ray-ckpt-")  # Ray Train deletes it once uploaded
+        save(Path(directory))
+        ray.train.report(
+            metrics,
+            checkpoint=ray.train.Checkpoint.from_directory(directory),
+            checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
+            validation=validation,
+        )
+
+    def score_dev(self, state: TrainState, metrics: dict) -> ray.train.ValidationTaskConfig | bool:
+        """Score the dev set now (into ``metrics``, the state and the run), or with ``evaluation.async_dev`` return
+        the request that Ray Train score this report's checkpoint beside training, logged at this step."""
+        if self.async_dev:
+            return ray.train.ValidationTaskConfig({"step": state.global_step})
+        metrics[DEV_SCORE] = state.dev_score = self.dev.score(self.encoder)
+        self.log({f"dev/{self.dev.metric}": state.dev_score}, step=state.global_step)
+        return False
 
 
 def _summary(worker: Worker, meter: StepMeter, diverged: Diverged | None = None) -> dict:

@@ -59,6 +59,8 @@ class SweepConfig:
             self.base.validate()
         except ConfigError as err:
             raise ConfigError(f"base.{err}") from None
+        if self.base.evaluation.async_dev:
+            raise ConfigError("base.evaluation.async_dev: a sweep's scheduler needs each report's dev score")
         check_folder_name("name", self.name, "a sweep lives in <base.checkpoint.storage_path>/<name>")
         if self.search not in SEARCHES:
             raise ConfigError(f"search: {self.search!r} is not one of {', '.join(SEARCHES)}")
