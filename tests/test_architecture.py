@@ -36,6 +36,7 @@ RAY_ALLOWED = (
     "training.trainer",
     "tuning",
     "bench.train_speed_on_ray",
+    "bench.ingest_speed",  # its cluster mode: the stream through Ray Data
     "training.stage_data",
     "evaluation.encoder_pool",
 )

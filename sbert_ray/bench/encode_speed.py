@@ -166,7 +166,9 @@ def _onnx_ways(folder: str, device: torch.device, workdir: Path | None) -> tuple
     config = _quantization_config()
     export_dynamic_quantized_onnx_model(onnx, config, str(copy_dir))
     kwargs = {"file_name": f"onnx/model_qint8_{config}.onnx"}
-    int8 = SentenceTransformer(str(copy_dir), backend="onnx", device="cpu", model_kwargs=kwargs)
+    int8 = SentenceTransformer(
+        str(copy_dir), backend="onnx", device="cpu", model_kwargs=kwargs, trust_remote_code=False
+    )
     return [
         (REFERENCE, "fp32", "onnx", True, _theirs(onnx), onnx[0]),
         (REFERENCE, "fp32", "onnx-int8", True, _theirs(int8), int8[0]),

@@ -117,7 +117,7 @@ def run_ingest_bench(
 def _sources(config: TrainConfig, encoder, local: bool) -> list[SourceStream]:
     """The stage's sources as one worker streams them: tokenised here (``local``) or by the cluster."""
     if local:
-        return local_sources(config, 0, encoder.tokenizer, encoder.max_seq_length)
+        return local_sources(config, 0, encoder)
     import ray.data
 
     from sbert_ray.training.stage_data import count_rows, stage_datasets

@@ -188,7 +188,9 @@ def read_pairs(request: MineRequest) -> tuple[list[str], list[str]]:
         columns = (request.anchor_column or "anchor", request.positive_column or "positive")
         if path.suffix.lower() not in TABLE_SUFFIXES:
             raise DataError(f"{path}: pairs are read from {', '.join(TABLE_SUFFIXES)} files")
-        anchors, positives = ([text for _, text in open_corpus(str(path), column).rows()] for column in columns)
+        anchors, positives = (
+            [text for source in open_corpus(str(path), column) for _, text in source.rows()] for column in columns
+        )
         return anchors, positives
     if request.anchor_column or request.positive_column:
         raise DataError(f"{request.pairs}: --anchor-column/--positive-column apply to files, not datasets")
@@ -209,8 +211,9 @@ def _check_corpus(request: MineRequest) -> list[str] | RemoteCorpus | None:
         return None
     if is_remote(request.corpus):
         return check_remote_corpus(request.corpus, request.corpus_column)
-    corpus = open_corpus(request.corpus, request.corpus_column, request.data_dir)
-    return [text for table in corpus.tables(ROWS_PER_READ) for text in table.column("text").to_pylist()]
+    sources = open_corpus(request.corpus, request.corpus_column, request.data_dir)
+    tables = (table for source in sources for table in source.tables(ROWS_PER_READ))
+    return [text for table in tables for text in table.column("text").to_pylist()]
 
 
 # ------------------------------------------------------------------------------------------------ output folder
