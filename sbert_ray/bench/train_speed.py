@@ -202,6 +202,8 @@ def ours_in_process(config: TrainConfig, data: TokenizedColumns) -> dict:
     meter = StepMeter(time.time(), device)
     worker = Worker(device, resolve_precision(config.scaling.precision, device))
     encoder, state = start_worker(config, worker, restored=None)
+    if config.scaling.compile:
+        encoder.compile_for_training()
     train_stages(config, encoder, state, None, lambda index: data, worker, LocalReporter(), meter)
     return {"precision": worker.precision, **meter.summary()}
 
