@@ -178,7 +178,8 @@ def _new_tuner(sweep: SweepConfig, space: SearchSpace, extremes: list[TrainConfi
 
 
 def max_concurrent_trials(extremes: list[TrainConfig]) -> int:
-    """As many trials as the cluster fits, sized by the largest trial of the search space."""
+    """As many trials as the cluster fits at its largest (``runs_that_fit``), sized by the largest trial of the
+    search space."""
     return runs_that_fit(extremes, driver_cpus=TRIAL_CPU)
 
 

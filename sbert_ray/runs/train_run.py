@@ -45,7 +45,7 @@ from sbert_ray.models import check_model, load_encoder
 from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_card
 from sbert_ray.progress import progress_bar, quiet
 from sbert_ray.runs import owned_paths, record
-from sbert_ray.runs.cluster import check_resources, connect_ray
+from sbert_ray.runs.cluster import check_resources, connect_ray, refuse_unshared_paths
 from sbert_ray.runs.progress_lines import TrainingProgress
 from sbert_ray.runs.run_lease import run_lease
 from sbert_ray.runs.scoring import ModelSource, checkpoint_model, evaluate_on_worker_resources
@@ -124,6 +124,18 @@ def _absolute(path: str) -> str:
 
 def _is_folder(name: str) -> bool:
     return not name.startswith("random:") and Path(name).expanduser().is_dir()
+
+
+def worker_paths(config: TrainConfig) -> dict[str, str]:
+    """The local paths (absolute) the training workers read or write, by key: a model folder (every worker loads
+    it), the data folder (rank 0 scores the dev set from it), checkpoint storage (every worker reports to it).
+    Training data files are read here, on the driver, and reach the workers through the object store."""
+    paths = {"model.name": config.model.name} if _is_folder(config.model.name) else {}
+    if config.data_dir:
+        paths["data_dir"] = config.data_dir
+    if not is_remote(config.checkpoint.storage_path):
+        paths["checkpoint.storage_path"] = config.checkpoint.storage_path
+    return paths
 
 
 def redacted(config: TrainConfig) -> TrainConfig:
@@ -337,6 +349,7 @@ def preflight(
         previous = None
     connect_ray()
     check_resources(config.scaling)  # workers the cluster cannot hold: refused before the MLflow run and record
+    refuse_unshared_paths(worker_paths(config), config.scaling)
     steps = tuple(
         stage_steps(n, stage, config.scaling.num_workers)[1] for stage, n in zip(config.stages, examples, strict=True)
     )
