@@ -16,9 +16,13 @@ training run.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -57,10 +61,15 @@ class TrainBenchSettings:
     device: str = "cpu"
     precision: str = "fp32"  # auto, bf16, fp16, fp32 as scaling.precision
     seed: int = 42
+    eval_every: int = 0  # steps between report points (dev evaluation + checkpoint); 0: only after the last step
+    dev_limit: int | None = 10  # STSb dev pairs each report point scores (None: all 1,500, as the quickstart)
+    compile: bool = False  # scaling.compile
 
     def __post_init__(self) -> None:
         if self.steps < 2:
             raise ConfigError("--steps must be >= 2: the first step is timed apart from the rest")
+        if self.batch_size % 2:
+            raise ConfigError("--batch-size must be even: the 2-process reference trainer splits it in halves")
 
 
 def worker_layouts(workers: Sequence[int], threads_per_worker: Sequence[int]) -> list[tuple[int, int]]:
@@ -80,6 +89,7 @@ class Variant:
     time_to_first_step_s: list[float]
     load_1m: list[float]  # the machine's 1-minute load average as each run started
     startup: list[dict]  # ours: seconds from fit() to the worker function's start and to its data being ready
+    report_share: list[float | None]  # ours: share of rank 0's wall time spent at report points
 
 
 def check_inputs(settings: TrainBenchSettings, reference: bool = True) -> None:
@@ -113,10 +123,10 @@ def run_train_bench(
         from sbert_ray.bench import train_speed_on_ray as on_ray
 
         on_ray.check_cluster(settings.device)
-    reference_threads = reference_threads or max(workers * threads for workers, threads in layouts)
-    variants = [Variant(OURS, workers, threads, [], [], [], []) for workers, threads in layouts]
+    variants = [Variant(OURS, workers, threads, [], [], [], [], []) for workers, threads in layouts]
     if reference:
-        variants.append(Variant(REFERENCE, 1, reference_threads, [], [], [], []))
+        variants += [Variant(REFERENCE, workers, threads, [], [], [], [], []) for workers, threads in
+                     reference_layouts(layouts, reference_threads)]  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="sbert-ray-bench-train-") as tmp:
         # One folder per bench: repeats of a layout never resume each other's checkpoints.
         storage = f"{resolve_storage(storage_path or tmp)}/bench-train-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -127,24 +137,40 @@ def run_train_bench(
                 variant.pairs_per_s.append(measured["pairs_per_s"])
                 variant.time_to_first_step_s.append(measured["time_to_first_step_s"])
                 variant.startup.append({key: measured.get(key) for key in STARTUP_KEYS})
+                variant.report_share.append(measured.get("report_share"))
+                share = variant.report_share[-1]
                 progress(
                     f"repeat {repeat + 1}/{repeats} {label(_describe(variant, settings))}: "
                     f"{measured['pairs_per_s']:.1f} pairs/s, first step after {measured['time_to_first_step_s']:.1f} s "
-                    f"(load {variant.load_1m[-1]:.1f})"
+                    f"(load {variant.load_1m[-1]:.1f})" + ("" if share is None else f", {share:.1%} at report points")
                 )
     records = [_record(variant, settings) for variant in variants]
     _add_ratios(records)
     return records
 
 
+def reference_layouts(layouts: Sequence[tuple[int, int]], threads: int | None) -> list[tuple[int, int]]:
+    """(processes, threads each) of the reference trainer: one process with ``threads`` (default: the most CPUs a
+    layout of ours uses), and for each multi-worker count of ours as many DDP processes at that layout's threads,
+    so that our N workers are compared with the peer paying the same all-reduce."""
+    single = (1, threads or max(workers * each for workers, each in layouts))
+    several = {workers: each for workers, each in layouts if workers > 1}
+    return [single, *sorted(several.items())]
+
+
 def _measure(settings: TrainBenchSettings, variant: Variant, storage: str, on_ray) -> dict:
     """One timed run of ``variant``: on the cluster (``on_ray``: the ``train_on_ray`` module) or in this process."""
     threads = variant.threads_per_worker
     if variant.impl == REFERENCE:
+        run, args = (
+            (reference_trainer_run, (settings, threads))
+            if variant.workers == 1
+            else (reference_ddp_run, (settings, variant.workers, threads))
+        )
         if on_ray is None:
-            return reference_trainer_run(settings, threads)
-        gpus = int(settings.device == "cuda")
-        return on_ray.run_as_task(reference_trainer_run, settings, threads, num_cpus=threads, num_gpus=gpus)
+            return run(*args)
+        gpus = variant.workers * int(settings.device == "cuda")
+        return on_ray.run_as_task(run, *args, num_cpus=variant.workers * threads, num_gpus=gpus)
     config = bench_config(settings, variant.workers, threads, storage)
     data = stage_data(config)
     return ours_in_process(config, data) if on_ray is None else on_ray.ours(config, data)
@@ -161,7 +187,8 @@ def model_folder(ref: str, workdir: Path, seed: int) -> str:
 
 def bench_config(settings: TrainBenchSettings, workers: int, threads: int, storage: str) -> TrainConfig:
     """The quickstart's stage (STSb regression, lr 2e-5, 10% warm-up) cut to ``steps`` steps, on the bench's
-    layout; one dev evaluation on a few pairs at the end (after the timing)."""
+    layout; report points (dev evaluation + checkpoint) every ``eval_every`` steps and after the last one, on
+    ``dev_limit`` STSb dev pairs."""
     config = TrainConfig(
         name="bench-train",
         seed=settings.seed,
@@ -173,13 +200,14 @@ def bench_config(settings: TrainBenchSettings, workers: int, threads: int, stora
                 limit=settings.limit, epochs=settings.steps, max_steps=settings.steps, batch_size=settings.batch_size
             )
         ],
-        evaluation=EvalConfig(dev_limit=10, final_tasks=[]),
+        evaluation=EvalConfig(dev_limit=settings.dev_limit, eval_every=settings.eval_every, final_tasks=[]),
         scaling=ScalingConfig(
             num_workers=workers,
             use_gpu=settings.device == "cuda",
             cpus_per_worker=threads,
             torch_threads=threads,
             precision=settings.precision,
+            compile=settings.compile,
         ),
     )
     config.checkpoint.storage_path = storage
@@ -208,9 +236,28 @@ def ours_in_process(config: TrainConfig, data: TokenizedColumns) -> dict:
     return {"precision": worker.precision, **meter.summary()}
 
 
-def reference_trainer_run(settings: TrainBenchSettings, threads: int) -> dict:
+def reference_ddp_run(settings: TrainBenchSettings, processes: int, threads: int) -> dict:
+    """sentence-transformers' trainer in ``processes`` DDP processes started by torchrun (gloo on CPUs, NCCL on
+    GPUs), each with ``threads`` torch threads and its share of the global batch; timed on rank 0 from here."""
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="sbert-ray-bench-st-ddp-") as tmp:
+        result = Path(tmp) / "rank0.json"
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
+            "-m", "sbert_ray.bench.train_speed", json_text(dataclasses.asdict(settings)), str(threads),
+            str(started), str(result),
+        ]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        ran = subprocess.run(command, env=env, capture_output=True, text=True)
+        if ran.returncode:
+            raise RuntimeError(f"the {processes}-process reference trainer failed:\n{ran.stderr[-3000:]}")
+        return json.loads(result.read_text())
+
+
+def reference_trainer_run(settings: TrainBenchSettings, threads: int, started: float | None = None) -> dict:
     """sentence-transformers' own trainer with the quickstart's settings on the same pairs; timed by a callback
-    from before the model is loaded to the end of the first step, then over the remaining steps."""
+    from ``started`` (default: now, before the model is loaded) to the end of the first step, then over the
+    remaining steps. Under torchrun each process trains its share of the batch with DDP."""
     from datasets import Dataset
     from sentence_transformers import (
         SentenceTransformer,
@@ -220,8 +267,9 @@ def reference_trainer_run(settings: TrainBenchSettings, threads: int) -> dict:
     from sentence_transformers.sentence_transformer.losses import CosineSimilarityLoss
     from transformers import PrinterCallback, TrainerCallback
 
-    started = time.time()
+    started = started or time.time()
     torch.set_num_threads(threads)
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
     device = torch.device(settings.device)
     precision = resolve_precision(settings.precision, device)
     pairs = load_records("stsb", "train", settings.data_dir)[: settings.limit]
@@ -245,7 +293,7 @@ def reference_trainer_run(settings: TrainBenchSettings, threads: int) -> dict:
         st_model.max_seq_length = settings.max_seq_length
         args = SentenceTransformerTrainingArguments(
             output_dir=output_dir,
-            per_device_train_batch_size=settings.batch_size,
+            per_device_train_batch_size=settings.batch_size // processes,
             max_steps=settings.steps,
             learning_rate=2e-5,
             warmup_steps=0.1,  # a float is a ratio of the steps (transformers 5)
@@ -256,6 +304,7 @@ def reference_trainer_run(settings: TrainBenchSettings, threads: int) -> dict:
             bf16=precision == "bf16",
             fp16=precision == "fp16",
             use_cpu=device.type == "cpu",
+            ddp_backend=("gloo" if device.type == "cpu" else "nccl") if processes > 1 else None,
             save_strategy="no",
             report_to="none",
             disable_tqdm=True,
@@ -270,6 +319,7 @@ def reference_trainer_run(settings: TrainBenchSettings, threads: int) -> dict:
         trainer.remove_callback(PrinterCallback)  # it prints its logs to stdout, where the bench's JSON goes
         trainer.train()
     return {
+        "processes": args.world_size,
         "precision": precision,
         "time_to_first_step_s": step_ends[0] - started,
         "pairs_per_s": (len(step_ends) - 1) * settings.batch_size / (step_ends[-1] - step_ends[0]),
@@ -309,6 +359,7 @@ def _record(variant: Variant, settings: TrainBenchSettings) -> dict:
         "time_to_first_step_s": statistics.median(firsts),
         "time_to_first_step_s_runs": firsts,
         "load_1m_runs": variant.load_1m,
+        **_report_shares(variant.report_share),
         **{
             f"{key}_runs": [run[key] for run in variant.startup]
             for key in STARTUP_KEYS
@@ -317,12 +368,21 @@ def _record(variant: Variant, settings: TrainBenchSettings) -> dict:
     }
 
 
+def _report_shares(shares: list[float | None]) -> dict:
+    """The share of wall time at report points (median and per run), where the runs measured it (ours)."""
+    if any(share is None for share in shares):
+        return {}
+    return {"report_share": statistics.median(shares), "report_share_runs": shares}
+
+
 def _add_ratios(records: list[dict]) -> None:
-    """Ratios of medians: against the reference trainer, and against our first layout (e.g. 1 worker x 2 threads)
-    as ``vs_first_layout``; ``scaling_efficiency`` is pairs/s per worker over one worker's at the same threads."""
-    reference = next((r["pairs_per_s"] for r in records if r["impl"] == REFERENCE), None)
+    """Ratios of medians: against the reference trainer with as many processes as our workers (else its single
+    process), and against our first layout (e.g. 1 worker x 2 threads) as ``vs_first_layout``;
+    ``scaling_efficiency`` is pairs/s per worker over one worker's at the same threads."""
+    references = {r["workers"]: r["pairs_per_s"] for r in records if r["impl"] == REFERENCE}
     ours = [r for r in records if r["impl"] == OURS]
     for record in records:
+        reference = references.get(record["workers"], references.get(1))
         record["vs_reference"] = record["pairs_per_s"] / reference if reference else None
     for record in ours:
         record["vs_first_layout"] = record["pairs_per_s"] / ours[0]["pairs_per_s"]
@@ -345,6 +405,7 @@ COLUMNS = (  # (header, record key, format)
     ("x reference", "vs_reference", "{:.2f}"),
     ("x first layout", "vs_first_layout", "{:.2f}"),
     ("scaling eff.", "scaling_efficiency", "{:.2f}"),
+    ("at reports", "report_share", "{:.1%}"),
     ("first step s", "time_to_first_step_s", "{:.1f}"),
 )
 
@@ -403,6 +464,7 @@ def log_records(records: Sequence[dict], params: dict, tracking_uri: str, experi
                     "vs_reference",
                     "vs_first_layout",
                     "scaling_efficiency",
+                    "report_share",
                 )
                 if record.get(key) is not None
             }
@@ -412,3 +474,10 @@ def log_records(records: Sequence[dict], params: dict, tracking_uri: str, experi
         tracker.log_figure(figure, "bench_train.png")
         plt.close(figure)
         return tracker.run_id
+
+
+if __name__ == "__main__":  # one process of reference_ddp_run: SETTINGS_JSON THREADS STARTED RESULT_FILE
+    _settings, _threads, _started, _result = sys.argv[1:]
+    _measured = reference_trainer_run(TrainBenchSettings(**json.loads(_settings)), int(_threads), float(_started))
+    if int(os.environ["RANK"]) == 0:
+        Path(_result).write_text(json_text(_measured))

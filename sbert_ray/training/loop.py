@@ -166,8 +166,8 @@ def train_stage(
             window_steps = 0
         if report:
             state.stage_done = last
-            reporter.report(state, checkpoint_writer(state, objective, optimization, device, world_size), window)
-            meter.restart()  # the dev evaluation is not training time
+            with meter.reporting():  # not training time: evaluation, checkpoint, upload, waiting for the others
+                reporter.report(state, checkpoint_writer(state, objective, optimization, device, world_size), window)
         if last:
             break
     return state
