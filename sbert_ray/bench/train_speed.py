@@ -32,10 +32,13 @@ from pathlib import Path
 import torch
 
 from sbert_ray.bench import tables
+from sbert_ray.bench.flops import ForwardFlops, matmul_peak
 from sbert_ray.config import ConfigError, EvalConfig, ModelConfig, ScalingConfig, StageConfig, TrainConfig
 from sbert_ray.data.readers import check_available, load_records, resolve_data_dir
+from sbert_ray.evaluation.sts import evaluate_pairs
 from sbert_ray.files import json_text
-from sbert_ray.models import build_random_bert, check_model, resolve_model_ref
+from sbert_ray.models import build_random_bert, check_model, load_encoder, resolve_model_ref
+from sbert_ray.models.encoder import half_dtype
 from sbert_ray.models.load import RANDOM_PREFIX
 from sbert_ray.training.batches import TokenizedColumns, load_training_records, texts_and_labels, tokenize_stage
 from sbert_ray.training.loop import LocalReporter
@@ -146,6 +149,8 @@ def run_train_bench(
                 )
     records = [_record(variant, settings) for variant in variants]
     _add_ratios(records)
+    if local:  # the model loads here to count its FLOPs (on a cluster it may not fit this machine)
+        add_utilisation(records, settings)
     return records
 
 
@@ -224,16 +229,62 @@ def stage_data(config: TrainConfig) -> TokenizedColumns:
 
 
 def ours_in_process(config: TrainConfig, data: TokenizedColumns) -> dict:
-    """The worker's training core in this process, no Ray: one worker, report points kept in memory (no dev
-    scoring, no checkpoint). Timed from here, so the model's loading counts as a worker's does."""
+    """The worker's training core in this process, no Ray: one worker whose report points score the dev pairs and
+    write a checkpoint to a temporary folder on this machine (what a Ray worker does there, less the upload).
+    Timed from here, so the model's loading counts as a worker's does."""
     device = torch.device("cuda" if config.scaling.use_gpu else "cpu")
     meter = StepMeter(time.time(), device)
     worker = Worker(device, resolve_precision(config.scaling.precision, device))
     encoder, state = start_worker(config, worker, restored=None)
     if config.scaling.compile:
         encoder.compile_for_training()
-    train_stages(config, encoder, state, None, lambda index: data, worker, LocalReporter(), meter)
+    evaluation = config.evaluation
+    dev_pairs = load_records(evaluation.dev_dataset, evaluation.dev_split, config.data_dir)[: evaluation.dev_limit]
+    with tempfile.TemporaryDirectory(prefix="sbert-ray-bench-checkpoints-") as checkpoints:
+        reporter = ScoringReporter(encoder, dev_pairs, evaluation.batch_size, Path(checkpoints))
+        train_stages(config, encoder, state, None, lambda index: data, worker, reporter, meter)
     return {"precision": worker.precision, **meter.summary()}
+
+
+class ScoringReporter(LocalReporter):
+    """A local reporter that scores the dev pairs before writing each report point's checkpoint, as rank 0 does."""
+
+    def __init__(self, encoder, dev_pairs: list, batch_size: int, checkpoints: Path):
+        super().__init__(checkpoints)
+        self.encoder, self.dev_pairs, self.batch_size = encoder, dev_pairs, batch_size
+
+    def report(self, state, save, window: dict[str, float]) -> None:
+        state.dev_spearman = evaluate_pairs(self.encoder, self.dev_pairs, self.batch_size)["spearman_cosine"]
+        super().report(state, save, window)
+
+
+def training_flops_per_pair(settings: TrainBenchSettings) -> float:
+    """Model FLOPs of training on one STSb pair, averaged over the bench's pairs: forward and backward (3 x the
+    forward, ``bench.flops.ForwardFlops``) of both sentences at their own lengths, padding not counted."""
+    encoder = load_encoder(settings.model, max_seq_length=settings.max_seq_length, seed=settings.seed)
+    encoder.to(torch.device(settings.device))
+    pairs = load_records("stsb", "train", settings.data_dir)[: settings.limit]
+    forward = ForwardFlops(encoder.transformer)
+    lengths = [
+        [len(ids) for ids in encoder.token_ids(texts)["input_ids"]]
+        for texts in ([p.sentence1 for p in pairs], [p.sentence2 for p in pairs])
+    ]
+    return 3 * sum(forward.per_sequence(length) for column in lengths for length in column) / len(pairs)
+
+
+def add_utilisation(records: list[dict], settings: TrainBenchSettings) -> None:
+    """Each record's model TFLOP/s (pairs/s x ``training_flops_per_pair``) and its share of the measured matmul
+    peak of the record's arithmetic (MFU)."""
+    device = torch.device(settings.device)
+    per_pair = training_flops_per_pair(settings)
+    peaks: dict[str, float] = {}
+    for record in records:
+        precision = record["precision"]
+        if precision not in peaks:
+            peaks[precision] = matmul_peak(device, torch.float32 if precision == "fp32" else half_dtype(device))
+        record["model_tflops_per_s"] = record["pairs_per_s"] * per_pair / 1e12
+        record["mfu"] = record["pairs_per_s"] * per_pair / peaks[precision]
+        record["matmul_peak_tflops"] = peaks[precision] / 1e12
 
 
 def reference_ddp_run(settings: TrainBenchSettings, processes: int, threads: int) -> dict:
@@ -406,6 +457,7 @@ COLUMNS = (  # (header, record key, format)
     ("x first layout", "vs_first_layout", "{:.2f}"),
     ("scaling eff.", "scaling_efficiency", "{:.2f}"),
     ("at reports", "report_share", "{:.1%}"),
+    ("MFU", "mfu", "{:.1%}"),
     ("first step s", "time_to_first_step_s", "{:.1f}"),
 )
 
@@ -465,6 +517,7 @@ def log_records(records: Sequence[dict], params: dict, tracking_uri: str, experi
                     "vs_first_layout",
                     "scaling_efficiency",
                     "report_share",
+                    "mfu",
                 )
                 if record.get(key) is not None
             }
