@@ -90,6 +90,10 @@ def test_bench_train_runs_in_process_without_ray(data_dir, tmp_path, capsys):
         ("sbert-ray", 1, "bf16"), ("sentence-transformers", 1, "bf16"),
     ]  # fmt: skip
     assert all(r["pairs_per_s"] > 0 for r in records) and records[1]["vs_reference"] == 1
+    # Model FLOPs over the measured matmul peak, for both; the report point (dev scoring + checkpoint) for ours.
+    assert all(0 < r["mfu"] < 1 and r["mfu"] == pytest.approx(r["model_tflops_per_s"] / r["matmul_peak_tflops"])
+               for r in records)  # fmt: skip
+    assert 0 < records[0]["report_share"] < 1 and "report_share" not in records[1]
     assert json.loads(capsys.readouterr().out) == records  # stdout holds the JSON and nothing else
 
     assert main(bench(data_dir, "--local", "--workers", "1,2", "--no-mlflow")) == 2
