@@ -135,6 +135,10 @@ class ScalingConfig:
     # them, which takes minutes), before it fails naming what is missing. A request the cluster can never hold (more
     # than its nodes, or its autoscaler's maximum) fails at once.
     resource_wait_s: float = 600.0
+    # torch.compile the transformer's training forward (inductor): faster steps on a GPU after a compile per batch
+    # shape (seconds to minutes each; widths are padded to multiples of 8, so at most max_seq_length / 8 of them
+    # per batch size). Off by default: on CPUs and in short runs the compilation costs more than it gains.
+    compile: bool = False
 
     def resources_per_worker(self) -> dict[str, float]:
         """What each training worker asks Ray for."""

@@ -1,6 +1,7 @@
 """`sbert-ray bench train` end to end on a tiny model: submitted with `ray job submit` to a token-authenticated
-cluster, our Ray Train loop beside sentence-transformers' trainer, records printed and written as JSON and logged
-to MLflow with a chart. No timing is asserted, only that every number is there and consistent."""
+cluster, our Ray Train loop beside sentence-transformers' trainer (in one process, and in two under DDP for our two
+workers), records printed and written as JSON and logged to MLflow with a chart. No timing is asserted, only that
+every number is there and consistent."""
 
 from __future__ import annotations
 
@@ -35,7 +36,9 @@ def last_json(log: str):
 
 def test_bench_train_as_a_ray_job_records_ours_beside_the_reference(token_head, data_dir, tmp_path):
     output, tracking_uri = tmp_path / "bench.json", f"sqlite:///{tmp_path / 'mlflow.db'}"
-    argv = bench(data_dir, "--workers", "1,2", "--threads-per-worker", "1", "--output", str(output))
+    argv = bench(
+        data_dir, "--workers", "1,2", "--threads-per-worker", "1", "--eval-every", "2", "--output", str(output)
+    )
     command = [
         "ray", "job", "submit", "--address", token_head.dashboard, "--",
         str(BIN / "sbert-ray"), *argv, "--tracking-uri", tracking_uri, "--experiment", "bench",
@@ -47,10 +50,10 @@ def test_bench_train_as_a_ray_job_records_ours_beside_the_reference(token_head, 
     records = json.loads(output.read_text())
     assert last_json(job.stdout) == records  # the job's stdout ends with the records
     assert "x reference" in job.stdout  # the table, on the job's stderr
-    one, two, reference = records
-    assert RECORD_KEYS <= one.keys() and RECORD_KEYS <= reference.keys()
+    one, two, reference, reference_ddp = records
+    assert RECORD_KEYS <= one.keys() and RECORD_KEYS <= reference.keys() and RECORD_KEYS <= reference_ddp.keys()
     assert [(r["impl"], r["workers"], r["threads_per_worker"]) for r in records] == [
-        ("sbert-ray", 1, 1), ("sbert-ray", 2, 1), ("sentence-transformers", 1, 2),
+        ("sbert-ray", 1, 1), ("sbert-ray", 2, 1), ("sentence-transformers", 1, 2), ("sentence-transformers", 2, 1),
     ]  # fmt: skip
     for record in records:
         assert record["precision"] == "fp32" and record["batch_size"] == 16 and record["steps"] == 3
@@ -58,7 +61,13 @@ def test_bench_train_as_a_ray_job_records_ours_beside_the_reference(token_head, 
         assert record["pairs_per_s"] == record["pairs_per_s_runs"][0]
         assert record["steps_per_s"] == pytest.approx(record["pairs_per_s"] / 16)
     assert two["time_to_worker_start_s_runs"][0] < two["time_to_first_step_s"]
-    assert two["vs_reference"] == pytest.approx(two["pairs_per_s"] / reference["pairs_per_s"])
+    # Two workers against the reference's two DDP processes, one against its one process.
+    assert two["vs_reference"] == pytest.approx(two["pairs_per_s"] / reference_ddp["pairs_per_s"])
+    assert one["vs_reference"] == pytest.approx(one["pairs_per_s"] / reference["pairs_per_s"])
+    # Report points at steps 2 and 3 (dev scoring, checkpoint, upload): a share of rank 0's wall time.
+    for ours in (one, two):
+        assert 0 < ours["report_share"] < 1 and ours["report_share"] == ours["report_share_runs"][0]
+    assert "report_share" not in reference
     assert two["scaling_efficiency"] == pytest.approx(two["pairs_per_s"] / (2 * one["pairs_per_s"]))
     assert one["scaling_efficiency"] == 1
 
@@ -67,6 +76,7 @@ def test_bench_train_as_a_ray_job_records_ours_beside_the_reference(token_head, 
     assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"bench_train.json", "bench_train.png"}
     assert run.data.metrics["sbert-ray/2x1/fp32/pairs_per_s"] == pytest.approx(two["pairs_per_s"])
     assert run.data.metrics["sbert-ray/2x1/fp32/scaling_efficiency"] == pytest.approx(two["scaling_efficiency"])
+    assert run.data.metrics["sbert-ray/2x1/fp32/report_share"] == pytest.approx(two["report_share"])
 
 
 def test_bench_train_runs_in_process_without_ray(data_dir, tmp_path, capsys):
@@ -80,6 +90,10 @@ def test_bench_train_runs_in_process_without_ray(data_dir, tmp_path, capsys):
         ("sbert-ray", 1, "bf16"), ("sentence-transformers", 1, "bf16"),
     ]  # fmt: skip
     assert all(r["pairs_per_s"] > 0 for r in records) and records[1]["vs_reference"] == 1
+    # Model FLOPs over the measured matmul peak, for both; the report point (dev scoring + checkpoint) for ours.
+    assert all(0 < r["mfu"] < 1 and r["mfu"] == pytest.approx(r["model_tflops_per_s"] / r["matmul_peak_tflops"])
+               for r in records)  # fmt: skip
+    assert 0 < records[0]["report_share"] < 1 and "report_share" not in records[1]
     assert json.loads(capsys.readouterr().out) == records  # stdout holds the JSON and nothing else
 
     assert main(bench(data_dir, "--local", "--workers", "1,2", "--no-mlflow")) == 2

@@ -13,7 +13,14 @@ from ray.util.placement_group import placement_group, remove_placement_group
 
 from sbert_ray.cli import main
 from sbert_ray.config import ConfigError, ScalingConfig
-from sbert_ray.runs.cluster import ResourcesBusy, check_resources, connect_ray, refuse_impossible
+from sbert_ray.runs.cluster import (
+    ResourcesBusy,
+    check_resources,
+    connect_ray,
+    refuse_impossible,
+    refuse_unshared_paths,
+    workers_may_leave_this_machine,
+)
 
 
 def listening_addresses(process: psutil.Process) -> dict[str, set[str]]:
@@ -73,6 +80,17 @@ def test_workers_the_cluster_can_never_hold_are_refused_at_once(local_ray, tiny_
         "sbert-ray train: error: scaling: one worker needs 3 CPU, more than any node of this cluster (1 x 2 CPU)" in err
     )
     assert not (config.parent / "runs").exists() and not (config.parent / "mlflow.db").exists()
+
+
+@pytest.mark.cluster
+def test_a_local_cluster_reads_this_machines_paths(local_ray, tmp_path):
+    """One machine: workers it can hold never leave it, so a path on its own disk is fine; workers no node of it
+    can hold would run on machines an autoscaler starts, which could not read the path."""
+    assert not workers_may_leave_this_machine(ScalingConfig())
+    refuse_unshared_paths({"data_dir": str(tmp_path)}, ScalingConfig())
+    assert workers_may_leave_this_machine(ScalingConfig(cpus_per_worker=3))
+    with pytest.raises(ConfigError, match=rf"data_dir={tmp_path}: on this machine's own disk"):
+        refuse_unshared_paths({"data_dir": str(tmp_path)}, ScalingConfig(cpus_per_worker=3))
 
 
 @pytest.mark.cluster

@@ -179,7 +179,9 @@ def test_masked_duplicates_are_logged_per_step_at_log_points(tiny_model_dir):
         reporter = LocalReporter()
         run(objective, batches(with_hashes), sgd(objective, 1e-3), reporter, total_steps=2, grad_accum_steps=2)
         logged[with_hashes] = [
-            (step, metrics.get("train/masked_duplicates")) for step, metrics in reporter.logged if "train/loss" in metrics
+            (step, metrics.get("train/masked_duplicates"))
+            for step, metrics in reporter.logged
+            if "train/loss" in metrics
         ]
     assert logged[True][-1] == (2, 3.0)
     assert logged[False][-1] == (2, None)

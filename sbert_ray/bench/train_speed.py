@@ -16,10 +16,14 @@ training run.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
+import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -29,10 +33,13 @@ from pathlib import Path
 import torch
 
 from sbert_ray.bench import tables
+from sbert_ray.bench.flops import ForwardFlops, matmul_peak
 from sbert_ray.config import ConfigError, EvalConfig, ModelConfig, ScalingConfig, StageConfig, TrainConfig
 from sbert_ray.data.readers import check_available, load_records
+from sbert_ray.evaluation.sts import evaluate_pairs
 from sbert_ray.files import json_text
-from sbert_ray.models import build_random_bert, check_model, resolve_model_ref
+from sbert_ray.models import build_random_bert, check_model, load_encoder, resolve_model_ref
+from sbert_ray.models.encoder import half_dtype
 from sbert_ray.models.load import RANDOM_PREFIX
 from sbert_ray.training.loop import LocalReporter
 from sbert_ray.training.meter import StepMeter
@@ -58,10 +65,15 @@ class TrainBenchSettings:
     device: str = "cpu"
     precision: str = "fp32"  # auto, bf16, fp16, fp32 as scaling.precision
     seed: int = 42
+    eval_every: int = 0  # steps between report points (dev evaluation + checkpoint); 0: only after the last step
+    dev_limit: int | None = 10  # STSb dev pairs each report point scores (None: all 1,500, as the quickstart)
+    compile: bool = False  # scaling.compile
 
     def __post_init__(self) -> None:
         if self.steps < 2:
             raise ConfigError("--steps must be >= 2: the first step is timed apart from the rest")
+        if self.batch_size % 2:
+            raise ConfigError("--batch-size must be even: the 2-process reference trainer splits it in halves")
 
 
 def worker_layouts(workers: Sequence[int], threads_per_worker: Sequence[int]) -> list[tuple[int, int]]:
@@ -81,6 +93,7 @@ class Variant:
     time_to_first_step_s: list[float]
     load_1m: list[float]  # the machine's 1-minute load average as each run started
     startup: list[dict]  # ours: seconds from fit() to the worker function's start and to its data being ready
+    report_share: list[float | None]  # ours: share of rank 0's wall time spent at report points
 
 
 def check_inputs(settings: TrainBenchSettings, reference: bool = True) -> None:
@@ -114,10 +127,10 @@ def run_train_bench(
         from sbert_ray.bench import train_speed_on_ray as on_ray
 
         on_ray.check_cluster(settings.device)
-    reference_threads = reference_threads or max(workers * threads for workers, threads in layouts)
-    variants = [Variant(OURS, workers, threads, [], [], [], []) for workers, threads in layouts]
+    variants = [Variant(OURS, workers, threads, [], [], [], [], []) for workers, threads in layouts]
     if reference:
-        variants.append(Variant(REFERENCE, 1, reference_threads, [], [], [], []))
+        variants += [Variant(REFERENCE, workers, threads, [], [], [], [], []) for workers, threads in
+                     reference_layouts(layouts, reference_threads)]  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="sbert-ray-bench-train-") as tmp:
         # One folder per bench: repeats of a layout never resume each other's checkpoints.
         storage = f"{resolve_storage(storage_path or tmp)}/bench-train-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -128,24 +141,42 @@ def run_train_bench(
                 variant.pairs_per_s.append(measured["pairs_per_s"])
                 variant.time_to_first_step_s.append(measured["time_to_first_step_s"])
                 variant.startup.append({key: measured.get(key) for key in STARTUP_KEYS})
+                variant.report_share.append(measured.get("report_share"))
+                share = variant.report_share[-1]
                 progress(
                     f"repeat {repeat + 1}/{repeats} {label(_describe(variant, settings))}: "
                     f"{measured['pairs_per_s']:.1f} pairs/s, first step after {measured['time_to_first_step_s']:.1f} s "
-                    f"(load {variant.load_1m[-1]:.1f})"
+                    f"(load {variant.load_1m[-1]:.1f})" + ("" if share is None else f", {share:.1%} at report points")
                 )
     records = [_record(variant, settings) for variant in variants]
     _add_ratios(records)
+    if local:  # the model loads here to count its FLOPs (on a cluster it may not fit this machine)
+        add_utilisation(records, settings)
     return records
+
+
+def reference_layouts(layouts: Sequence[tuple[int, int]], threads: int | None) -> list[tuple[int, int]]:
+    """(processes, threads each) of the reference trainer: one process with ``threads`` (default: the most CPUs a
+    layout of ours uses), and for each multi-worker count of ours as many DDP processes at that layout's threads,
+    so that our N workers are compared with the peer paying the same all-reduce."""
+    single = (1, threads or max(workers * each for workers, each in layouts))
+    several = {workers: each for workers, each in layouts if workers > 1}
+    return [single, *sorted(several.items())]
 
 
 def _measure(settings: TrainBenchSettings, variant: Variant, storage: str, on_ray) -> dict:
     """One timed run of ``variant``: on the cluster (``on_ray``: the ``train_on_ray`` module) or in this process."""
     threads = variant.threads_per_worker
     if variant.impl == REFERENCE:
+        run, args = (
+            (reference_trainer_run, (settings, threads))
+            if variant.workers == 1
+            else (reference_ddp_run, (settings, variant.workers, threads))
+        )
         if on_ray is None:
-            return reference_trainer_run(settings, threads)
-        gpus = int(settings.device == "cuda")
-        return on_ray.run_as_task(reference_trainer_run, settings, threads, num_cpus=threads, num_gpus=gpus)
+            return run(*args)
+        gpus = variant.workers * int(settings.device == "cuda")
+        return on_ray.run_as_task(run, *args, num_cpus=variant.workers * threads, num_gpus=gpus)
     config = bench_config(settings, variant.workers, threads, storage)
     return ours_in_process(config) if on_ray is None else on_ray.ours(config)
 
@@ -161,7 +192,8 @@ def model_folder(ref: str, workdir: Path, seed: int) -> str:
 
 def bench_config(settings: TrainBenchSettings, workers: int, threads: int, storage: str) -> TrainConfig:
     """The quickstart's stage (STSb regression, lr 2e-5, 10% warm-up) cut to ``steps`` steps, on the bench's
-    layout; one dev evaluation on a few pairs at the end (after the timing)."""
+    layout; report points (dev evaluation + checkpoint) every ``eval_every`` steps and after the last one, on
+    ``dev_limit`` STSb dev pairs."""
     config = TrainConfig(
         name="bench-train",
         seed=settings.seed,
@@ -173,13 +205,14 @@ def bench_config(settings: TrainBenchSettings, workers: int, threads: int, stora
                 limit=settings.limit, epochs=settings.steps, max_steps=settings.steps, batch_size=settings.batch_size
             )
         ],
-        evaluation=EvalConfig(dev_limit=10, final_tasks=[]),
+        evaluation=EvalConfig(dev_limit=settings.dev_limit, eval_every=settings.eval_every, final_tasks=[]),
         scaling=ScalingConfig(
             num_workers=workers,
             use_gpu=settings.device == "cuda",
             cpus_per_worker=threads,
             torch_threads=threads,
             precision=settings.precision,
+            compile=settings.compile,
         ),
     )
     config.checkpoint.storage_path = storage
@@ -189,20 +222,87 @@ def bench_config(settings: TrainBenchSettings, workers: int, threads: int, stora
 
 def ours_in_process(config: TrainConfig) -> dict:
     """The worker's training core in this process, no Ray: one worker, its data read and tokenised in this
-    process as it streams, report points kept in memory (no dev scoring, no checkpoint). Timed from here, so the
-    model's loading counts as a worker's does."""
+    process as it streams, whose report points score the dev pairs and write a checkpoint to a temporary folder on
+    this machine (what a Ray worker does there, less the upload). Timed from here, so the model's loading counts as
+    a worker's does."""
     device = torch.device("cuda" if config.scaling.use_gpu else "cpu")
     meter = StepMeter(time.time(), device)
     worker = Worker(device, resolve_precision(config.scaling.precision, device))
     encoder, state = start_worker(config, worker, restored=None)
+    if config.scaling.compile:
+        encoder.compile_for_training()
+    evaluation = config.evaluation
+    dev_pairs = load_records(evaluation.dev_dataset, evaluation.dev_split, config.data_dir)[: evaluation.dev_limit]
     stage_data = functools.partial(local_sources, config, encoder=encoder)
-    train_stages(config, encoder, state, None, stage_data, worker, LocalReporter(), meter)
+    with tempfile.TemporaryDirectory(prefix="sbert-ray-bench-checkpoints-") as checkpoints:
+        reporter = ScoringReporter(encoder, dev_pairs, evaluation.batch_size, Path(checkpoints))
+        train_stages(config, encoder, state, None, stage_data, worker, reporter, meter)
     return {"precision": worker.precision, **meter.summary()}
 
 
-def reference_trainer_run(settings: TrainBenchSettings, threads: int) -> dict:
+class ScoringReporter(LocalReporter):
+    """A local reporter that scores the dev pairs before writing each report point's checkpoint, as rank 0 does."""
+
+    def __init__(self, encoder, dev_pairs: list, batch_size: int, checkpoints: Path):
+        super().__init__(checkpoints)
+        self.encoder, self.dev_pairs, self.batch_size = encoder, dev_pairs, batch_size
+
+    def report(self, state, save, window: dict[str, float]) -> None:
+        state.dev_spearman = evaluate_pairs(self.encoder, self.dev_pairs, self.batch_size)["spearman_cosine"]
+        super().report(state, save, window)
+
+
+def training_flops_per_pair(settings: TrainBenchSettings) -> float:
+    """Model FLOPs of training on one STSb pair, averaged over the bench's pairs: forward and backward (3 x the
+    forward, ``bench.flops.ForwardFlops``) of both sentences at their own lengths, padding not counted."""
+    encoder = load_encoder(settings.model, max_seq_length=settings.max_seq_length, seed=settings.seed)
+    encoder.to(torch.device(settings.device))
+    pairs = load_records("stsb", "train", settings.data_dir)[: settings.limit]
+    forward = ForwardFlops(encoder.transformer)
+    lengths = [
+        [len(ids) for ids in encoder.token_ids(texts)["input_ids"]]
+        for texts in ([p.sentence1 for p in pairs], [p.sentence2 for p in pairs])
+    ]
+    return 3 * sum(forward.per_sequence(length) for column in lengths for length in column) / len(pairs)
+
+
+def add_utilisation(records: list[dict], settings: TrainBenchSettings) -> None:
+    """Each record's model TFLOP/s (pairs/s x ``training_flops_per_pair``) and its share of the measured matmul
+    peak of the record's arithmetic (MFU)."""
+    device = torch.device(settings.device)
+    per_pair = training_flops_per_pair(settings)
+    peaks: dict[str, float] = {}
+    for record in records:
+        precision = record["precision"]
+        if precision not in peaks:
+            peaks[precision] = matmul_peak(device, torch.float32 if precision == "fp32" else half_dtype(device))
+        record["model_tflops_per_s"] = record["pairs_per_s"] * per_pair / 1e12
+        record["mfu"] = record["pairs_per_s"] * per_pair / peaks[precision]
+        record["matmul_peak_tflops"] = peaks[precision] / 1e12
+
+
+def reference_ddp_run(settings: TrainBenchSettings, processes: int, threads: int) -> dict:
+    """sentence-transformers' trainer in ``processes`` DDP processes started by torchrun (gloo on CPUs, NCCL on
+    GPUs), each with ``threads`` torch threads and its share of the global batch; timed on rank 0 from here."""
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="sbert-ray-bench-st-ddp-") as tmp:
+        result = Path(tmp) / "rank0.json"
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
+            "-m", "sbert_ray.bench.train_speed", json_text(dataclasses.asdict(settings)), str(threads),
+            str(started), str(result),
+        ]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        ran = subprocess.run(command, env=env, capture_output=True, text=True)
+        if ran.returncode:
+            raise RuntimeError(f"the {processes}-process reference trainer failed:\n{ran.stderr[-3000:]}")
+        return json.loads(result.read_text())
+
+
+def reference_trainer_run(settings: TrainBenchSettings, threads: int, started: float | None = None) -> dict:
     """sentence-transformers' own trainer with the quickstart's settings on the same pairs; timed by a callback
-    from before the model is loaded to the end of the first step, then over the remaining steps."""
+    from ``started`` (default: now, before the model is loaded) to the end of the first step, then over the
+    remaining steps. Under torchrun each process trains its share of the batch with DDP."""
     from datasets import Dataset
     from sentence_transformers import (
         SentenceTransformer,
@@ -212,8 +312,9 @@ def reference_trainer_run(settings: TrainBenchSettings, threads: int) -> dict:
     from sentence_transformers.sentence_transformer.losses import CosineSimilarityLoss
     from transformers import PrinterCallback, TrainerCallback
 
-    started = time.time()
+    started = started or time.time()
     torch.set_num_threads(threads)
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
     device = torch.device(settings.device)
     precision = resolve_precision(settings.precision, device)
     pairs = load_records("stsb", "train", settings.data_dir)[: settings.limit]
@@ -237,7 +338,7 @@ def reference_trainer_run(settings: TrainBenchSettings, threads: int) -> dict:
         st_model.max_seq_length = settings.max_seq_length
         args = SentenceTransformerTrainingArguments(
             output_dir=output_dir,
-            per_device_train_batch_size=settings.batch_size,
+            per_device_train_batch_size=settings.batch_size // processes,
             max_steps=settings.steps,
             learning_rate=2e-5,
             warmup_steps=0.1,  # a float is a ratio of the steps (transformers 5)
@@ -248,6 +349,7 @@ def reference_trainer_run(settings: TrainBenchSettings, threads: int) -> dict:
             bf16=precision == "bf16",
             fp16=precision == "fp16",
             use_cpu=device.type == "cpu",
+            ddp_backend=("gloo" if device.type == "cpu" else "nccl") if processes > 1 else None,
             save_strategy="no",
             report_to="none",
             disable_tqdm=True,
@@ -262,6 +364,7 @@ def reference_trainer_run(settings: TrainBenchSettings, threads: int) -> dict:
         trainer.remove_callback(PrinterCallback)  # it prints its logs to stdout, where the bench's JSON goes
         trainer.train()
     return {
+        "processes": args.world_size,
         "precision": precision,
         "time_to_first_step_s": step_ends[0] - started,
         "pairs_per_s": (len(step_ends) - 1) * settings.batch_size / (step_ends[-1] - step_ends[0]),
@@ -301,6 +404,7 @@ def _record(variant: Variant, settings: TrainBenchSettings) -> dict:
         "time_to_first_step_s": statistics.median(firsts),
         "time_to_first_step_s_runs": firsts,
         "load_1m_runs": variant.load_1m,
+        **_report_shares(variant.report_share),
         **{
             f"{key}_runs": [run[key] for run in variant.startup]
             for key in STARTUP_KEYS
@@ -309,12 +413,21 @@ def _record(variant: Variant, settings: TrainBenchSettings) -> dict:
     }
 
 
+def _report_shares(shares: list[float | None]) -> dict:
+    """The share of wall time at report points (median and per run), where the runs measured it (ours)."""
+    if any(share is None for share in shares):
+        return {}
+    return {"report_share": statistics.median(shares), "report_share_runs": shares}
+
+
 def _add_ratios(records: list[dict]) -> None:
-    """Ratios of medians: against the reference trainer, and against our first layout (e.g. 1 worker x 2 threads)
-    as ``vs_first_layout``; ``scaling_efficiency`` is pairs/s per worker over one worker's at the same threads."""
-    reference = next((r["pairs_per_s"] for r in records if r["impl"] == REFERENCE), None)
+    """Ratios of medians: against the reference trainer with as many processes as our workers (else its single
+    process), and against our first layout (e.g. 1 worker x 2 threads) as ``vs_first_layout``;
+    ``scaling_efficiency`` is pairs/s per worker over one worker's at the same threads."""
+    references = {r["workers"]: r["pairs_per_s"] for r in records if r["impl"] == REFERENCE}
     ours = [r for r in records if r["impl"] == OURS]
     for record in records:
+        reference = references.get(record["workers"], references.get(1))
         record["vs_reference"] = record["pairs_per_s"] / reference if reference else None
     for record in ours:
         record["vs_first_layout"] = record["pairs_per_s"] / ours[0]["pairs_per_s"]
@@ -337,6 +450,8 @@ COLUMNS = (  # (header, record key, format)
     ("x reference", "vs_reference", "{:.2f}"),
     ("x first layout", "vs_first_layout", "{:.2f}"),
     ("scaling eff.", "scaling_efficiency", "{:.2f}"),
+    ("at reports", "report_share", "{:.1%}"),
+    ("MFU", "mfu", "{:.1%}"),
     ("first step s", "time_to_first_step_s", "{:.1f}"),
 )
 
@@ -395,6 +510,8 @@ def log_records(records: Sequence[dict], params: dict, tracking_uri: str, experi
                     "vs_reference",
                     "vs_first_layout",
                     "scaling_efficiency",
+                    "report_share",
+                    "mfu",
                 )
                 if record.get(key) is not None
             }
@@ -404,3 +521,10 @@ def log_records(records: Sequence[dict], params: dict, tracking_uri: str, experi
         tracker.log_figure(figure, "bench_train.png")
         plt.close(figure)
         return tracker.run_id
+
+
+if __name__ == "__main__":  # one process of reference_ddp_run: SETTINGS_JSON THREADS STARTED RESULT_FILE
+    _settings, _threads, _started, _result = sys.argv[1:]
+    _measured = reference_trainer_run(TrainBenchSettings(**json.loads(_settings)), int(_threads), float(_started))
+    if int(os.environ["RANK"]) == 0:
+        Path(_result).write_text(json_text(_measured))

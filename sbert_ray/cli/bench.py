@@ -91,7 +91,8 @@ def _add_train_arguments(bench_sub, bench_common: argparse.ArgumentParser) -> No
     bt.add_argument(
         "--reference-threads",
         type=positive_int,
-        help="threads of sentence-transformers' trainer (default: the most CPUs a layout uses)",
+        help="threads of sentence-transformers' trainer in one process (default: the most CPUs a layout uses); "
+        "for each worker count N > 1 it also runs N DDP processes at that layout's threads",
     )
     bt.add_argument("--batch-size", type=positive_int, default=16, help="global batch (default: 16, the quickstart's)")
     bt.add_argument("--max-seq-length", type=positive_int, default=128)
@@ -99,6 +100,16 @@ def _add_train_arguments(bench_sub, bench_common: argparse.ArgumentParser) -> No
     bt.add_argument("--limit", type=positive_int, help="first N STSb train pairs (default: all 5,749)")
     bt.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
                     help="as scaling.precision (auto: fp32 on CPU, bf16 or fp16 on GPU)")  # fmt: skip
+    bt.add_argument("--eval-every", type=positive_int,
+                    help="steps between report points (dev evaluation + checkpoint), e.g. 120 as the quickstart "
+                    "(default: only after the last step)")  # fmt: skip
+    bt.add_argument(
+        "--dev-limit",
+        type=positive_int,
+        default=10,
+        help="STSb dev pairs each report point scores (default: 10; 1500: all, as the quickstart)",
+    )
+    bt.add_argument("--compile", action="store_true", help="scaling.compile: torch.compile the training forward")
     bt.add_argument("--local", action="store_true", help="one worker in this process, without Ray (one GPU)")
     bt.add_argument("--no-reference", action="store_true", help="skip sentence-transformers' trainer")
     bt.add_argument(
@@ -208,6 +219,9 @@ def run_train(args: argparse.Namespace) -> int:
         limit=args.limit,
         device=args.device,
         precision=args.precision,
+        eval_every=args.eval_every or 0,
+        dev_limit=args.dev_limit,
+        compile=args.compile,
     )
     check_inputs(settings, reference=not args.no_reference)
     store = None if args.no_mlflow else tracking_store(args)

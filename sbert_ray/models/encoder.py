@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 DEFAULT_MAX_SEQ_LENGTH = 128
+PADDED_WIDTH_MULTIPLE = 8  # training pads each batch to a multiple of this many tokens: few shapes to compile
 Precision = Literal["fp32", "bf16"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 
@@ -59,6 +61,7 @@ class SentenceEncoder(nn.Module):
         self.max_seq_length = max_seq_length
         self.normalize = normalize
         self.truncate_dim = truncate_dim
+        self._compiled_forward = None  # the transformer's forward compiled for training (compile_for_training)
         # BERT-style models carry a [CLS] pooler head that sentence pooling never uses. Frozen, it is still
         # saved (so reloading warns about nothing) but DDP does not wait for gradients it never gets.
         pooler = getattr(transformer, "pooler", None)
@@ -204,9 +207,12 @@ class SentenceEncoder(nn.Module):
     def forward(self, features: dict[str, Tensor]) -> Tensor:
         """Sentence embeddings [batch, embedding_dim] for tokenized features (on this module's device)."""
         inputs = {name: features[name] for name in self.tokenizer.model_input_names if name in features}
+        if "attention_mask" in inputs:
+            inputs["attention_mask"] = self._attention_mask(inputs["attention_mask"])
         # Pooled in at least float32 whatever the model computed in: a bf16 sum over many tokens loses digits (a
         # float64 model stays float64: tests compare gradients in it).
-        hidden = self.transformer(**inputs).last_hidden_state
+        transformer = self._compiled_forward if (self.training and self._compiled_forward) else self.transformer
+        hidden = transformer(**inputs).last_hidden_state
         token_embeddings = hidden.to(torch.promote_types(hidden.dtype, torch.float32))
         embeddings = self.pooling(token_embeddings, features["attention_mask"], _prompt_length(features))
         return F.normalize(embeddings, p=2, dim=1) if self.normalize else embeddings
@@ -223,6 +229,31 @@ class SentenceEncoder(nn.Module):
     def resolve_prompt(self, prompt: str | None = None, prompt_name: str | None = None) -> str:
         """The prompt text ``encode`` puts before each sentence ('' for none); see ``models.prompts``."""
         return resolve_prompt(self.prompts, self.default_prompt_name, prompt, prompt_name)
+
+    def compile_for_training(self) -> None:
+        """Compile the transformer's forward (``torch.compile``, inductor, static shapes) for training-mode
+        forwards; evaluation keeps the eager model, whose batches come in any width. One graph per input shape:
+        training batches are padded to multiples of PADDED_WIDTH_MULTIPLE up to ``max_seq_length``, at a few batch
+        sizes (the micro-batch, cached MNRL's mini-batches and their remainders), so dynamo's recompile limit is
+        raised to that many. The weights stay the module's own: checkpoints and ``state_dict`` are unchanged."""
+        widths = math.ceil(self.max_seq_length / PADDED_WIDTH_MULTIPLE)
+        import torch._dynamo  # here: only a compiling run pays for importing dynamo
+
+        dynamo = torch._dynamo.config
+        dynamo.recompile_limit = max(dynamo.recompile_limit, 4 * widths)
+        self._compiled_forward = torch.compile(self.transformer.forward, dynamic=False)
+
+    def _attention_mask(self, padding: Tensor) -> Tensor:
+        """The mask the transformer gets: for SDPA in a model that builds its masks with transformers' masking
+        utilities, already 4-D (batch, 1, 1, tokens; True attends), which transformers passes through as it is.
+        Given the 2-D one it first asks whether any token is padding (``padding_mask.all()`` in
+        ``masking_utils``), a device-to-host sync in every forward, only to drop the mask when none is. The
+        4-D mask broadcasts to the one it would build, so the arithmetic is the same. Other attention
+        implementations (eager adds a float mask) and models with their own mask code keep the 2-D mask."""
+        transformer = self.transformer
+        if transformer.config._attn_implementation == "sdpa" and transformer.is_backend_compatible():
+            return padding.bool()[:, None, None, :]
+        return padding
 
     def token_ids(self, sentences: Sequence[str]) -> dict[str, list[list[int]]]:
         """Unpadded ids per sentence, truncated to max_seq_length (see ``token_ids``)."""

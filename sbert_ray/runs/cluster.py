@@ -9,6 +9,7 @@ import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -127,18 +128,27 @@ def _nodes_text(kinds: list[NodeKind]) -> str:
 def node_kinds() -> list[NodeKind] | None:
     """What the connected cluster can ever have: its autoscaler's node groups at their maximum count, where it
     publishes them; the nodes themselves when this process started the cluster (a fixed local one); else None."""
-    from ray._private.state import state
-
-    config = state.get_cluster_config()
-    if config is not None and config.node_group_configs:
-        return [
-            NodeKind(dict(group.resources), math.inf if group.max_count == -1 else group.max_count)
-            for group in config.node_group_configs
-        ]
+    autoscaled = autoscaler_node_kinds()
+    if autoscaled:
+        return autoscaled
     this_node = ray._private.worker._global_node
     if this_node is not None and this_node.is_head():
         return [NodeKind(node["Resources"], 1) for node in ray.nodes() if node["Alive"]]
     return None
+
+
+def autoscaler_node_kinds() -> list[NodeKind] | None:
+    """The node groups the cluster's autoscaler publishes, each at its maximum count; None where it publishes none
+    (Ray's v1 autoscaler under `ray up`, or no autoscaler)."""
+    from ray._private.state import state
+
+    config = state.get_cluster_config()
+    if config is None or not config.node_group_configs:
+        return None
+    return [
+        NodeKind(dict(group.resources), math.inf if group.max_count == -1 else group.max_count)
+        for group in config.node_group_configs
+    ]
 
 
 def wait_for_workers(scaling: ScalingConfig) -> None:
@@ -170,15 +180,99 @@ def _text(resources: dict[str, float]) -> str:
 
 
 def runs_that_fit(configs: list[TrainConfig], driver_cpus: float = 0.0) -> int:
-    """How many of these training runs the connected Ray cluster can hold at once, sized by the largest; each
-    run's own driver takes ``driver_cpus``. Bounds sweep trials and argument-similarity folds."""
-    available = ray.cluster_resources()
+    """How many of these training runs the connected Ray cluster can hold at once (``runs_fitting`` its
+    ``cluster_capacity``). Bounds sweep trials and argument-similarity folds."""
+    return runs_fitting(cluster_capacity(), configs, driver_cpus)
+
+
+def cluster_capacity() -> dict[str, float]:
+    """The resources the cluster can have at once: the maximum its autoscaler publishes (nodes it has not started
+    yet count: a cluster that scales GPU nodes from zero has no GPU at a sweep's start), else what it has now (no
+    autoscaler, one that publishes nothing, or a node group without a maximum)."""
+    return most_resources(autoscaler_node_kinds()) or ray.cluster_resources()
+
+
+def most_resources(kinds: list[NodeKind] | None) -> dict[str, float] | None:
+    """CPUs and GPUs of these node groups at their maximum counts; None without groups or with one unbounded."""
+    if not kinds or any(math.isinf(kind.count) for kind in kinds):
+        return None
+    return {key: sum(kind.resources.get(key, 0) * kind.count for kind in kinds) for key in ("CPU", "GPU")}
+
+
+def runs_fitting(capacity: dict[str, float], configs: list[TrainConfig], driver_cpus: float = 0.0) -> int:
+    """How many of these runs ``capacity`` (resource -> amount) holds at once, sized by the largest; each run's
+    own driver takes ``driver_cpus``. At least 1."""
     cpus = max(c.scaling.num_workers * c.scaling.cpus_per_worker for c in configs) + driver_cpus
-    fits = [available.get("CPU", 0) // cpus]
+    fits = [capacity.get("CPU", 0) // cpus]
     gpus = max((c.scaling.num_workers * c.scaling.gpus_per_worker for c in configs if c.scaling.use_gpu), default=0)
     if gpus:
-        fits.append(available.get("GPU", 0) // gpus)
+        fits.append(capacity.get("GPU", 0) // gpus)
     return max(1, int(min(fits)))
+
+
+# Filesystem types (/proc/mounts) every node can mount: NFS (EFS), SMB, parallel filesystems, FUSE object stores.
+SHARED_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs", "glusterfs", "ceph", "beegfs", "fuse.")
+
+
+def workers_may_leave_this_machine(scaling: ScalingConfig) -> bool:
+    """Whether a worker of ``scaling`` may run on another machine than this process's (``leaves_machine``)."""
+    this_node = ray.get_runtime_context().get_node_id()
+    alive = [node for node in ray.nodes() if node["Alive"]]
+    here = next(node["NodeManagerAddress"] for node in alive if node["NodeID"] == this_node)
+    machines = [(node["NodeManagerAddress"], node["Resources"]) for node in alive]
+    return leaves_machine(autoscaler_node_kinds(), machines, here, scaling.resources_per_worker())
+
+
+def leaves_machine(
+    autoscaled: list[NodeKind] | None,
+    alive: list[tuple[str, dict[str, float]]],
+    here: str,
+    bundle: dict[str, float],
+) -> bool:
+    """Whether a worker of ``bundle`` may run on another machine than the one at address ``here``: the
+    autoscaler (``autoscaled``: its node groups, where it publishes them) may start more than one node; a live
+    node (``alive``: address, resources) is at another address; or no live node can hold a worker, so an
+    autoscaler must start one elsewhere (a `ray up` head has no CPUs for work). Nodes at one address share its
+    disks (a local multi-node cluster)."""
+    if autoscaled and sum(kind.count for kind in autoscaled) > 1:
+        return True
+    if any(address != here for address, _ in alive):
+        return True
+    return not any(NodeKind(resources, 1).holds(bundle) for _, resources in alive)
+
+
+def unshared_paths(paths: dict[str, str], mounts: list[tuple[str, str]]) -> dict[str, str]:
+    """Of ``paths`` (key -> absolute local path), those not on a filesystem other nodes can mount: the
+    filesystem type of the deepest mount point (``mounts``: (mount point, type) as /proc/mounts lists them)
+    holding each path is not one of SHARED_FILESYSTEMS."""
+
+    def filesystem(path: str) -> str:
+        holding = [(point, kind) for point, kind in mounts if path == point or path.startswith(point.rstrip("/") + "/")]
+        return max(holding, key=lambda mount: len(mount[0]), default=("", ""))[1]
+
+    return {key: path for key, path in paths.items() if not filesystem(path).startswith(SHARED_FILESYSTEMS)}
+
+
+def local_mounts() -> list[tuple[str, str]]:
+    """(mount point, filesystem type) of this machine (Linux /proc/mounts; none elsewhere)."""
+    try:
+        lines = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return []
+    return [(fields[1].replace("\\040", " "), fields[2]) for fields in map(str.split, lines) if len(fields) > 2]
+
+
+def refuse_unshared_paths(paths: dict[str, str], scaling: ScalingConfig) -> None:
+    """A ``ConfigError`` naming the keys whose local path (on this node's own disk) workers on other nodes could
+    not read, when workers may run there (``workers_may_leave_this_machine``)."""
+    unshared = unshared_paths(paths, local_mounts())
+    if unshared and workers_may_leave_this_machine(scaling):
+        named = ", ".join(f"{key}={path}" for key, path in unshared.items())
+        raise ConfigError(
+            f"{named}: on this machine's own disk, which workers on the cluster's other machines cannot read; use a "
+            "Hub id for model.name, no data_dir (the Hub's datasets), s3://... for checkpoint.storage_path, or a "
+            "shared filesystem (NFS, EFS, Lustre) mounted at the same path on every node"
+        )
 
 
 def input_error(error: BaseException) -> ConfigError | DataError | None:

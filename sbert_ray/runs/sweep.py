@@ -26,9 +26,9 @@ from ray.tune.search.optuna import OptunaSearch
 from sbert_ray.config import ConfigError, TrainConfig, dump_yaml, flatten, to_dict
 from sbert_ray.evaluation.dev_score import dev_spec
 from sbert_ray.runs import owned_paths
-from sbert_ray.runs.cluster import connect_ray, refuse_impossible, runs_that_fit
+from sbert_ray.runs.cluster import connect_ray, refuse_impossible, refuse_unshared_paths, runs_that_fit
 from sbert_ray.runs.progress_lines import SweepProgress
-from sbert_ray.runs.train_run import TrainResult, absolute_paths, prepare, redacted, run_training
+from sbert_ray.runs.train_run import TrainResult, absolute_paths, prepare, redacted, run_training, worker_paths
 from sbert_ray.tracking.mlflow_run import environment_tags
 from sbert_ray.tracking.model_registry import register_run_model
 from sbert_ray.tracking.store import redact_uri
@@ -118,6 +118,8 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
         connect_ray()
         for scaling in {repr(extreme.scaling): extreme.scaling for extreme in extremes}.values():
             refuse_impossible(scaling)  # a trial of workers the cluster can never hold would wait for ever
+        for extreme in extremes:  # trials and their workers may run on other machines, which must read these
+            refuse_unshared_paths(worker_paths(extreme), extreme.scaling)
         context = TrialContext(space, f"{path}/trials", tracker.run_id)
         trainable = tune.with_resources(tune.with_parameters(run_trial, context=context), {"cpu": TRIAL_CPU})
         start = time.perf_counter()
@@ -189,7 +191,8 @@ def _new_tuner(sweep: SweepConfig, space: SearchSpace, extremes: list[TrainConfi
 
 
 def max_concurrent_trials(extremes: list[TrainConfig]) -> int:
-    """As many trials as the cluster fits, sized by the largest trial of the search space."""
+    """As many trials as the cluster fits at its largest (``runs_that_fit``), sized by the largest trial of the
+    search space."""
     return runs_that_fit(extremes, driver_cpus=TRIAL_CPU)
 
 

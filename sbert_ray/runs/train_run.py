@@ -46,7 +46,7 @@ from sbert_ray.models import check_model, load_encoder
 from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_card
 from sbert_ray.progress import quiet
 from sbert_ray.runs import owned_paths, record
-from sbert_ray.runs.cluster import check_resources, connect_ray
+from sbert_ray.runs.cluster import check_resources, connect_ray, refuse_unshared_paths
 from sbert_ray.runs.progress_lines import TrainingProgress
 from sbert_ray.runs.run_lease import run_lease
 from sbert_ray.runs.scoring import ModelSource, checkpoint_model, dev_validation, evaluate_on_worker_resources
@@ -133,6 +133,23 @@ def _absolute_data(stage: StageConfig) -> StageConfig:
 
 def _is_folder(name: str) -> bool:
     return not name.startswith("random:") and Path(name).expanduser().is_dir()
+
+
+def worker_paths(config: TrainConfig) -> dict[str, str]:
+    """The local paths (absolute) the training workers read or write, by key: a model folder (every worker loads
+    it), the data folder (rank 0 scores the dev set from it, read tasks read registered datasets from it), the
+    stages' data files (read by Ray Data tasks on any node), checkpoint storage (every worker reports to it)."""
+    paths = {"model.name": config.model.name} if _is_folder(config.model.name) else {}
+    if config.data_dir:
+        paths["data_dir"] = config.data_dir
+    for i, stage in enumerate(config.stages):
+        named = [(f"stages.{i}.datasets.{j}", d.path) for j, d in enumerate(stage.datasets or [])]
+        for key, spec in named or [(f"stages.{i}.dataset", stage.dataset)]:
+            if spec and is_path(spec) and "://" not in spec:
+                paths[key] = spec
+    if not is_remote(config.checkpoint.storage_path):
+        paths["checkpoint.storage_path"] = config.checkpoint.storage_path
+    return paths
 
 
 def redacted(config: TrainConfig) -> TrainConfig:
@@ -335,6 +352,7 @@ def preflight(config: TrainConfig, run_dir: str, previous: record.RunRecord | No
     connect_ray()
     rows = count_stages(config, sources)
     check_resources(config.scaling)  # workers the cluster cannot hold: refused before the MLflow run and record
+    refuse_unshared_paths(worker_paths(config), config.scaling)
     steps = tuple(planned_steps(config, i, n)[1] for i, n in enumerate(rows))
     return TrainPlan(config, run_dir, before_tasks, final_tasks, dev, tuple(sources), tuple(rows), steps, previous)
 

@@ -190,13 +190,14 @@ def train_stage(
             state.stage_done = last
             sources = data_metrics().items()
             state.samples = {k[5:-8]: int(v) for k, v in sources if k.startswith("data/") and k.endswith("/samples")}
+            save = checkpoint_writer(
+                state, objective, optimization, device, world_size, settings.full_state_at(state.step)
+            )
             stalled_from = time.perf_counter()
-            full_state = settings.full_state_at(state.step)
-            save = checkpoint_writer(state, objective, optimization, device, world_size, full_state)
-            reporter.report(state, save, window)
+            with meter.reporting():  # not training time: evaluation, checkpoint, upload, waiting for the others
+                reporter.report(state, save, window)
             # What the report point cost this rank's training (scoring, writing, handing the checkpoint over).
             reporter.log({"train/report_s": time.perf_counter() - stalled_from}, step=state.global_step)
-            meter.restart()  # the dev evaluation is not training time
         if last:
             break
     return state

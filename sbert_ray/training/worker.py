@@ -67,6 +67,8 @@ def train_loop_per_worker(loop_config: dict) -> dict:
         checkpoint = resume_checkpoint()
         restored = None if checkpoint is None else Path(checkpoint.to_directory(resume_dir))
         encoder, state = start_worker(config, worker, restored)
+        if config.scaling.compile:
+            encoder.compile_for_training()
         run_logger = RunLogger(**tracking) if worker.rank == 0 and tracking else None
         reporter = RayReporter(config, worker, encoder, run_logger)
         try:

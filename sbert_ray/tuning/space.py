@@ -51,7 +51,9 @@ class SweepConfig:
     search: str = "random"  # random or grid (Tune's variant generator), optuna (TPE)
     scheduler: str = "asha"  # asha: stop trials early on the dev metric; fifo: run every trial to the end
     asha: AshaConfig = field(default_factory=AshaConfig)  # the ASHA scheduler's rungs
-    max_concurrent_trials: int | None = None  # default: as many trials as the cluster's CPUs / GPUs fit
+    # Default: as many trials as the cluster's CPUs / GPUs fit, counting the nodes its autoscaler may still start
+    # where it publishes its maximum (else the nodes it has at the start: set this on a `ray up` cluster)
+    max_concurrent_trials: int | None = None
     retrain_best: bool = False  # retrain the best config on the full training data, score the STS suite
 
     def validate(self) -> None:

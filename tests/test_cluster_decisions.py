@@ -1,0 +1,55 @@
+"""What the run layer decides from a cluster's shape, without a cluster: whether workers may run on another machine,
+which local paths they could not read there, and how many sweep trials a cluster holds at its largest."""
+
+from __future__ import annotations
+
+import math
+
+from sbert_ray.config import ScalingConfig, TrainConfig
+from sbert_ray.runs.cluster import NodeKind, leaves_machine, most_resources, runs_fitting, unshared_paths
+
+WORKER = {"CPU": 4.0, "GPU": 1.0}
+GPU_NODES = [NodeKind({"CPU": 0.0}, 1), NodeKind({"CPU": 96.0, "GPU": 8.0}, 4)]  # cluster.yaml's groups
+
+
+def test_workers_leave_the_machine_when_another_may_hold_them():
+    here, other = "10.0.0.1", "10.0.0.2"
+    assert leaves_machine(GPU_NODES, [(here, {"CPU": 0.0})], here, WORKER)  # the autoscaler starts GPU nodes
+    assert leaves_machine(None, [(here, {"CPU": 0.0})], here, WORKER)  # `ray up`: a head that holds no worker
+    assert leaves_machine(None, [(here, {"CPU": 8.0, "GPU": 1.0}), (other, WORKER)], here, WORKER)
+    # One machine: a head that holds the worker, or a local cluster of several nodes on one address.
+    assert not leaves_machine(None, [(here, {"CPU": 8.0, "GPU": 1.0})], here, WORKER)
+    assert not leaves_machine(None, [(here, {"CPU": 0.0}), (here, WORKER)], here, WORKER)
+    assert not leaves_machine([NodeKind(WORKER, 1)], [(here, WORKER)], here, WORKER)
+
+
+def test_only_paths_on_a_shared_filesystem_reach_other_machines():
+    mounts = [("/", "ext4"), ("/home", "xfs"), ("/mnt/efs", "nfs4"), ("/fsx", "lustre"), ("/mnt/s3", "fuse.s3fs")]
+    paths = {
+        "model.name": "/home/me/models/mine",
+        "data_dir": "/mnt/efs/data",
+        "checkpoint.storage_path": "/mnt/efsx/runs",  # a sibling of the mount point, not inside it
+        "a": "/fsx/runs",
+        "b": "/mnt/s3/runs",
+        "c": "/mnt/efs",
+    }
+    assert unshared_paths(paths, mounts) == {
+        "model.name": "/home/me/models/mine", "checkpoint.storage_path": "/mnt/efsx/runs",
+    }  # fmt: skip
+    assert unshared_paths({"data_dir": "/data"}, []) == {"data_dir": "/data"}  # no mount table: not known shared
+
+
+def gpu_trial(num_workers: int = 1) -> TrainConfig:
+    return TrainConfig(scaling=ScalingConfig(num_workers=num_workers, use_gpu=True, cpus_per_worker=4))
+
+
+def test_sweep_concurrency_counts_the_nodes_an_autoscaler_may_start():
+    """A cluster that scales GPU nodes from zero: at the sweep's start it has no GPU (1 trial at a time, before),
+    at its largest 32 (4 nodes of 8): 32 one-GPU trials, or 16 of two workers; a trial's driver takes a CPU."""
+    capacity = most_resources(GPU_NODES)
+    assert capacity == {"CPU": 384.0, "GPU": 32.0}
+    assert runs_fitting(capacity, [gpu_trial()], driver_cpus=0.01) == 32
+    assert runs_fitting(capacity, [gpu_trial(), gpu_trial(2)], driver_cpus=0.01) == 16
+    assert runs_fitting({"CPU": 0.0}, [gpu_trial()]) == 1  # the head alone, as at the start
+    assert most_resources([NodeKind(WORKER, math.inf)]) is None  # no maximum: what the cluster has now decides
+    assert most_resources(None) is None
