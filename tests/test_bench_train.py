@@ -84,7 +84,10 @@ def test_bench_train_runs_in_process_without_ray(data_dir, tmp_path, capsys):
     the CPU in bf16."""
     output = tmp_path / "local.json"
     argv = bench(data_dir, "--local", "--precision", "bf16", "--no-mlflow", "--output", str(output))
-    assert main(argv) == 0 and not ray.is_initialized()
+    # No Ray: the test tiers' guard fails this test if anything calls ray.init; an earlier module's session cluster
+    # may still be connected, and stays as it was.
+    connected = ray.is_initialized()
+    assert main(argv) == 0 and ray.is_initialized() == connected
     records = json.loads(output.read_text())
     assert [(r["impl"], r["workers"], r["precision"]) for r in records] == [
         ("sbert-ray", 1, "bf16"), ("sentence-transformers", 1, "bf16"),
@@ -99,4 +102,4 @@ def test_bench_train_runs_in_process_without_ray(data_dir, tmp_path, capsys):
     assert main(bench(data_dir, "--local", "--workers", "1,2", "--no-mlflow")) == 2
     assert "--local runs one worker in this process" in capsys.readouterr().err
     assert main(bench(data_dir, "--model", "random:huge", "--no-mlflow")) == 2  # checked before Ray starts
-    assert "unknown random BERT shape 'huge'" in capsys.readouterr().err and not ray.is_initialized()
+    assert "unknown random BERT shape 'huge'" in capsys.readouterr().err and ray.is_initialized() == connected
