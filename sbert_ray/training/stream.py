@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from sbert_ray.config import StageConfig, TrainConfig
@@ -222,7 +223,7 @@ def _windows(tables: Iterable[pa.Table], window_rows: int, counts: SourceCounts)
     for table in tables:
         pending.append(table)
         rows += table.num_rows
-        counts.truncated_texts += int(pa.compute.sum(table.column("truncated")).as_py() or 0)
+        counts.truncated_texts += int(pc.sum(table.column("truncated")).as_py() or 0)
         if rows >= window_rows:
             yield pa.concat_tables(pending)
             pending, rows = [], 0
