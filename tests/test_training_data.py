@@ -15,11 +15,14 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from sbert_ray.config import ConfigError, DatasetSource, StageConfig, TrainConfig
+from sbert_ray.config import ConfigError, DatasetSource, StageConfig, TrainConfig, load_config
 from sbert_ray.data import DataError
+from sbert_ray.models import load_encoder
+from sbert_ray.models.load import load_tokenizer
 from sbert_ray.models.random_bert import random_bert
+from sbert_ray.runs.train_run import prepare
 from sbert_ray.training.batches import tokenize_table, truncated_rows
-from sbert_ray.training.sources import list_files, read_tables, stage_sources
+from sbert_ray.training.sources import known_rows, list_files, read_tables, stage_sources
 from sbert_ray.training.stream import BatchPlan, SourceCounts, SourceStream, StageBatches, pass_batches
 
 
@@ -196,3 +199,39 @@ def test_a_hub_dataset_streams_from_its_files_or_a_local_mirror_of_them(tmp_path
     assert source.files == (str(folder / "train-00000-of-00001.parquet"),)
     (table,) = read_tables(source, source.files[0], stage, None)
     assert table.column("text_2").to_pylist() == ["x", "y"] and table.num_rows == 2
+
+
+def test_bad_parquet_shards_are_refused_from_their_footers_before_ray(tmp_path, tiny_train_config) -> None:
+    """What parquet footers tell is checked before Ray: a shard without a column the objective needs, and a
+    missing or blank text (row-group statistics point at the row group; only that column of it is read), each
+    named with the key, the file and the row. Shards whose statistics show no such text are not read."""
+    ones, twos = [f"a {i}" for i in range(40)], [f"b {i}" for i in range(40)]
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    pq.write_table(pa.table({"sentence1": ones, "sentence2": twos, "score": [2.5] * 40}), folder / "part-0.parquet")
+    bad = folder / "part-1.parquet"
+    cases = [
+        ({"sentence1": ones, "sentence2": twos[:23] + ["  "] + twos[24:]}, r", row 24: column 'sentence2' is empty"),
+        ({"sentence1": ones[:31] + [None] + ones[32:], "sentence2": twos}, r", row 32: column 'sentence1' is empty"),
+        ({"sentence1": ones, "text": twos}, r": no column 'sentence2'"),
+    ]
+    for columns, message in cases:
+        pq.write_table(pa.table({**columns, "score": [2.5] * 40}), bad, row_group_size=10)
+        config = load_config(tiny_train_config(), [f"stages.0.dataset={folder}", "stages.0.limit=null"])
+        with pytest.raises(ConfigError, match=rf"^stages\.0\.dataset: {bad}{message}"):
+            prepare(config)
+    bad.unlink()
+    stage = StageConfig(dataset=str(folder))
+    (source,) = stage_sources(stage, 0)
+    assert known_rows(source, stage, None) == 40
+
+
+@pytest.mark.parametrize("name", ["random:tiny", "sentence-transformers/all-MiniLM-L6-v2"])
+def test_the_tokenise_stage_loads_no_weights_and_tokenises_as_the_encoder(name) -> None:
+    """Ray Data's tokenise tasks load the tokenizer alone (``load_tokenizer``), with the prompts the encoder has
+    (the saved ones, or the config's in their place): the same token ids as with the whole encoder."""
+    table = pa.table({"text_0": ["A man plays a guitar.", "x " * 40], "text_1": ["Someone plays music.", "y"]})
+    for prompts in (None, {"query": "query: ", "document": "passage: "}):
+        whole = load_encoder(name, max_seq_length=24, prompts=prompts)
+        alone = load_tokenizer(name, max_seq_length=24, prompts=prompts)
+        assert tokenize_table(table, alone).equals(tokenize_table(table, whole))

@@ -195,15 +195,22 @@ def _checked(
         raise ConfigError(f"tracking.tracking_uri: {err}") from None
     _check_model(config)
     _check_datasets(config, {"before_tasks": before_tasks, "final_tasks": final_tasks}, dev.task)
-    sources = [stage_sources(stage, i) for i, stage in enumerate(config.stages)]
-    for stage, listed in zip(config.stages, sources, strict=True):
-        for source in listed:
-            if not source.files:  # a registered dataset: read here, which checks it suits the objective
-                try:
-                    known_rows(source, stage, config.data_dir)
-                except DataError as err:
-                    raise ConfigError(f"{source.key}: {err}") from None
+    sources = [
+        [_counted(source, stage, config.data_dir) for source in stage_sources(stage, i)]
+        for i, stage in enumerate(config.stages)
+    ]
     return config, sources
+
+
+def _counted(source: Source, stage: StageConfig, data_dir: str) -> Source:
+    """The source with its count where that needs no cluster (``known_rows``: a registered dataset read here,
+    which checks that it suits the objective; parquet footers, which tell missing columns and texts), so bad data
+    stops the run before Ray and the count before training does not read it again. Other files are counted, and
+    every row checked, on the cluster."""
+    try:
+        return dataclasses.replace(source, rows=known_rows(source, stage, data_dir))
+    except DataError as err:
+        raise ConfigError(f"{source.key}: {err}") from None
 
 
 def _check_model(config: TrainConfig) -> None:

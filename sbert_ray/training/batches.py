@@ -15,6 +15,7 @@ import torch
 
 from sbert_ray.config import StageConfig
 from sbert_ray.models import SentenceEncoder
+from sbert_ray.models.load import TextTokenizer
 from sbert_ray.models.prompts import prompt_for_column
 
 PAD_MULTIPLE_CUDA = 8  # on GPUs padded widths are rounded up to this: tensor-core tiles, fewer shapes to compile
@@ -30,7 +31,7 @@ def text_hashes(texts: pa.Array) -> np.ndarray:
     return pd.util.hash_array(np.asarray(texts.to_numpy(zero_copy_only=False), dtype=object)).view(np.int64)
 
 
-def tokenize_table(table: pa.Table, encoder: SentenceEncoder) -> pa.Table:
+def tokenize_table(table: pa.Table, encoder: SentenceEncoder | TextTokenizer) -> pa.Table:
     """A source's table (``text_<k>`` columns, optional ``label``) tokenised with the encoder's tokenizer: per
     column ``ids_<k>`` (int32 token ids, truncated to its ``max_seq_length``; the anchor column after the model's
     query prompt, the others after its document prompt, as ``encode_query`` / ``encode_document`` put them) and

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -60,6 +61,7 @@ class Source:
     files: tuple[str, ...]
     weight: float = 1.0
     columns: dict[str, str] | None = None
+    rows: int | None = None  # its examples when counted before the cluster (a registered dataset, read on the driver)
 
     @property
     def name(self) -> str:
@@ -201,21 +203,9 @@ def _records_table(records: list[Record], stage: StageConfig, where: str) -> pa.
 
 
 def _parquet_tables(file: str, source: Source, stage: StageConfig) -> Iterator[pa.Table]:
-    """A parquet file by row group: columns named as a user file's (``columns`` maps field -> column); for
-    in-batch-negative objectives every ``negative_<n>`` column is a further hard negative (mined n-tuples)."""
-    loss = OBJECTIVES[stage.objective]
-    record_type = RECORD_TYPES[loss.user_file_kind]
-    filesystem, path = _filesystem(file, source.key)
-    parquet = pq.ParquetFile(filesystem.open_input_file(path))
-    names = parquet.schema_arrow.names
-    mapping = source.columns or {}
-    texts = [mapping.get(f, f) for f in TEXT_FIELDS[record_type]]
-    if record_type.__name__ == "Triplet" and "negative" not in mapping and "negative" not in names:
-        texts = texts[:2] + sorted((n for n in names if n.startswith("negative_")), key=lambda n: int(n[9:]))
-    label = mapping.get(loss.label_field, loss.label_field) if loss.label_field else None
-    missing = [c for c in [*texts, label] if c and c not in names]
-    if missing or len(texts) < 2:
-        raise DataError(f"{file}: no column {missing[0] if missing else 'negative_1'!r} (its columns: {names})")
+    """A parquet file by row group, as ``_parquet_columns`` names its columns."""
+    parquet = _parquet_file(file, source.key)
+    texts, label = _parquet_columns(parquet, file, source, stage)
     first_row = 0
     for batch in parquet.iter_batches(batch_size=ROWS_PER_TABLE, columns=[*texts, *([label] if label else [])]):
         table = {f"text_{i}": _texts(batch.column(name), file, name, first_row) for i, name in enumerate(texts)}
@@ -225,10 +215,65 @@ def _parquet_tables(file: str, source: Source, stage: StageConfig) -> Iterator[p
         yield pa.table(table)
 
 
+def _parquet_file(file: str, key: str) -> pq.ParquetFile:
+    filesystem, path = _filesystem(file, key)
+    return pq.ParquetFile(filesystem.open_input_file(path))
+
+
+def _parquet_columns(parquet: pq.ParquetFile, file: str, source: Source, stage: StageConfig) -> tuple[list, str]:
+    """The file's text columns in the objective's order and its label column (None without one): columns named as
+    a user file's (``columns`` maps field -> column); for in-batch-negative objectives every ``negative_<n>`` column
+    is a further hard negative (mined n-tuples)."""
+    loss = OBJECTIVES[stage.objective]
+    record_type = RECORD_TYPES[loss.user_file_kind]
+    names = parquet.schema_arrow.names
+    mapping = source.columns or {}
+    texts = [mapping.get(f, f) for f in TEXT_FIELDS[record_type]]
+    if record_type.__name__ == "Triplet" and "negative" not in mapping and "negative" not in names:
+        texts = texts[:2] + sorted((n for n in names if n.startswith("negative_")), key=lambda n: int(n[9:]))
+    label = mapping.get(loss.label_field, loss.label_field) if loss.label_field else None
+    missing = [c for c in [*texts, label] if c and c not in names]
+    if missing or len(texts) < 2:
+        raise DataError(f"{file}: no column {missing[0] if missing else 'negative_1'!r} (its columns: {names})")
+    return texts, label
+
+
+def _checked_footer(file: str, source: Source, stage: StageConfig) -> int:
+    """The file's rows, from its footer, after what the footer can tell about them: the columns the objective
+    needs are there and, where row groups carry statistics, no text is missing (the first such row is named)."""
+    parquet = _parquet_file(file, source.key)
+    texts, _ = _parquet_columns(parquet, file, source, stage)
+    metadata, first_row = parquet.metadata, 0
+    positions = {metadata.schema.column(j).path: j for j in range(metadata.num_columns)}
+    for group in range(metadata.num_row_groups):
+        for name in texts:
+            if _may_hold_blanks(metadata.row_group(group).column(positions[name]).statistics):
+                _texts(parquet.read_row_group(group, columns=[name]).column(0), file, name, first_row)
+        first_row += metadata.row_group(group).num_rows
+    return metadata.num_rows
+
+
+def _may_hold_blanks(statistics) -> bool:
+    """Whether a row group's statistics of a text column leave room for a missing or blank text: nulls counted,
+    or a least value that is empty or starts with white space (blank texts sort first). No statistics: the
+    rows are checked as they are read."""
+    if statistics is None:
+        return False
+    if statistics.has_null_count and statistics.null_count:
+        return True
+    if not statistics.has_min_max:
+        return False
+    least = statistics.min
+    least = least.decode(errors="replace") if isinstance(least, bytes) else str(least)
+    return not least or least[:1].isspace()
+
+
 def _texts(column: pa.Array, file: str, name: str, first_row: int) -> pa.Array:
+    """The column as text; a missing or blank text is refused as a user file's is, naming its row."""
     column = column.cast(pa.string())
-    if column.null_count:
-        row = first_row + int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+    blank = pc.fill_null(pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(column)), 0), True)
+    if pc.any(blank).as_py():
+        row = first_row + int(np.flatnonzero(blank.to_numpy(zero_copy_only=False))[0])
         raise DataError(f"{file}, row {row + 1}: column {name!r} is empty")
     return column
 
@@ -273,14 +318,11 @@ class _local_copy:
 def known_rows(source: Source, stage: StageConfig, data_dir) -> int | None:
     """The source's examples without the cluster: a registered dataset (small, local or from the Hub) read here,
     which also checks that its records suit the objective; user files from parquet footers when that is exact
-    (parquet, an objective that keeps every row, no row skipped on errors). None: only reading every row tells."""
+    (parquet, an objective that keeps every row, no row skipped on errors), which also checks what footers tell
+    (``_checked_footer``). None: only reading every row tells."""
     if not source.files:
         return sum(table.num_rows for table in read_tables(source, None, stage, data_dir))
     keeps_all = OBJECTIVES[stage.objective].keeps.__func__ is EncoderLoss.keeps.__func__ and stage.errors == "raise"
     if not keeps_all or not all(f.lower().endswith(".parquet") for f in source.files):
         return None
-    total = 0
-    for file in source.files:
-        filesystem, path = _filesystem(file, source.key)
-        total += pq.ParquetFile(filesystem.open_input_file(path)).metadata.num_rows
-    return total
+    return sum(_checked_footer(file, source, stage) for file in source.files)

@@ -26,11 +26,14 @@ from ray.data.datasource import Datasource, ReadTask
 
 from sbert_ray.config import ConfigError, StageConfig, TrainConfig
 from sbert_ray.data.records import DataError
-from sbert_ray.models import load_encoder
+from sbert_ray.models.load import load_tokenizer
 from sbert_ray.training.batches import tokenize_table
-from sbert_ray.training.sources import ROWS_PER_TABLE, Source, known_rows, read_tables
+from sbert_ray.training.sources import Source, known_rows, read_tables
 from sbert_ray.training.stream import batch_plan, stage_steps
 
+# Blocks of ~5,000 short pairs, not Ray Data's 128 MiB (a whole shard of them): a worker's iterator waits for
+# its first two blocks (prefetch) before the first step, which would otherwise wait for two whole files.
+BLOCK_BYTES = 1024**2
 StageData = list[list[dict]]  # per stage, per source: its dataset key, name, rows and weight (for the workers)
 
 
@@ -38,7 +41,7 @@ def count_rows(source: Source, stage: StageConfig, data_dir) -> int:
     """The source's training examples (at most ``stage.limit``), checking every row unless parquet footers
     tell; a bad row is a ConfigError naming the source's key, the file and the line."""
     try:
-        rows = known_rows(source, stage, data_dir)
+        rows = source.rows if source.rows is not None else known_rows(source, stage, data_dir)
         if rows is None:
             rows = _read(source, stage, data_dir).count()
     except DataError as err:
@@ -77,21 +80,19 @@ def stage_datasets(config: TrainConfig, sources: list[list[Source]], rows: list[
     """The Train datasets (``{key: ray.data.Dataset}``, lazy: nothing runs before the workers iterate them) and
     what each worker needs to stream them."""
     datasets, stage_data = {}, []
-    # Training prints its own progress lines; Ray Data's bars would interleave with them in every worker's log.
-    ray.data.DataContext.get_current().enable_progress_bars = False
+    model_json = json.dumps(dataclasses.asdict(config.model))
     for i, (stage, stage_sources) in enumerate(zip(config.stages, sources, strict=True)):
         described = []
         for j, (source, n) in enumerate(zip(stage_sources, rows[i], strict=True)):
             key = f"stage{i}.{j}"
             dataset = _read(source, stage, config.data_dir)
-            datasets[key] = (dataset.limit(stage.limit) if stage.limit else dataset).map_batches(
-                _Tokenize,
-                fn_constructor_args=(json.dumps(dataclasses.asdict(config.model)),),
-                batch_size=ROWS_PER_TABLE,
-                batch_format="pyarrow",
-                num_cpus=0,
-                compute=ray.data.ActorPoolStrategy(min_size=1, max_size=_cluster_cpus()),
-            )
+            datasets[key] = tokenized = (dataset.limit(stage.limit) if stage.limit else dataset).map_batches(
+                tokenize, fn_args=(model_json,), batch_size=None, batch_format="pyarrow", num_cpus=0,
+                concurrency=_cluster_cpus(),  # the read's: Ray Data fuses the two into one task per file
+            )  # fmt: skip
+            # Training prints its own progress lines; Ray Data's bars would interleave with them in every log.
+            tokenized.context.enable_progress_bars = False
+            tokenized.context.target_max_block_size = BLOCK_BYTES
             described.append({"key": key, "name": source.name, "rows": n, "weight": source.weight})
         stage_data.append(described)
     return datasets, stage_data
@@ -132,11 +133,12 @@ class _SourceFiles(Datasource):
         ]
 
 
-class _Tokenize:
-    """The map stage: each process loads the model (its tokenizer, length limit and prompts) once."""
+def tokenize(table: pa.Table, model_json: str) -> pa.Table:
+    """The map stage, fused into the read tasks (no process of its own to start; Ray's pooled workers keep the
+    tokenizer they loaded for the next table)."""
+    return tokenize_table(table, _tokenizer(model_json))
 
-    def __init__(self, model_json: str):
-        self.encoder = load_encoder(**json.loads(model_json))
 
-    def __call__(self, table: pa.Table) -> pa.Table:
-        return tokenize_table(table, self.encoder)
+@functools.lru_cache(maxsize=2)
+def _tokenizer(model_json: str):
+    return load_tokenizer(**json.loads(model_json))
