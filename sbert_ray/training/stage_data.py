@@ -88,7 +88,7 @@ def stage_datasets(config: TrainConfig, sources: list[list[Source]], rows: list[
             dataset = _read(source, stage, config.data_dir)
             datasets[key] = tokenized = (dataset.limit(stage.limit) if stage.limit else dataset).map_batches(
                 tokenize, fn_args=(model_json,), batch_size=None, batch_format="pyarrow", num_cpus=0,
-                concurrency=_cluster_cpus(),  # the read's: Ray Data fuses the two into one task per file
+                compute=ray.data.TaskPoolStrategy(size=_cluster_cpus()),  # the read's: Ray Data fuses the two
             )  # fmt: skip
             # Training prints its own progress lines; Ray Data's bars would interleave with them in every log.
             tokenized.context.enable_progress_bars = False
