@@ -31,7 +31,7 @@ The peer environment (once; its own packages shadow the main venv's, torch comes
 Then, in this project's environment:
 
     python benchmarks/encode_vs_onnx.py --peer-python /work/venv-onnx/bin/python --data-dir ../shared/data \\
-        --limit 1000 --rounds 5 --threads 2 --output benchmarks/results/encode_vs_onnx.json
+        --limit 300 --rounds 5 --threads 2 --no-score --output benchmarks/results/encode_vs_onnx.json
 """
 
 from __future__ import annotations
@@ -244,7 +244,8 @@ def drive(args: argparse.Namespace) -> dict:
                 cpu_seconds[name].append(answer["cpu_seconds"])
             line = ", ".join(f"{name} {n_sentences / seconds[name][-1]:.0f}/s" for name in side_of)
             print(f"round {round_ + 1}/{args.rounds} (load {loads[-1]:.1f}): {line}", flush=True)
-        spearman = {name: workers[side].ask("score", name)["spearman"] for name, side in side_of.items()}
+        score = {name: side for name, side in side_of.items() if args.score}
+        spearman = {name: workers[side].ask("score", name)["spearman"] for name, side in score.items()}
     finally:
         for worker in workers.values():
             worker.close()
@@ -256,7 +257,7 @@ def drive(args: argparse.Namespace) -> dict:
             "sentences_per_s": summary(rates),
             "sentences_per_cpu_s": statistics.median(n_sentences / s for s in cpu_seconds[name]),
             "seconds": seconds[name],
-            "spearman": spearman[name],
+            "spearman": spearman.get(name),
         }
         if side == "ours":  # the same round's ratio: both ran within seconds of each other
             for peer in PEERS_TO_BEAT:
@@ -283,16 +284,17 @@ def print_table(result: dict) -> None:
     print(f"\n{result['sentences']} sentences, batch {result['batch_size']}, {result['rounds']} rounds, "
           f"{result['threads']['ours']} threads, load average {min(loads):.1f}-{max(loads):.1f}")  # fmt: skip
     print(
-        f"{'variant':15s} {'sentences/s (min-max)':>22s} {'STSb':>6s}"
+        f"{'variant':25s} {'sentences/s (min-max)':>22s} {'STSb':>6s}"
         + "".join(f"{'vs ' + p:>26s}" for p in PEERS_TO_BEAT)
     )
     for name, r in result["variants"].items():
         rate = r["sentences_per_s"]
-        cells = [f"{rate['median']:.0f} ({rate['min']:.0f}-{rate['max']:.0f})".rjust(22), f"{r['spearman']:6.2f}"]
+        spearman = f"{r['spearman']:6.2f}" if r["spearman"] is not None else "     -"
+        cells = [f"{rate['median']:.0f} ({rate['min']:.0f}-{rate['max']:.0f})".rjust(22), spearman]
         for peer in PEERS_TO_BEAT:
             ratio = r.get(f"vs_{peer}")
             cells.append(f"{ratio['median']:.2f}x ({ratio['min']:.2f}-{ratio['max']:.2f})".rjust(25) if ratio else "")
-        print(f"{name:15s} " + " ".join(cells))
+        print(f"{name:25s} " + " ".join(cells))
 
 
 def main() -> None:
@@ -306,6 +308,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch's and onnxruntime's, both sides")
     parser.add_argument("--ours", type=lambda text: text.split(","), default=list(OUR_VARIANTS),
                         help=f"our variants, comma-separated (default: {','.join(OUR_VARIANTS)})")  # fmt: skip
+    parser.add_argument("--no-score", dest="score", action="store_false", help="skip STSb (timing only)")
     parser.add_argument("--output", help="JSON file")
     parser.add_argument("--serve", choices=("peer", "ours"), help=argparse.SUPPRESS)
     args = parser.parse_args()
