@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from pathlib import Path
@@ -193,11 +192,10 @@ def train_stage(
             save = checkpoint_writer(
                 state, objective, optimization, device, world_size, settings.full_state_at(state.step)
             )
-            stalled_from = time.perf_counter()
             with meter.reporting():  # not training time: evaluation, checkpoint, upload, waiting for the others
                 reporter.report(state, save, window)
             # What the report point cost this rank's training (scoring, writing, handing the checkpoint over).
-            reporter.log({"train/report_s": time.perf_counter() - stalled_from}, step=state.global_step)
+            reporter.log({"train/report_s": meter.last_report_s}, step=state.global_step)
         if last:
             break
     return state
