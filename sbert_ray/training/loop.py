@@ -16,6 +16,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -51,6 +52,9 @@ class MicroBatch:
     epoch: int
     position: int
     text_hashes: list[torch.Tensor] | None = None  # int64 [batch] per column: equal texts, equal hashes
+    # Per column, the padded columns each row uses, on the host: a cached loss cuts its mini-batches' padding
+    # with them without reading the attention mask back from the device.
+    used_widths: list[np.ndarray] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +159,7 @@ def train_stage(
         # Accumulating micro-batches skip DDP's all-reduce; the last one of a step syncs the gradients.
         with model.no_sync() if (world_size > 1 and not syncs) else nullcontext():
             with autocast(settings.precision, device):
-                loss = model(batch.features, batch.labels, text_hashes=batch.text_hashes) / accum
+                loss = model(batch.features, batch.labels, batch.text_hashes, batch.used_widths) / accum
             (optimization.scaler.scale(loss) if optimization.scaler else loss).backward()
         window_losses[window_steps] += loss.detach()  # stays on the device: no sync
         if (masked := objective.masked_duplicates) is not None:
