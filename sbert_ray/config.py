@@ -158,6 +158,10 @@ class CheckpointConfig:
     # which a restarted or resubmitted run resumes from; the report points between them write the weights only
     # (about a third of the bytes with AdamW) for keep_best. The end of every stage is always full. 1: all full.
     full_every: int = 1
+    # How a checkpoint reaches storage_path. async: uploaded in the background while training goes on (one upload at
+    # a time, committed in report order); sync: the report point waits until it is stored (what `sbert-ray bench
+    # train --reports sync` compares with).
+    upload: Literal["async", "sync"] = "async"
 
 
 @dataclass

@@ -15,7 +15,9 @@ import ray
 from local_cluster import BIN
 from mlflow.tracking import MlflowClient
 
+from sbert_ray.bench.train_speed import TrainBenchSettings, bench_config, label
 from sbert_ray.cli import main
+from sbert_ray.config import TrainConfig
 
 RECORD_KEYS = {
     "impl", "precision", "device", "batch_size", "workers", "threads_per_worker", "model", "max_seq_length", "steps",
@@ -101,5 +103,24 @@ def test_bench_train_runs_in_process_without_ray(data_dir, tmp_path, capsys):
 
     assert main(bench(data_dir, "--local", "--workers", "1,2", "--no-mlflow")) == 2
     assert "--local runs one worker in this process" in capsys.readouterr().err
+    assert main(bench(data_dir, "--local", "--reports", "sync,async", "--no-mlflow")) == 2
+    assert "--reports: --local scores the dev pairs" in capsys.readouterr().err
     assert main(bench(data_dir, "--model", "random:huge", "--no-mlflow")) == 2  # checked before Ray starts
     assert "unknown random BERT shape 'huge'" in capsys.readouterr().err and ray.is_initialized() == connected
+
+
+def test_each_report_mode_configures_its_runs_and_is_labelled_apart():
+    """--reports: sync waits for the upload with the dev pairs scored on rank 0, async-upload is a training run's
+    defaults, async also scores off the rank (evaluation.async_dev); records of a non-default mode are labelled
+    (and logged) apart."""
+    settings = TrainBenchSettings(model="random:tiny", eval_every=2)
+    modes = {mode: bench_config(settings, 1, 1, "/tmp/bench", mode) for mode in ("sync", "async-upload", "async")}
+    assert {mode: (c.evaluation.async_dev, c.checkpoint.upload) for mode, c in modes.items()} == {
+        "sync": (False, "sync"), "async-upload": (False, "async"), "async": (True, "async"),
+    }  # fmt: skip
+    defaults = TrainConfig()
+    assert (defaults.evaluation.async_dev, defaults.checkpoint.upload) == (False, "async")
+    record = {"impl": "sbert-ray", "workers": 1, "threads_per_worker": 2, "precision": "fp32"}
+    assert [label({**record, "reports": mode}) for mode in modes] == [
+        "sbert-ray/1x2/fp32/sync", "sbert-ray/1x2/fp32", "sbert-ray/1x2/fp32/async",
+    ]  # fmt: skip

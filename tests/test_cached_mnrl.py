@@ -188,20 +188,26 @@ class HostReads(TorchDispatchMode):
 def test_the_cached_loss_reads_the_device_once_per_step_beyond_its_encoder(
     encoder: SentenceEncoder, monkeypatch: pytest.MonkeyPatch, with_hashes: bool
 ):
-    """The mini-batches' widths are read to the host in one go for all columns, not one read per mini-batch;
-    masking duplicates by the texts' hashes reads nothing. The encoder's own reads per forward (transformers'
-    check of the attention mask) are counted apart."""
+    """Given the rows' used widths from the host (as the collated batch carries them), the loss reads nothing
+    back; without them it reads the mini-batches' widths from the attention masks in one go for all columns, not
+    one read per mini-batch. Masking duplicates by the texts' hashes reads nothing. The encoder's own reads per
+    forward (transformers' check of the attention mask, where the encoder passes it one) are counted apart."""
     columns = _columns(with_hard_negatives=True)
     features = [encoder.tokenize(column) for column in columns]
     hashes = [torch.tensor([hash(text) for text in column]) for column in columns] if with_hashes else None
+    host_widths = [column["attention_mask"].sum(dim=1).numpy() for column in features]  # right-padded: lengths
     with HostReads(monkeypatch) as encoder_reads:
         encoder(features[0])
     forwards = []
     encoder.register_forward_hook(lambda module, inputs, output: forwards.append(1))
+    loss = CachedMultipleNegativesRankingLoss(encoder, mini_batch_size=3)
     with HostReads(monkeypatch) as cached_reads:
-        CachedMultipleNegativesRankingLoss(encoder, mini_batch_size=3)(features, text_hashes=hashes)
+        loss(features, text_hashes=hashes)
     assert len(forwards) == 3 * 3  # 3 columns of 8 rows: mini-batches of 3, 3 and 2
     assert cached_reads.count == len(forwards) * encoder_reads.count + 1
+    with HostReads(monkeypatch) as given_widths_reads:
+        loss(features, text_hashes=hashes, used_widths=host_widths)
+    assert given_widths_reads.count == len(forwards) * encoder_reads.count
 
 
 def test_two_ddp_workers_give_the_global_batch_gradients(tiny_model_dir: Path, tmp_path: Path):

@@ -1,23 +1,27 @@
 """Host-device syncs in a steady training step: the loop reads its losses once per ``LOG_EVERY`` steps, and the
-objectives read nothing else except what is named here. On the CPU a sync cannot stall anything, but what would
-wait for a GPU still runs and is counted: operators seen by a ``TorchDispatchMode`` (below autograd) that read a
-value to the host (``_local_scalar_dense``: ``.item()``, ``bool(tensor)``) or whose output size depends on the
-data (``nonzero``, ``masked_select``), and ``Tensor.tolist`` / ``Tensor.numpy``, which copy a GPU tensor to the
-host without dispatching an operator on a CPU one. With CUDA, ``torch.cuda.set_sync_debug_mode("error")`` makes
-any sync raise."""
+objectives read nothing back (cached MNRL's mini-batch widths come with the collated batch, from the host). On the
+CPU a sync cannot stall anything, but what would wait for a GPU still runs and is counted: operators seen by a
+``TorchDispatchMode`` (below autograd) that read a value to the host (``_local_scalar_dense``: ``.item()``,
+``bool(tensor)``) or whose output size depends on the data (``nonzero``, ``masked_select``), and ``Tensor.tolist``
+/ ``Tensor.numpy``, which copy a GPU tensor to the host without dispatching an operator on a CPU one. With CUDA,
+``torch.cuda.set_sync_debug_mode("error")`` makes any sync raise."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
 
+import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sbert_ray.config import StageConfig
 from sbert_ray.losses import CachedMultipleNegativesRankingLoss, CosineSimilarityLoss, MultipleNegativesRankingLoss
+from sbert_ray.losses.cached_multiple_negatives_ranking import _used_widths
 from sbert_ray.models import SentenceEncoder
+from sbert_ray.training.batches import TokenizedRows, tokenize_table
 from sbert_ray.training.loop import LOG_EVERY, LocalReporter, MicroBatch, StepSettings, train_stage
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.optimization import prepare_optimization
@@ -37,9 +41,7 @@ PAIRS = [
 ]
 
 
-# Known syncs per steady step: cached MNRL reads its mini-batches' used widths from the attention masks on the
-# device, all at once (``_used_widths``); widths from the host's token lengths would remove it (the data path).
-KNOWN = {"regression": [], "mnrl": [], "cached_mnrl": ["Tensor.tolist"]}
+OBJECTIVES = ["regression", "mnrl", "cached_mnrl"]
 
 
 class SyncCounter(TorchDispatchMode):
@@ -74,13 +76,21 @@ def objectives(encoder: SentenceEncoder) -> dict[str, torch.nn.Module]:
     }
 
 
+def collated(encoder: SentenceEncoder, device: torch.device) -> tuple:
+    """PAIRS (scored) through the training data path: tokenised as the stream's map stage does, collated as a
+    worker collates its micro-batches (features, labels, hashes on ``device``; used widths on the host)."""
+    table = pa.table({
+        "text_0": [pair[0] for pair in PAIRS], "text_1": [pair[1] for pair in PAIRS],
+        "label": np.linspace(0, 1, len(PAIRS), dtype=np.float32),
+    })  # fmt: skip
+    rows = TokenizedRows.from_arrow(tokenize_table(table, encoder))
+    pad_left = encoder.tokenizer.padding_side == "left"
+    return rows.collate(range(len(PAIRS)), encoder.tokenizer.pad_token_id, pad_left, device)
+
+
 def batches(encoder: SentenceEncoder, count: int, device: torch.device) -> list[MicroBatch]:
-    features = [
-        {name: tensor.to(device) for name, tensor in encoder.tokenize(texts).items()}
-        for texts in ([pair[0] for pair in PAIRS], [pair[1] for pair in PAIRS])
-    ]
-    labels = torch.linspace(0, 1, len(PAIRS), device=device)
-    return [MicroBatch(features, labels, len(PAIRS), 0, index + 1) for index in range(count)]
+    features, labels, hashes, used_widths = collated(encoder, device)
+    return [MicroBatch(features, labels, len(PAIRS), 0, index + 1, hashes, used_widths) for index in range(count)]
 
 
 def train_without_reads(objective: torch.nn.Module, device: torch.device, before_step: Callable[[int], None]) -> None:
@@ -99,11 +109,13 @@ def train_without_reads(objective: torch.nn.Module, device: torch.device, before
                 TrainState(), LocalReporter(), StepMeter(time.time(), device))  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["regression", "mnrl", "cached_mnrl"])
+@pytest.mark.parametrize("name", OBJECTIVES)
 def test_a_steady_training_step_reads_nothing_else_back_to_the_host(tiny_model_dir, name, monkeypatch):
     """Before the encoder passed a 4-D mask, transformers' SDPA mask check (``padding_mask.all()``) read one
     value per forward: one sync per step for regression and MNRL, more for cached MNRL (one per mini-batch
-    forward). The first step is left out: its first calls may set things up once."""
+    forward), which also read its mini-batches' widths from the attention masks (one ``tolist`` per step) before
+    the collated batch carried them from the host. The first step is left out: its first calls may set things
+    up once."""
     objective = objectives(SentenceEncoder.load(str(tiny_model_dir)))[name]
     counter, per_step = SyncCounter(), []
     counter.watch_reads(monkeypatch)
@@ -116,11 +128,11 @@ def test_a_steady_training_step_reads_nothing_else_back_to_the_host(tiny_model_d
         train_without_reads(objective, torch.device("cpu"), close_step)
     per_step.append(list(counter.syncs))  # the last step's
     steady = per_step[2:]  # per_step[0]: before the first batch; per_step[1]: the first step
-    assert len(steady) == LOG_EVERY - 2 and steady == [KNOWN[name]] * (LOG_EVERY - 2)
+    assert len(steady) == LOG_EVERY - 2 and steady == [[]] * (LOG_EVERY - 2)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.set_sync_debug_mode)")
-@pytest.mark.parametrize("name", [name for name, known in KNOWN.items() if not known])
+@pytest.mark.parametrize("name", OBJECTIVES)
 def test_a_steady_training_step_does_not_sync_a_gpu(tiny_model_dir, name):
     """From the second step on, any sync raises (``set_sync_debug_mode("error")``)."""
     device = torch.device("cuda")
@@ -134,6 +146,19 @@ def test_a_steady_training_step_does_not_sync_a_gpu(tiny_model_dir, name):
         train_without_reads(objective, device, strict_after_first)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+def test_the_collated_used_widths_are_the_attention_masks(tiny_model_dir, padding_side):
+    """The widths cached MNRL cuts its mini-batches to, known on the host at collation, are what it would read
+    from the attention masks: each row's last attended column plus one (with left padding, the whole width)."""
+    encoder = SentenceEncoder.load(str(tiny_model_dir))
+    encoder.tokenizer.padding_side = padding_side
+    features, _, _, used_widths = collated(encoder, torch.device("cpu"))
+    for column, widths in zip(features, used_widths, strict=True):
+        mask = column["attention_mask"]
+        assert widths.tolist() == _used_widths([mask])[0].tolist()
+        assert (widths == mask.shape[1]).all() == (padding_side == "left")
 
 
 def test_the_4d_mask_gives_the_2d_masks_embeddings(tiny_model_dir):

@@ -151,6 +151,7 @@ def collate(batch):
         [{"input_ids": torch.from_numpy(rows.hashes[0][index])}],
         None,
         [torch.from_numpy(h[index]) for h in rows.hashes],
+        None,
     )
 
 

@@ -152,6 +152,30 @@ def test_losses_are_read_every_log_every_steps_and_at_report_points(tiny_model_d
     assert reporter.logged[0][0] == 1 and "train/time_to_first_step_s" in reporter.logged[0][1]
 
 
+class SlowReporter(LocalReporter):
+    """Each report point takes at least ``REPORT_S`` (as scoring and writing a checkpoint would)."""
+
+    REPORT_S = 0.05
+
+    def report(self, state, save, window) -> None:
+        time.sleep(self.REPORT_S)
+        super().report(state, save, window)
+
+
+def test_the_logged_report_time_is_the_one_the_meter_counts(tiny_model_dir):
+    """One timer per report point: the ``train/report_s`` logged at each is what ``StepMeter`` adds to the report
+    time behind ``report_share`` (equal sums, not two clocks read microseconds apart)."""
+    objective = CosineSimilarityLoss(SentenceEncoder.load(str(tiny_model_dir)))
+    reporter, meter = SlowReporter(), StepMeter(time.time(), CPU)
+    settings = StepSettings(total_steps=4, batches_per_epoch=4, device=CPU, eval_every=2)
+    train_stage(objective, float32_batches(objective.encoder, 4), sgd(objective, 1e-3), settings, TrainState(),
+                reporter, meter)  # fmt: skip
+    logged = [(step, metrics["train/report_s"]) for step, metrics in reporter.logged if "train/report_s" in metrics]
+    assert [step for step, _ in logged] == [2, 4]
+    assert all(seconds >= SlowReporter.REPORT_S for _, seconds in logged)
+    assert logged[0][1] + logged[1][1] == meter.report_seconds == meter.summary()["report_s"]
+
+
 def test_masked_duplicates_are_logged_per_step_at_log_points(tiny_model_dir):
     """MNRL given the texts' hashes: a micro-batch whose rows 0 and 2 share a positive masks 2 candidates (each
     anchor's copy of its positive in the other row). Steps of 2 micro-batches, with 1 and 2 such micro-batches:

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -49,6 +49,11 @@ from sbert_ray.training.storage import resolve_storage
 from sbert_ray.training.stream import local_sources
 
 OURS, REFERENCE = "sbert-ray", "sentence-transformers"
+# How our report points treat the dev scoring and the checkpoint upload: (evaluation.async_dev, checkpoint.upload).
+# sync: rank 0 scores the dev pairs and training waits for the upload; async-upload (a training run's defaults): rank
+# 0 scores, the checkpoint uploads in the background; async: both beside training (a Ray task scores each checkpoint).
+REPORT_MODES = {"sync": (False, "sync"), "async-upload": (False, "async"), "async": (True, "async")}
+DEFAULT_REPORTS = "async-upload"
 STARTUP_KEYS = ("time_to_worker_start_s", "time_to_data_s")
 
 
@@ -89,11 +94,13 @@ class Variant:
     impl: str
     workers: int
     threads_per_worker: int
-    pairs_per_s: list[float]
-    time_to_first_step_s: list[float]
-    load_1m: list[float]  # the machine's 1-minute load average as each run started
-    startup: list[dict]  # ours: seconds from fit() to the worker function's start and to its data being ready
-    report_share: list[float | None]  # ours: share of rank 0's wall time spent at report points
+    reports: str | None = None  # ours: a REPORT_MODES key
+    pairs_per_s: list[float] = field(default_factory=list)
+    time_to_first_step_s: list[float] = field(default_factory=list)
+    wall_s: list[float] = field(default_factory=list)  # each run from its start to its result (scores included)
+    load_1m: list[float] = field(default_factory=list)  # the machine's 1-minute load average as each run started
+    startup: list[dict] = field(default_factory=list)  # ours: seconds from fit() to the worker's start and its data
+    report_share: list[float | None] = field(default_factory=list)  # ours: share of rank 0's time at report points
 
 
 def check_inputs(settings: TrainBenchSettings, reference: bool = True) -> None:
@@ -114,22 +121,26 @@ def run_train_bench(
     reference: bool = True,
     local: bool = False,
     storage_path: str | None = None,
+    reports: Sequence[str] = (DEFAULT_REPORTS,),
     progress: Callable[[str], None] = lambda line: None,
 ) -> list[dict]:
-    """Records for our loop at each (workers, threads per worker) layout and for the reference trainer (with
-    ``reference_threads``, default the most CPUs a layout uses), interleaved ``repeats`` times. Unless ``local``,
-    Ray must be initialised (the CLI joins RAY_ADDRESS, else starts a local cluster). Checkpoints go under
-    ``storage_path`` (default: a temporary folder on this node, removed at the end)."""
+    """Records for our loop at each (workers, threads per worker) layout in each of the ``reports`` modes
+    (``REPORT_MODES``) and for the reference trainer (with ``reference_threads``, default the most CPUs a layout
+    uses), interleaved ``repeats`` times. Unless ``local``, Ray must be initialised (the CLI joins RAY_ADDRESS, else
+    starts a local cluster). Checkpoints go under ``storage_path`` (default: a temporary folder on this node,
+    removed at the end)."""
     if local and any(workers != 1 for workers, _ in layouts):
         raise ConfigError("--local runs one worker in this process: use --workers 1")
+    if local and list(reports) != [DEFAULT_REPORTS]:
+        raise ConfigError("--reports: --local scores the dev pairs and writes checkpoints in its one process")
     on_ray = None
     if not local:
         from sbert_ray.bench import train_speed_on_ray as on_ray
 
         on_ray.check_cluster(settings.device)
-    variants = [Variant(OURS, workers, threads, [], [], [], [], []) for workers, threads in layouts]
+    variants = [Variant(OURS, workers, threads, mode) for workers, threads in layouts for mode in reports]
     if reference:
-        variants += [Variant(REFERENCE, workers, threads, [], [], [], [], []) for workers, threads in
+        variants += [Variant(REFERENCE, workers, threads) for workers, threads in
                      reference_layouts(layouts, reference_threads)]  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="sbert-ray-bench-train-") as tmp:
         # One folder per bench: repeats of a layout never resume each other's checkpoints.
@@ -137,16 +148,21 @@ def run_train_bench(
         for repeat in range(repeats):
             for variant in variants:
                 variant.load_1m.append(os.getloadavg()[0])
-                measured = _measure(settings, variant, f"{storage}/run-{repeat}", on_ray)
+                started = time.perf_counter()
+                # A run folder per variant too: Ray Train would resume another mode's run of the same layout.
+                run_folder = f"{storage}/run-{repeat}" + (f"-{variant.reports}" if variant.reports else "")
+                measured = _measure(settings, variant, run_folder, on_ray)
+                variant.wall_s.append(time.perf_counter() - started)
                 variant.pairs_per_s.append(measured["pairs_per_s"])
                 variant.time_to_first_step_s.append(measured["time_to_first_step_s"])
                 variant.startup.append({key: measured.get(key) for key in STARTUP_KEYS})
                 variant.report_share.append(measured.get("report_share"))
-                share = variant.report_share[-1]
+                share, first = variant.report_share[-1], measured["time_to_first_step_s"]
                 progress(
                     f"repeat {repeat + 1}/{repeats} {label(_describe(variant, settings))}: "
-                    f"{measured['pairs_per_s']:.1f} pairs/s, first step after {measured['time_to_first_step_s']:.1f} s "
-                    f"(load {variant.load_1m[-1]:.1f})" + ("" if share is None else f", {share:.1%} at report points")
+                    f"{measured['pairs_per_s']:.1f} pairs/s, first step after {first:.1f} s, "
+                    f"{variant.wall_s[-1]:.0f} s in all (load {variant.load_1m[-1]:.1f})"
+                    + ("" if share is None else f", {share:.1%} at report points")
                 )
     records = [_record(variant, settings) for variant in variants]
     _add_ratios(records)
@@ -177,7 +193,7 @@ def _measure(settings: TrainBenchSettings, variant: Variant, storage: str, on_ra
             return run(*args)
         gpus = variant.workers * int(settings.device == "cuda")
         return on_ray.run_as_task(run, *args, num_cpus=variant.workers * threads, num_gpus=gpus)
-    config = bench_config(settings, variant.workers, threads, storage)
+    config = bench_config(settings, variant.workers, threads, storage, variant.reports)
     return ours_in_process(config) if on_ray is None else on_ray.ours(config)
 
 
@@ -190,10 +206,13 @@ def model_folder(ref: str, workdir: Path, seed: int) -> str:
     return resolve_model_ref(ref)
 
 
-def bench_config(settings: TrainBenchSettings, workers: int, threads: int, storage: str) -> TrainConfig:
+def bench_config(
+    settings: TrainBenchSettings, workers: int, threads: int, storage: str, reports: str = DEFAULT_REPORTS
+) -> TrainConfig:
     """The quickstart's stage (STSb regression, lr 2e-5, 10% warm-up) cut to ``steps`` steps, on the bench's
     layout; report points (dev evaluation + checkpoint) every ``eval_every`` steps and after the last one, on
-    ``dev_limit`` STSb dev pairs."""
+    ``dev_limit`` STSb dev pairs, scored and uploaded as the ``reports`` mode says (``REPORT_MODES``)."""
+    async_dev, upload = REPORT_MODES[reports]
     config = TrainConfig(
         name="bench-train",
         seed=settings.seed,
@@ -205,7 +224,9 @@ def bench_config(settings: TrainBenchSettings, workers: int, threads: int, stora
                 limit=settings.limit, epochs=settings.steps, max_steps=settings.steps, batch_size=settings.batch_size
             )
         ],
-        evaluation=EvalConfig(dev_limit=settings.dev_limit, eval_every=settings.eval_every, final_tasks=[]),
+        evaluation=EvalConfig(
+            dev_limit=settings.dev_limit, eval_every=settings.eval_every, async_dev=async_dev, final_tasks=[]
+        ),
         scaling=ScalingConfig(
             num_workers=workers,
             use_gpu=settings.device == "cuda",
@@ -215,7 +236,7 @@ def bench_config(settings: TrainBenchSettings, workers: int, threads: int, stora
             compile=settings.compile,
         ),
     )
-    config.checkpoint.storage_path = storage
+    config.checkpoint.storage_path, config.checkpoint.upload = storage, upload
     config.validate()
     return config
 
@@ -374,6 +395,7 @@ def reference_trainer_run(settings: TrainBenchSettings, threads: int, started: f
 def _describe(variant: Variant, settings: TrainBenchSettings) -> dict:
     return {
         "impl": variant.impl,
+        "reports": variant.reports,
         "precision": resolve_precision(settings.precision, torch.device(settings.device)),
         "device": settings.device,
         "batch_size": settings.batch_size,
@@ -383,7 +405,10 @@ def _describe(variant: Variant, settings: TrainBenchSettings) -> dict:
 
 
 def label(record: dict) -> str:
-    return f"{record['impl']}/{record['workers']}x{record['threads_per_worker']}/{record['precision']}"
+    """impl/layout/precision, and for ours a report mode other than the default."""
+    reports = record.get("reports")
+    mode = f"/{reports}" if reports not in (None, DEFAULT_REPORTS) else ""
+    return f"{record['impl']}/{record['workers']}x{record['threads_per_worker']}/{record['precision']}{mode}"
 
 
 def _record(variant: Variant, settings: TrainBenchSettings) -> dict:
@@ -403,6 +428,8 @@ def _record(variant: Variant, settings: TrainBenchSettings) -> dict:
         "steps_per_s": median / settings.batch_size,
         "time_to_first_step_s": statistics.median(firsts),
         "time_to_first_step_s_runs": firsts,
+        "wall_s": statistics.median(variant.wall_s),
+        "wall_s_runs": variant.wall_s,
         "load_1m_runs": variant.load_1m,
         **_report_shares(variant.report_share),
         **{
@@ -423,7 +450,7 @@ def _report_shares(shares: list[float | None]) -> dict:
 def _add_ratios(records: list[dict]) -> None:
     """Ratios of medians: against the reference trainer with as many processes as our workers (else its single
     process), and against our first layout (e.g. 1 worker x 2 threads) as ``vs_first_layout``;
-    ``scaling_efficiency`` is pairs/s per worker over one worker's at the same threads."""
+    ``scaling_efficiency`` is pairs/s per worker over one worker's at the same threads and report mode."""
     references = {r["workers"]: r["pairs_per_s"] for r in records if r["impl"] == REFERENCE}
     ours = [r for r in records if r["impl"] == OURS]
     for record in records:
@@ -432,7 +459,14 @@ def _add_ratios(records: list[dict]) -> None:
     for record in ours:
         record["vs_first_layout"] = record["pairs_per_s"] / ours[0]["pairs_per_s"]
         single = next(
-            (r for r in ours if r["workers"] == 1 and r["threads_per_worker"] == record["threads_per_worker"]), None
+            (
+                r
+                for r in ours
+                if r["workers"] == 1
+                and r["threads_per_worker"] == record["threads_per_worker"]
+                and r["reports"] == record["reports"]
+            ),
+            None,
         )
         record["scaling_efficiency"] = (
             record["pairs_per_s"] / (record["workers"] * single["pairs_per_s"]) if single else None
@@ -441,6 +475,7 @@ def _add_ratios(records: list[dict]) -> None:
 
 COLUMNS = (  # (header, record key, format)
     ("impl", "impl", "{}"),
+    ("reports", "reports", "{}"),
     ("workers x threads", "layout", "{}"),
     ("precision", "precision", "{}"),
     ("batch", "batch_size", "{}"),
@@ -453,6 +488,7 @@ COLUMNS = (  # (header, record key, format)
     ("at reports", "report_share", "{:.1%}"),
     ("MFU", "mfu", "{:.1%}"),
     ("first step s", "time_to_first_step_s", "{:.1f}"),
+    ("wall s", "wall_s", "{:.0f}"),
 )
 
 
@@ -511,6 +547,7 @@ def log_records(records: Sequence[dict], params: dict, tracking_uri: str, experi
                     "vs_first_layout",
                     "scaling_efficiency",
                     "report_share",
+                    "wall_s",
                     "mfu",
                 )
                 if record.get(key) is not None

@@ -10,6 +10,7 @@ import ray
 import ray.train
 
 from sbert_ray.config import ConfigError, TrainConfig
+from sbert_ray.runs.scoring import dev_validation
 from sbert_ray.training.sources import stage_sources
 from sbert_ray.training.stage_data import count_stages, stage_datasets
 from sbert_ray.training.trainer import torch_trainer
@@ -22,7 +23,8 @@ def check_cluster(device: str) -> None:
 
 def ours(config: TrainConfig) -> dict:
     """``train_loop_per_worker`` on ``config.scaling.num_workers`` workers, streaming the stage's data as a training
-    run does; its summary (``Result.return_value``)."""
+    run does (with ``evaluation.async_dev`` its checkpoints scored beside it, no MLflow run); its summary
+    (``Result.return_value``)."""
     scaling = config.scaling
     run_config = ray.train.RunConfig(
         name=f"{scaling.num_workers}x{scaling.torch_threads}",
@@ -31,7 +33,8 @@ def ours(config: TrainConfig) -> dict:
     )
     sources = [stage_sources(stage, i) for i, stage in enumerate(config.stages)]
     rows = count_stages(config, sources)
-    return torch_trainer(config, stage_datasets(config, sources, rows), run_config).fit().return_value
+    data = stage_datasets(config, sources, rows)
+    return torch_trainer(config, data, run_config, validation=dev_validation(config, None)).fit().return_value
 
 
 def run_as_task(function: Callable[..., dict], *args, num_cpus: int, num_gpus: int) -> dict:

@@ -109,6 +109,14 @@ def _add_train_arguments(bench_sub, bench_common: argparse.ArgumentParser) -> No
         default=10,
         help="STSb dev pairs each report point scores (default: 10; 1500: all, as the quickstart)",
     )
+    bt.add_argument(
+        "--reports",
+        type=choices("sync", "async-upload", "async"),
+        help="how our report points score and upload, one variant each, e.g. sync,async: sync (dev scored on rank "
+        "0, training waits for the upload), async-upload (a run's defaults: scored on rank 0, uploaded in the "
+        "background), async (evaluation.async_dev: scored in a Ray task beside training, uploaded in the background) "
+        "(default: async-upload)",
+    )
     bt.add_argument("--compile", action="store_true", help="scaling.compile: torch.compile the training forward")
     bt.add_argument("--local", action="store_true", help="one worker in this process, without Ray (one GPU)")
     bt.add_argument("--no-reference", action="store_true", help="skip sentence-transformers' trainer")
@@ -198,6 +206,7 @@ def run_train(args: argparse.Namespace) -> int:
     """Progress and the table go to stderr, the records as JSON to stdout (and --output): under `ray job submit`
     the job's log then ends with the JSON."""
     from sbert_ray.bench.train_speed import (
+        DEFAULT_REPORTS,
         TrainBenchSettings,
         bench_config,
         check_inputs,
@@ -223,6 +232,7 @@ def run_train(args: argparse.Namespace) -> int:
         dev_limit=args.dev_limit,
         compile=args.compile,
     )
+    reports = args.reports or [DEFAULT_REPORTS]
     check_inputs(settings, reference=not args.no_reference)
     store = None if args.no_mlflow else tracking_store(args)
     if not args.local:
@@ -239,9 +249,10 @@ def run_train(args: argparse.Namespace) -> int:
         reference=not args.no_reference,
         local=args.local,
         storage_path=args.storage_path,
+        reports=reports,
         progress=lambda line: print(line, file=sys.stderr, flush=True),
     )
-    params = {**vars(settings), "layouts": layouts, "repeats": args.repeats, "local": args.local}
+    params = {**vars(settings), "layouts": layouts, "reports": reports, "repeats": args.repeats, "local": args.local}
     return _train_bench_output(args, records, params, store)
 
 

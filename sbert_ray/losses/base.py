@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -17,10 +18,12 @@ from sbert_ray.models.encoder import SentenceEncoder
 class EncoderLoss(nn.Module, ABC):
     """A loss that owns the encoder, so wrapping the loss in DDP also syncs heads such as SoftmaxLoss's.
 
-    `forward(features, labels, text_hashes)` takes one tokenized dict per column (e.g. [sentence1, sentence2]),
-    `embed`s each, and `compute_loss_from_embeddings` applies the paper's formula to the resulting sentence
-    embeddings. `text_hashes` (optional: one int64 tensor [batch] per column, a hash of each text) lets an
+    `forward(features, labels, text_hashes, used_widths)` takes one tokenized dict per column (e.g. [sentence1,
+    sentence2]), `embed`s each, and `compute_loss_from_embeddings` applies the paper's formula to the resulting
+    sentence embeddings. `text_hashes` (optional: one int64 tensor [batch] per column, a hash of each text) lets an
     in-batch-negative loss tell a duplicate of an anchor's positive from a true negative; the others ignore it.
+    `used_widths` (optional: per column, the padded columns each row uses, on the host) lets a cached loss cut
+    its mini-batches' padding without reading the attention mask back from the device.
 
     Each objective also declares what it trains on (read by the registry in `losses/registry.py` and by the
     training data pipeline): the record types it accepts, how a user's own file is read for it, and which
@@ -50,15 +53,18 @@ class EncoderLoss(nn.Module, ABC):
         features: Sequence[dict[str, Tensor]],
         labels: Tensor | None = None,
         text_hashes: Sequence[Tensor] | None = None,
+        used_widths: Sequence[np.ndarray] | None = None,
     ) -> Tensor:
-        return self.compute_loss_from_embeddings(self.embed(features), labels, text_hashes)
+        return self.compute_loss_from_embeddings(self.embed(features, used_widths), labels, text_hashes)
 
-    def embed(self, features: Sequence[dict[str, Tensor]]) -> list[Tensor]:
+    def embed(
+        self, features: Sequence[dict[str, Tensor]], used_widths: Sequence[np.ndarray] | None = None
+    ) -> list[Tensor]:
         """One embedding tensor [batch, dim] per column, from a single encoder forward over all columns: each
         column padded to the widest, stacked, the result split back. One pass over [columns * batch, width] runs
         larger matrix products (and the encoder's fixed per-call work once) for a little padding, which the
         attention mask hides; smart batching groups examples by their longest sentence, so the columns of a batch
-        are of similar width. (A cached loss embeds in mini-batches instead.)"""
+        are of similar width. (A cached loss embeds in mini-batches instead, cut to ``used_widths``.)"""
         if len(features) == 1:
             return [self.encoder(features[0])]
         width = max(column["input_ids"].shape[1] for column in features)

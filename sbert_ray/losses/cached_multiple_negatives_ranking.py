@@ -3,9 +3,9 @@ negatives at the memory cost of one mini-batch, with the same loss and gradients
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
@@ -45,38 +45,37 @@ class CachedMultipleNegativesRankingLoss(MultipleNegativesRankingLoss):
             raise ValueError(f"mini_batch_size must be >= 1, got {mini_batch_size}")
         self.mini_batch_size = mini_batch_size
 
-    def embed(self, features: Sequence[dict[str, Tensor]]) -> list[Tensor]:
-        widths = _used_widths([column["attention_mask"] for column in features], self.mini_batch_size)
+    def embed(
+        self, features: Sequence[dict[str, Tensor]], used_widths: Sequence[np.ndarray] | None = None
+    ) -> list[Tensor]:
+        """``used_widths``: per column, the padded columns each row uses, known on the host (the collated batch's);
+        without them they are read from the attention masks (one device-to-host read)."""
+        if used_widths is None:
+            used_widths = _used_widths([column["attention_mask"] for column in features])
         return [
             torch.cat(
                 [
                     checkpoint(self.encoder, mini_batch, use_reentrant=False)
-                    for mini_batch in _mini_batches(column, self.mini_batch_size, column_widths)
+                    for mini_batch in _mini_batches(column, self.mini_batch_size, widths)
                 ]
             )
-            for column, column_widths in zip(features, widths, strict=True)
+            for column, widths in zip(features, used_widths, strict=True)
         ]
 
 
-def _used_widths(masks: Sequence[Tensor], size: int) -> list[list[int]]:
-    """For each column's attention mask, the width each mini-batch of ``size`` rows uses (its last column that
-    any of its rows attends to, plus one), all read to the host at once: one sync per step, not one per
-    mini-batch."""
-    per_column = []
-    for mask in masks:
-        rows, width = mask.shape
-        count = -(-rows // size)
-        padded = torch.nn.functional.pad(mask, (0, 0, 0, count * size - rows))  # rows of zeros: attend nowhere
-        used_columns = padded.view(count, size, width).any(dim=1)
-        per_column.append((used_columns * torch.arange(1, width + 1, device=mask.device)).amax(dim=1))
-    widths = iter(torch.cat(per_column).tolist())
-    return [list(itertools.islice(widths, len(column))) for column in per_column]
+def _used_widths(masks: Sequence[Tensor]) -> list[np.ndarray]:
+    """Per attention mask, the padded columns each row uses (its last attended column plus one; 0: none), all
+    read to the host at once: one read per step, not one per column or mini-batch."""
+    per_row = [(mask.bool() * torch.arange(1, mask.shape[1] + 1, device=mask.device)).amax(dim=1) for mask in masks]
+    widths = np.asarray(torch.cat(per_row).tolist())
+    return np.split(widths, np.cumsum([len(column) for column in per_row[:-1]]))
 
 
-def _mini_batches(features: dict[str, Tensor], size: int, widths: Sequence[int]) -> Iterator[dict[str, Tensor]]:
+def _mini_batches(features: dict[str, Tensor], size: int, used_widths: np.ndarray) -> Iterator[dict[str, Tensor]]:
     """Consecutive row slices of a padded batch without the padding columns at the end that none of their rows
-    uses (``widths``: per slice; padding is masked out anyway, and a mini-batch of short sentences should not pay
+    uses (``used_widths``: per row; padding is masked out anyway, and a mini-batch of short sentences should not pay
     for the batch's longest; a left-padded batch keeps its width)."""
     rows = features["attention_mask"].shape[0]
-    for start, width in zip(range(0, rows, size), widths, strict=True):
+    for start in range(0, rows, size):
+        width = int(used_widths[start : start + size].max())
         yield {name: tensor[start : start + size, :width] for name, tensor in features.items()}

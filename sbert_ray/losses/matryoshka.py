@@ -7,6 +7,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from torch import Tensor
 from torch.nn import functional as F
 
@@ -45,8 +46,10 @@ class MatryoshkaLoss(EncoderLoss):
         self.loss = loss
         self.matryoshka_dims, self.matryoshka_weights = dims, weights
 
-    def embed(self, features: Sequence[dict[str, Tensor]]) -> list[Tensor]:
-        return self.loss.embed(features)
+    def embed(
+        self, features: Sequence[dict[str, Tensor]], used_widths: Sequence[np.ndarray] | None = None
+    ) -> list[Tensor]:
+        return self.loss.embed(features, used_widths)
 
     def compute_loss_from_embeddings(
         self, embeddings: Sequence[Tensor], labels: Tensor | None, text_hashes: Sequence[Tensor] | None = None

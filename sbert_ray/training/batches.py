@@ -86,10 +86,13 @@ class TokenizedColumn:
         offsets = ids.offsets.to_numpy()
         return cls(ids.values.to_numpy(), offsets - offsets[0] if offsets[0] else offsets)
 
-    def pad(self, indices: np.ndarray, pad_token_id: int, pad_left: bool, pin: bool, multiple: int) -> torch.Tensor:
+    def pad(
+        self, indices: np.ndarray, pad_token_id: int, pad_left: bool, pin: bool, multiple: int
+    ) -> tuple[torch.Tensor, np.ndarray]:
         """input_ids and attention_mask of these sentences, stacked [2, batch, width], padded with numpy into one
         (pinned, with ``pin``) host buffer, as ``tokenizer.pad`` pads them; width: the longest, rounded up to a
-        ``multiple``."""
+        ``multiple``. And the columns each row uses (its last attended one plus one: its length when padded on the
+        right, the width on the left), known here on the host."""
         starts, lengths = self.offsets[indices], self.offsets[indices + 1] - self.offsets[indices]
         width = -(-int(lengths.max()) // multiple) * multiple
         buffer = torch.empty((2, len(indices), width), dtype=torch.long, pin_memory=pin)
@@ -102,7 +105,7 @@ class TokenizedColumn:
         input_ids.fill(pad_token_id)
         input_ids[filled] = self.ids[source]
         np.copyto(attention_mask, filled)
-        return buffer
+        return buffer, np.full_like(lengths, width) if pad_left else lengths
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,19 +135,22 @@ class TokenizedRows:
 
     def collate(
         self, indices: Sequence[int], pad_token_id: int, pad_left: bool, device: torch.device
-    ) -> tuple[list[dict], torch.Tensor | None, list[torch.Tensor]]:
-        """The batch's features per column, its labels and its texts' hashes on ``device``; on CUDA from pinned
-        host memory, copied without blocking the host."""
+    ) -> tuple[list[dict], torch.Tensor | None, list[torch.Tensor], list[np.ndarray]]:
+        """The batch's features per column, its labels and its texts' hashes on ``device`` (on CUDA from pinned
+        host memory, copied without blocking the host), and per column the padded columns each row uses, on the
+        host (``MicroBatch.used_widths``)."""
         index = np.asarray(indices, dtype=np.int64)
         pin = device.type == "cuda"
         multiple = PAD_MULTIPLE_CUDA if pin else 1
-        features = []
+        features, used_widths = [], []
         for column in self.columns:
-            padded = column.pad(index, pad_token_id, pad_left, pin, multiple).to(device, non_blocking=True)
+            padded, widths = column.pad(index, pad_token_id, pad_left, pin, multiple)
+            padded = padded.to(device, non_blocking=True)
             features.append({"input_ids": padded[0], "attention_mask": padded[1]})
+            used_widths.append(widths)
         hashes = [_to(torch.from_numpy(h[index]), device, pin) for h in self.hashes]
         labels = None if self.labels is None else _to(torch.from_numpy(self.labels[index]), device, pin)
-        return features, labels, hashes
+        return features, labels, hashes, used_widths
 
 
 def _to(tensor: torch.Tensor, device: torch.device, pin: bool) -> torch.Tensor:

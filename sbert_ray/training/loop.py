@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -52,6 +52,9 @@ class MicroBatch:
     epoch: int
     position: int
     text_hashes: list[torch.Tensor] | None = None  # int64 [batch] per column: equal texts, equal hashes
+    # Per column, the padded columns each row uses, on the host: a cached loss cuts its mini-batches' padding
+    # with them without reading the attention mask back from the device.
+    used_widths: list[np.ndarray] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +159,7 @@ def train_stage(
         # Accumulating micro-batches skip DDP's all-reduce; the last one of a step syncs the gradients.
         with model.no_sync() if (world_size > 1 and not syncs) else nullcontext():
             with autocast(settings.precision, device):
-                loss = model(batch.features, batch.labels, text_hashes=batch.text_hashes) / accum
+                loss = model(batch.features, batch.labels, batch.text_hashes, batch.used_widths) / accum
             (optimization.scaler.scale(loss) if optimization.scaler else loss).backward()
         window_losses[window_steps] += loss.detach()  # stays on the device: no sync
         if (masked := objective.masked_duplicates) is not None:
@@ -193,11 +196,10 @@ def train_stage(
             save = checkpoint_writer(
                 state, objective, optimization, device, world_size, settings.full_state_at(state.step)
             )
-            stalled_from = time.perf_counter()
             with meter.reporting():  # not training time: evaluation, checkpoint, upload, waiting for the others
                 reporter.report(state, save, window)
             # What the report point cost this rank's training (scoring, writing, handing the checkpoint over).
-            reporter.log({"train/report_s": time.perf_counter() - stalled_from}, step=state.global_step)
+            reporter.log({"train/report_s": meter.last_report_s}, step=state.global_step)
         if last:
             break
     return state

@@ -26,6 +26,7 @@ class StepMeter:
         self.has_stepped = False  # whether this process has taken an optimizer step yet
         self.steady_pairs, self.steady_seconds = 0, 0.0
         self.report_seconds, self.first_step_at, self.last_report_end = 0.0, None, None  # perf_counter times
+        self.last_report_s = 0.0  # how long the latest report point took
         self.restart()
 
     def data_ready(self) -> None:
@@ -53,13 +54,15 @@ class StepMeter:
 
     @contextlib.contextmanager
     def reporting(self) -> Iterator[None]:
-        """Times a report point (added to the report time); training resumes in a new window after it."""
+        """Times a report point (``last_report_s``, added to the report time); training resumes in a new window
+        after it."""
         start = time.perf_counter()
         try:
             yield
         finally:
             self.last_report_end = time.perf_counter()
-            self.report_seconds += self.last_report_end - start
+            self.last_report_s = self.last_report_end - start
+            self.report_seconds += self.last_report_s
             self.restart()
 
     def close_window(self) -> float:

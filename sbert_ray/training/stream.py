@@ -128,7 +128,7 @@ class StageBatches:
         micro_batches_per_epoch: int,
         epoch: int,
         position: int,
-        collate: Callable[[Batch], tuple[list[dict], torch.Tensor | None, list[torch.Tensor]]],
+        collate: Callable[[Batch], tuple[list[dict], torch.Tensor | None, list[torch.Tensor], list[np.ndarray]]],
     ):
         self.sources, self.plan, self.collate = sources, plan, collate
         self.per_epoch, self.epoch, self.position = micro_batches_per_epoch, epoch, position
@@ -147,9 +147,9 @@ class StageBatches:
             schedule = self._schedule(epoch)
             for position in range(start, len(schedule)):
                 batch = next(self.streams[schedule[position]])
-                features, labels, hashes = self.collate(batch)
+                features, labels, hashes, used_widths = self.collate(batch)
                 self.counts[schedule[position]].samples += len(batch[1])
-                yield MicroBatch(features, labels, len(batch[1]), epoch, position + 1, hashes)
+                yield MicroBatch(features, labels, len(batch[1]), epoch, position + 1, hashes, used_widths)
             epoch, start = epoch + 1, 0
 
     def _schedule(self, epoch: int) -> np.ndarray:

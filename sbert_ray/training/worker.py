@@ -6,7 +6,8 @@ Rank 0 additionally scores the dev set (or, with ``evaluation.async_dev``, has R
 task beside training: ``runs.scoring.dev_validation``) and writes checkpoints (the last one holds the final model),
 weights-only or full state (``checkpoint.full_every``); all ranks call ``ray.train.report`` at the same points,
 which is also where they synchronise. Checkpoints upload in the background (Ray Train's async upload mode: one
-upload thread per worker, so uploads never race and are committed in report order) while training continues. A
+upload thread per worker, so uploads never race and are committed in report order) while training continues
+(``checkpoint.upload: sync``: the report point waits for it). A
 restarted worker resumes from the latest full-state checkpoint (``resume_checkpoint``), never from a weights-only
 one. Saving the final model and scoring it are the run layer's (``sbert_ray.runs.train_run``). On a NaN or infinite
 loss every rank stops together and returns it (rather than fail: Ray would restart them from the checkpoint into
@@ -42,6 +43,7 @@ from sbert_ray.training.stream import SourceStream
 
 log = logging.getLogger(__name__)
 
+UPLOAD_MODES = {"async": ray.train.CheckpointUploadMode.ASYNC, "sync": ray.train.CheckpointUploadMode.SYNC}
 WEIGHTS_ONLY = "weights_only"  # in a report's metrics: its checkpoint holds no optimizer state, no resume point
 
 # DDP all-reduces gradients in buckets of this size as soon as backward has filled one (the last layers' first),
@@ -132,6 +134,7 @@ class RayReporter:
     def __init__(self, config: TrainConfig, worker: Worker, encoder: SentenceEncoder, logger: RunLogger | None):
         self.rank, self.device, self.encoder, self.logger = worker.rank, worker.device, encoder, logger
         self.async_dev = config.evaluation.async_dev  # scored beside training (``runs.scoring.dev_validation``)
+        self.upload = UPLOAD_MODES[config.checkpoint.upload]
         self.dev = None
         if worker.rank == 0 and not self.async_dev:
             self.dev = DevScorer(config.evaluation, resolve_data_dir(config.data_dir))
@@ -156,7 +159,7 @@ class RayReporter:
         ray.train.report(
             metrics,
             checkpoint=ray.train.Checkpoint.from_directory(directory),
-            checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
+            checkpoint_upload_mode=self.upload,
             validation=validation,
         )
 
