@@ -38,6 +38,7 @@ RAY_ALLOWED = (
     "bench.train_speed_on_ray",
     "bench.ingest_speed",  # its cluster mode: the stream through Ray Data
     "training.stage_data",
+    "training.validation",  # Ray Train's checkpoint validation: dev scores beside training
     "evaluation.encoder_pool",
 )
 MLFLOW_ALLOWED = ("tracking",)

@@ -10,10 +10,10 @@ import ray
 import ray.train
 
 from sbert_ray.config import ConfigError, TrainConfig
-from sbert_ray.runs.scoring import dev_validation
 from sbert_ray.training.sources import stage_sources
 from sbert_ray.training.stage_data import count_stages, stage_datasets
 from sbert_ray.training.trainer import torch_trainer
+from sbert_ray.training.validation import dev_validation
 
 
 def check_cluster(device: str) -> None:

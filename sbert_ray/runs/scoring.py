@@ -1,35 +1,21 @@
 """Scoring a training run's model on a worker's resources: "before" (the configured model) and final (the last
 checkpoint's model) evaluation run as one Ray task sized like a training worker, on the same footing, and their
-scores come back as the task's return value; with ``evaluation.async_dev`` each checkpoint's dev score too, while
-training goes on (``dev_validation``)."""
+scores come back as the task's return value (each checkpoint's dev score beside training:
+``training.validation``)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import ray
-import ray.train
 import torch
 
-from sbert_ray.config import EvalConfig, ScalingConfig, TrainConfig, from_dict, to_dict
-from sbert_ray.data.readers import resolve_data_dir
-from sbert_ray.evaluation.dev_score import DEV_SCORE, DevScorer
+from sbert_ray.config import ScalingConfig
 from sbert_ray.evaluation.tasks import EvalTask, Results
 from sbert_ray.models import SentenceEncoder
-from sbert_ray.tracking.mlflow_run import RunLogger, TrackingError
-from sbert_ray.training.state import MODEL_DIR
-
-log = logging.getLogger(__name__)
+from sbert_ray.training.validation import worker_resources
 
 ModelSource = Callable[[], SentenceEncoder]  # called where the evaluation runs, which loads the model there
-
-
-def checkpoint_model(checkpoint: ray.train.Checkpoint) -> SentenceEncoder:
-    """The model a training checkpoint holds (local or object storage alike)."""
-    with checkpoint.as_directory() as directory:
-        return SentenceEncoder.load(Path(directory) / MODEL_DIR)
 
 
 def _evaluate(
@@ -43,57 +29,11 @@ def _evaluate(
     return results
 
 
-def _worker_resources(scaling: ScalingConfig) -> dict:
-    """A Ray task's options for one training worker's CPUs (and GPU)."""
-    return {
-        "num_cpus": scaling.cpus_per_worker,
-        "num_gpus": scaling.gpus_per_worker if scaling.use_gpu else 0,
-        # Never inside the caller's placement group: a Tune trial's holds only the trial's token CPU.
-        "scheduling_strategy": "DEFAULT",
-    }
-
-
 def evaluate_on_worker_resources(
     load: ModelSource, tasks: Sequence[EvalTask], data_dir: str | None, batch_size: int, scaling: ScalingConfig
 ) -> Results:
     """Run ``tasks`` on the model ``load`` returns, in a Ray task sized like one training worker (its CPUs and
     threads, its GPU when training used one)."""
-    task = ray.remote(_evaluate).options(**_worker_resources(scaling))
+    task = ray.remote(_evaluate).options(**worker_resources(scaling))
     device = "cuda" if scaling.use_gpu else "cpu"
     return ray.get(task.remote(load, list(tasks), data_dir, batch_size, device, scaling.threads_per_worker()))
-
-
-def dev_validation(config: TrainConfig, tracking: dict | None) -> ray.train.ValidationConfig | None:
-    """With ``evaluation.async_dev``: Ray Train's checkpoint validation, which scores each checkpoint a report asks
-    it to (``ray.train.report(..., validation=ValidationTaskConfig({"step": ...}))``) with ``score_dev`` in a Ray
-    task sized like one training worker, one at a time, and merges the returned ``dev_score`` into that
-    checkpoint's metrics (keep_best ranks it then; until then Ray keeps it). ``tracking``: the run's (see
-    ``RunLogger``), where each score is logged at its checkpoint's step."""
-    if not config.evaluation.async_dev:
-        return None
-    scaling = config.scaling
-    dev = {"evaluation": to_dict(config.evaluation), "data_dir": config.data_dir}
-    place = {"device": "cuda" if scaling.use_gpu else "cpu", "threads": scaling.threads_per_worker()}
-    if tracking:  # straight to the store (rank 0's spool file is rank 0's), waiting out an outage as the driver does
-        tracking = {"tracking_uri": tracking["tracking_uri"], "run_id": tracking["run_id"]}
-        tracking["wait_s"] = config.tracking.wait_s
-    return ray.train.ValidationConfig(
-        score_dev,
-        ray.train.ValidationTaskConfig({"dev": dev, "place": place, "tracking": tracking}),
-        ray_remote_kwargs=_worker_resources(scaling),
-    )
-
-
-def score_dev(checkpoint: ray.train.Checkpoint, step: int, dev: dict, place: dict, tracking: dict | None) -> dict:
-    """The dev score of a checkpoint's model (``evaluation.dev_task``/``dev_metric``; by default the STSb dev
-    Spearman x100), logged to the run as ``dev/<metric>`` at ``step``; a store that stays away for the tracking
-    section's wait_s loses that point, the score still counts."""
-    torch.set_num_threads(place["threads"])
-    scorer = DevScorer(from_dict(EvalConfig, dev["evaluation"]), resolve_data_dir(dev["data_dir"]))
-    score = scorer.score(checkpoint_model(checkpoint).to(place["device"]))
-    if tracking:
-        try:
-            RunLogger(**tracking).log_metrics({f"dev/{scorer.metric}": score}, step=step)
-        except TrackingError as err:
-            log.warning("dev score %.2f of step %d not logged: %s", score, step, err)
-    return {DEV_SCORE: score}

@@ -49,7 +49,7 @@ from sbert_ray.runs import owned_paths, record
 from sbert_ray.runs.cluster import check_resources, connect_ray, refuse_unshared_paths
 from sbert_ray.runs.progress_lines import TrainingProgress
 from sbert_ray.runs.run_lease import run_lease
-from sbert_ray.runs.scoring import ModelSource, checkpoint_model, dev_validation, evaluate_on_worker_resources
+from sbert_ray.runs.scoring import ModelSource, evaluate_on_worker_resources
 from sbert_ray.tracking.errors import TrackingError
 from sbert_ray.tracking.mlflow_run import (
     NAME_TAG,
@@ -66,6 +66,7 @@ from sbert_ray.training.stage_data import StageData, count_stages, planned_steps
 from sbert_ray.training.state import MODEL_DIR
 from sbert_ray.training.storage import is_remote, resolve_storage
 from sbert_ray.training.trainer import torch_trainer
+from sbert_ray.training.validation import checkpoint_model, dev_validation
 
 logger = logging.getLogger(__name__)
 METRICS_SPOOL = "mlflow_pending_metrics.jsonl"  # in the run folder: metrics waiting for the tracking store

@@ -3,7 +3,7 @@
 reporter that logs rank 0's metrics to the run the driver opened and calls ``ray.train.report``.
 
 Rank 0 additionally scores the dev set (or, with ``evaluation.async_dev``, has Ray Train score each checkpoint in a
-task beside training: ``runs.scoring.dev_validation``) and writes checkpoints (the last one holds the final model),
+task beside training: ``training.validation``) and writes checkpoints (the last one holds the final model),
 weights-only or full state (``checkpoint.full_every``); all ranks call ``ray.train.report`` at the same points,
 which is also where they synchronise. Checkpoints upload in the background (Ray Train's async upload mode: one
 upload thread per worker, so uploads never race and are committed in report order) while training continues
@@ -133,7 +133,7 @@ class RayReporter:
 
     def __init__(self, config: TrainConfig, worker: Worker, encoder: SentenceEncoder, logger: RunLogger | None):
         self.rank, self.device, self.encoder, self.logger = worker.rank, worker.device, encoder, logger
-        self.async_dev = config.evaluation.async_dev  # scored beside training (``runs.scoring.dev_validation``)
+        self.async_dev = config.evaluation.async_dev  # scored beside training (``training.validation.dev_validation``)
         self.upload = UPLOAD_MODES[config.checkpoint.upload]
         self.dev = None
         if worker.rank == 0 and not self.async_dev:

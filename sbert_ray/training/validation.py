@@ -1,0 +1,72 @@
+"""Each checkpoint's dev score beside training (``evaluation.async_dev``): Ray Train's checkpoint validation runs
+``score_dev`` in a Ray task sized like one training worker while the workers go on."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import ray
+import ray.train
+import torch
+
+from sbert_ray.config import EvalConfig, ScalingConfig, TrainConfig, from_dict, to_dict
+from sbert_ray.data.readers import resolve_data_dir
+from sbert_ray.evaluation.dev_score import DEV_SCORE, DevScorer
+from sbert_ray.models import SentenceEncoder
+from sbert_ray.tracking.mlflow_run import RunLogger, TrackingError
+from sbert_ray.training.state import MODEL_DIR
+
+log = logging.getLogger(__name__)
+
+
+def checkpoint_model(checkpoint: ray.train.Checkpoint) -> SentenceEncoder:
+    """The model a training checkpoint holds (local or object storage alike)."""
+    with checkpoint.as_directory() as directory:
+        return SentenceEncoder.load(Path(directory) / MODEL_DIR)
+
+
+def worker_resources(scaling: ScalingConfig) -> dict:
+    """A Ray task's options for one training worker's CPUs (and GPU)."""
+    return {
+        "num_cpus": scaling.cpus_per_worker,
+        "num_gpus": scaling.gpus_per_worker if scaling.use_gpu else 0,
+        # Never inside the caller's placement group: a Tune trial's holds only the trial's token CPU.
+        "scheduling_strategy": "DEFAULT",
+    }
+
+
+def dev_validation(config: TrainConfig, tracking: dict | None) -> ray.train.ValidationConfig | None:
+    """With ``evaluation.async_dev``: Ray Train's checkpoint validation, which scores each checkpoint a report asks
+    it to (``ray.train.report(..., validation=ValidationTaskConfig({"step": ...}))``) with ``score_dev`` in a Ray
+    task sized like one training worker, one at a time, and merges the returned ``dev_score`` into that
+    checkpoint's metrics (keep_best ranks it then; until then Ray keeps it). ``tracking``: the run's (see
+    ``RunLogger``), where each score is logged at its checkpoint's step."""
+    if not config.evaluation.async_dev:
+        return None
+    scaling = config.scaling
+    dev = {"evaluation": to_dict(config.evaluation), "data_dir": config.data_dir}
+    place = {"device": "cuda" if scaling.use_gpu else "cpu", "threads": scaling.threads_per_worker()}
+    if tracking:  # straight to the store (rank 0's spool file is rank 0's), waiting out an outage as the driver does
+        tracking = {"tracking_uri": tracking["tracking_uri"], "run_id": tracking["run_id"]}
+        tracking["wait_s"] = config.tracking.wait_s
+    return ray.train.ValidationConfig(
+        score_dev,
+        ray.train.ValidationTaskConfig({"dev": dev, "place": place, "tracking": tracking}),
+        ray_remote_kwargs=worker_resources(scaling),
+    )
+
+
+def score_dev(checkpoint: ray.train.Checkpoint, step: int, dev: dict, place: dict, tracking: dict | None) -> dict:
+    """The dev score of a checkpoint's model (``evaluation.dev_task``/``dev_metric``; by default the STSb dev
+    Spearman x100), logged to the run as ``dev/<metric>`` at ``step``; a store that stays away for the tracking
+    section's wait_s loses that point, the score still counts."""
+    torch.set_num_threads(place["threads"])
+    scorer = DevScorer(from_dict(EvalConfig, dev["evaluation"]), resolve_data_dir(dev["data_dir"]))
+    score = scorer.score(checkpoint_model(checkpoint).to(place["device"]))
+    if tracking:
+        try:
+            RunLogger(**tracking).log_metrics({f"dev/{scorer.metric}": score}, step=step)
+        except TrackingError as err:
+            log.warning("dev score %.2f of step %d not logged: %s", score, step, err)
+    return {DEV_SCORE: score}
