@@ -39,6 +39,7 @@ RAY_ALLOWED = (
     "bench.ingest_speed",  # its cluster mode: the stream through Ray Data
     "training.stage_data",
     "evaluation.encoder_pool",
+    "data.remote_corpus",  # a corpus on object storage, read by Ray Data (mining, retrieval on a cluster)
 )
 MLFLOW_ALLOWED = ("tracking",)
 # What a GPU machine without Ray, MLflow or datasets runs (`sbert-ray bench encode`, `bench train --local`): none of
