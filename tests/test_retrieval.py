@@ -279,6 +279,8 @@ def test_on_a_cluster_the_corpus_streams_through_ray_data_onto_the_encoder_actor
     by this process) and searched on the 2 actors, which hold both CPUs while the read runs; the numbers equal the
     local folder's in one process. (Several chunks in file order, with their id rows, merged from 2 workers:
     tests/test_eval_ray.py, whose stsb-retrieval ids d0, d1, ... sort otherwise than they come.)"""
+    corpus = beir_folder / "corpus.jsonl"
+    corpus.write_bytes(b"\xef\xbb\xbf" + corpus.read_bytes())  # a byte-order mark, which Ray Data's reader keeps
     uri = upload(s3_env, beir_folder, "cluster/toy")  # the same folder name: the same entry
     command = ["eval", "--model", str(tiny_model_dir), "--batch-size", "4"]
     assert main([*command, "--tasks", f"retrieval:{beir_folder}", "--output", str(tmp_path / "local.json")]) == 0

@@ -30,6 +30,7 @@ import pyarrow.fs as pa_fs
 from sbert_ray.data.records import DataError, ScoredPair
 
 QRELS_HEADER = ("query-id", "corpus-id", "score")
+BYTE_ORDER_MARK = "\ufeff"  # a file may start with one; Ray Data's text reader keeps it in the first line
 STSB_RELEVANT_SCORE = 4.0  # stsb-retrieval: a pair scored at least this makes sentence2 relevant to sentence1
 
 
@@ -49,7 +50,10 @@ class StreamedCorpus:
     def documents(self, lines: Iterable[str]) -> Iterator[tuple[str, str, str]]:
         """(where, id, text) of each of ``lines`` (the file's non-blank lines, in order), checked as a local
         corpus.jsonl's rows are; ``where`` (and an error) names the file and the row (the n-th non-blank line)."""
-        rows = ((f"{self.uri}, row {number}", line) for number, line in enumerate(lines, start=1))
+        rows = (
+            (f"{self.uri}, row {number}", line.removeprefix(BYTE_ORDER_MARK) if number == 1 else line)
+            for number, line in enumerate(lines, start=1)
+        )
         return _documents(((where, _json_object(line, where)) for where, line in rows), with_title=True)
 
     def check_judged(self, relevant: dict[str, set[str]], ids: set[str]) -> None:
