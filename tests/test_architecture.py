@@ -40,6 +40,7 @@ RAY_ALLOWED = (
     "training.stage_data",
     "training.validation",  # Ray Train's checkpoint validation: dev scores beside training
     "evaluation.encoder_pool",
+    "data.remote_corpus",  # a corpus on object storage, read by Ray Data (mining, retrieval on a cluster)
 )
 MLFLOW_ALLOWED = ("tracking",)
 # What a GPU machine without Ray, MLflow or datasets runs (`sbert-ray bench encode`, `bench train --local`): none of

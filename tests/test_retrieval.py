@@ -1,8 +1,10 @@
 """Retrieval evaluation: the same numbers as sentence-transformers' InformationRetrievalEvaluator, exact chunked
-search, the stsb-retrieval construction, and bad BEIR folders refused at check time."""
+search, the stsb-retrieval construction, bad BEIR folders refused at check time, and a BEIR folder on object
+storage (a moto server) scored as the same folder on disk."""
 
 import json
 
+import local_cluster
 import pytest
 import torch
 from sentence_transformers import SentenceTransformer
@@ -13,7 +15,7 @@ from sbert_ray.cli import main
 from sbert_ray.config import ConfigError
 from sbert_ray.data import load_records
 from sbert_ray.data.records import DataError, ScoredPair
-from sbert_ray.data.retrieval_sets import RetrievalSet, read_beir, stsb_retrieval
+from sbert_ray.data.retrieval_sets import RetrievalSet, StreamedCorpus, read_beir, stsb_retrieval
 from sbert_ray.evaluation.retrieval import evaluate_retrieval, exact_top_k
 from sbert_ray.evaluation.tasks import check_tasks, parse_tasks
 from sbert_ray.models.encoder import SentenceEncoder
@@ -217,3 +219,76 @@ def test_cli_refuses_a_bad_beir_folder_before_loading_the_model(tmp_path, beir_f
 def test_not_a_folder_is_a_data_error(tmp_path):
     with pytest.raises(DataError, match="no such folder"):
         read_beir(tmp_path / "missing")
+
+
+def upload(s3_server, folder, prefix: str) -> str:
+    """Every file of ``folder`` under ``s3://<bucket>/<prefix>``; returns that URI."""
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        s3_server.client().upload_file(str(path), local_cluster.BUCKET, f"{prefix}/{path.relative_to(folder)}")
+    return f"s3://{local_cluster.BUCKET}/{prefix}"
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch):
+    for key, value in s3_server.env.items():
+        monkeypatch.setenv(key, value)
+    return s3_server
+
+
+def test_a_beir_folder_on_object_storage_streams_its_corpus_with_the_same_numbers(
+    s3_env, tiny, beir_folder, tmp_path, capsys
+):
+    """In one process (no Ray): queries and judgements read whole, the corpus streamed (twice: ids, then texts);
+    the metrics are the local folder's exactly. Bad input names the s3 path, before any model loads. (~3 s)"""
+    uri = upload(s3_env, beir_folder, "beir/toy")
+    [local], [remote] = parse_tasks(f"retrieval:{beir_folder}"), parse_tasks(f"retrieval:{uri}")
+    check_tasks([remote], None, "--tasks")
+    assert isinstance(remote.load().corpus, StreamedCorpus) and remote.absolute_spec() == f"retrieval:{uri}"
+    assert remote.run(tiny, batch_size=64) == local.run(tiny, batch_size=64)
+
+    missing_model = tmp_path / "no-model"  # loading it would fail with another message
+    assert main(["eval", "--model", str(missing_model), "--tasks", f"retrieval:{uri}/qrels/dev.tsv"]) == 2
+    assert f"{uri}/qrels/dev.tsv: no such file (splits here: test)" in capsys.readouterr().err
+    s3_env.client().delete_object(Bucket=local_cluster.BUCKET, Key="beir/toy/corpus.jsonl")
+    assert main(["eval", "--model", str(missing_model), "--tasks", f"retrieval:{uri}"]) == 2
+    assert f"{uri}/corpus.jsonl: no such file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        (lambda f: _append(f / "corpus.jsonl", '\n{"_id": "d1", "text": "again"}\n'), "row 15: id 'd1' appears twice"),
+        (lambda f: _append(f / "corpus.jsonl", '{"_id": "x", "text": ""}\n'), "row 15: empty text for id 'x'"),
+        (lambda f: _append(f / "qrels" / "test.tsv", "q1\tnope\t1\n"), "test.tsv: id 'nope' is not in s3://"),
+    ],
+    ids=["twice", "empty", "judged"],
+)
+def test_a_bad_streamed_corpus_names_the_object_and_row(s3_env, tiny, beir_folder, damage, message):
+    damage(beir_folder)
+    [task] = parse_tasks(f"retrieval:{upload(s3_env, beir_folder, 'beir/bad')}")
+    task.check()  # the corpus is only looked for here: its rows are checked as they stream
+    with pytest.raises(DataError, match=message) as raised:
+        task.run(tiny)
+    assert "\n" not in str(raised.value)
+
+
+def test_on_a_cluster_the_corpus_streams_through_ray_data_onto_the_encoder_actors(
+    connect, s3_env, tiny_model_dir, beir_folder, tmp_path, monkeypatch
+):
+    """`eval --workers 2` on the token head (its nodes reach the object store): the corpus read by Ray Data (not
+    by this process) and searched on the 2 actors, which hold both CPUs while the read runs; the numbers equal the
+    local folder's in one process. (Several chunks in file order, with their id rows, merged from 2 workers:
+    tests/test_eval_ray.py, whose stsb-retrieval ids d0, d1, ... sort otherwise than they come.)"""
+    corpus = beir_folder / "corpus.jsonl"
+    corpus.write_bytes(b"\xef\xbb\xbf" + corpus.read_bytes())  # a byte-order mark, which Ray Data's reader keeps
+    uri = upload(s3_env, beir_folder, "cluster/toy")  # the same folder name: the same entry
+    command = ["eval", "--model", str(tiny_model_dir), "--batch-size", "4"]
+    assert main([*command, "--tasks", f"retrieval:{beir_folder}", "--output", str(tmp_path / "local.json")]) == 0
+
+    def not_here(self):
+        raise AssertionError("the corpus was read by the driver, not by Ray Data")
+
+    monkeypatch.setattr(StreamedCorpus, "lines", not_here)
+    spread = ["--tasks", f"retrieval:{uri}", "--workers", "2", "--output", str(tmp_path / "s3.json")]
+    assert main([*command, *spread]) == 0
+    assert json.loads((tmp_path / "s3.json").read_text()) == json.loads((tmp_path / "local.json").read_text())

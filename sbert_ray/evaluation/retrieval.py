@@ -9,9 +9,11 @@ scored too when the embeddings are not unit length (there it ranks differently f
 where sentence-transformers writes ``@`` (``cosine_ndcg@10``) because MLflow refuses ``@`` in metric names.
 
 Ranking is exact: equal scores go to the smaller document id (string order), as in sentence-transformers, so the
-numbers do not depend on chunk sizes. The corpus is encoded and searched a chunk at a time (``search_corpus``); with
-``eval --workers N`` each chunk is encoded and searched on one of N encoder actors and only its top k comes back,
-with the same numbers as one process. ``sbert-ray mine`` searches the same way (``hard_negatives``).
+numbers do not depend on chunk sizes (``CorpusRows`` numbers the documents in id order). The corpus is encoded and
+searched a chunk at a time, chunks in file order (``search_chunks``); with ``eval --workers N`` each chunk is
+encoded and searched on one of N encoder actors and only its top k comes back, with the same numbers as one
+process. A BEIR corpus on object storage (``StreamedCorpus``) is never held: it streams by twice, for its ids and
+then for its texts, read by Ray Data on a cluster. ``sbert-ray mine`` searches the same way (``hard_negatives``).
 
 A model with prompts encodes the queries with its query prompt and the corpus with its document prompt, as
 sentence-transformers' evaluator does through ``encode_query`` / ``encode_document`` (``sbert_ray.models.prompts``).
@@ -19,9 +21,11 @@ sentence-transformers' evaluator does through ``encode_query`` / ``encode_docume
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import itertools
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,7 +34,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sbert_ray.config import ConfigError
-from sbert_ray.data.retrieval_sets import RetrievalSet
+from sbert_ray.data.records import DataError
+from sbert_ray.data.retrieval_sets import RetrievalSet, StreamedCorpus
 from sbert_ray.models.prompts import document_prompt_name, query_prompt_name
 
 ACCURACY_AT = (1, 3, 5, 10)
@@ -74,16 +79,16 @@ Ranked = dict[str, tuple[Tensor, Tensor]]  # similarity -> (scores, corpus rows)
 
 
 def chunk_top_k(
-    queries: Tensor, chunk: Tensor, offset: int, k: int, similarities: Sequence[str], query_chunk: int = QUERY_CHUNK
+    queries: Tensor, chunk: Tensor, rows: Tensor, k: int, similarities: Sequence[str], query_chunk: int = QUERY_CHUNK
 ) -> Ranked:
-    """Every query's k best rows of one corpus chunk (rows numbered from ``offset``), best first, ties to the
-    lower row. Memory beyond the inputs: one score block of query_chunk x len(chunk) float32 values, twice that
-    for the comparison that finds ties (rows tied at the k-th score are sorted whole: 12 bytes a score), and the
-    result (12 bytes per query, similarity and k)."""
+    """Every query's k best rows of one corpus chunk (its embeddings' corpus rows: ``rows``, ascending), best
+    first, ties to the lower row. Memory beyond the inputs: one score block of query_chunk x len(chunk) float32
+    values, twice that for the comparison that finds ties (rows tied at the k-th score are sorted whole: 12 bytes
+    a score), and the result (12 bytes per query, similarity and k)."""
     ranked = {}
     for name in similarities:
         parts = [_best_columns(SIMILARITIES[name](part, chunk), k) for part in queries.split(query_chunk)]
-        ranked[name] = torch.cat([s for s, _ in parts]), torch.cat([c for _, c in parts]) + offset
+        ranked[name] = torch.cat([s for s, _ in parts]), rows[torch.cat([c for _, c in parts])]
     return ranked
 
 
@@ -113,7 +118,8 @@ def exact_top_k(
     top k per query and similarity (24 bytes per query, similarity and k). No query x corpus matrix is ever whole."""
     best, offset = None, 0
     for chunk in corpus_chunks:
-        best = merge_top_k(best, chunk_top_k(queries, chunk, offset, k, similarities, query_chunk), k)
+        rows = torch.arange(offset, offset + len(chunk))
+        best = merge_top_k(best, chunk_top_k(queries, chunk, rows, k, similarities, query_chunk), k)
         offset += len(chunk)
     if best is None:  # an empty corpus: no rows for anyone
         return {
@@ -129,7 +135,7 @@ def check_faiss() -> None:
         raise ConfigError("approximate search needs faiss: pip install 'sbert-ray[faiss]' (faiss-cpu)")
 
 
-def approximate_top_k(queries: Tensor, chunk: Tensor, offset: int, k: int, similarities: Sequence[str]) -> Ranked:
+def approximate_top_k(queries: Tensor, chunk: Tensor, rows: Tensor, k: int, similarities: Sequence[str]) -> Ranked:
     """``chunk_top_k`` by a faiss HNSW graph (inner product; cosine on unit vectors) over the chunk: no score
     block, and most of the true top k (a found row's score is exact). Rows HNSW does not reach score -inf, row -1.
     Memory: the chunk's vectors and graph (HNSW_NEIGHBOURS x 2 links of 4 bytes per row)."""
@@ -148,17 +154,18 @@ def approximate_top_k(queries: Tensor, chunk: Tensor, offset: int, k: int, simil
             torch.from_numpy(a) for a in index.search(queries_here.contiguous().numpy(), min(k, len(chunk)))
         )
         scores[columns < 0] = -math.inf
-        ranked[name] = _in_rank_order(scores, torch.where(columns < 0, -1, columns + offset))
+        ranked[name] = _in_rank_order(scores, torch.where(columns < 0, -1, rows[columns.clamp(min=0)]))
     return ranked
 
 
-def pair_scores(queries: Tensor, chunk: Tensor, offset: int, pairs: Tensor, similarity: str) -> Tensor:
-    """The score of each (query, corpus row) pair of ``pairs`` [n, 2] whose row lies in this chunk (NaN for the
-    others), one pair at a time as sentence-transformers' ``similarity_pairwise`` scores them."""
+def pair_scores(queries: Tensor, chunk: Tensor, rows: Tensor, pairs: Tensor, similarity: str) -> Tensor:
+    """The score of each (query, corpus row) pair of ``pairs`` [n, 2] whose row is one of this chunk's ``rows``
+    (ascending; NaN for the others), one pair at a time as sentence-transformers' ``similarity_pairwise`` scores
+    them."""
     scores = torch.full((len(pairs),), float("nan"))
-    inside = (pairs[:, 1] >= offset) & (pairs[:, 1] < offset + len(chunk))
+    inside = torch.isin(pairs[:, 1], rows)
     if inside.any():
-        query_rows, corpus_rows = pairs[inside, 0], pairs[inside, 1] - offset
+        query_rows, corpus_rows = pairs[inside, 0], torch.searchsorted(rows, pairs[inside, 1])
         scores[inside] = PAIRWISE[similarity](queries[query_rows], chunk[corpus_rows])
     return scores
 
@@ -178,18 +185,19 @@ class ChunkSearch:
 
 
 def search_chunk(
-    encoder, texts: Sequence[str], offset: int, batch_size: int, queries: Tensor, search: ChunkSearch
+    encoder, texts: Sequence[str], rows: Tensor, batch_size: int, queries: Tensor, search: ChunkSearch
 ) -> tuple[Ranked, Tensor]:
-    """Encode one corpus chunk and search it: its top k per query (``chunk_top_k``) and the scores of the
-    ``search.pairs`` that fall in it (``pair_scores``). What one worker does with one chunk (``search_corpus``)."""
+    """Encode one corpus chunk (``texts``, whose corpus rows are ``rows``, ascending) and search it: its top k per
+    query (``chunk_top_k``) and the scores of the ``search.pairs`` that fall in it (``pair_scores``). What one
+    worker does with one chunk (``search_chunks``)."""
     chunk = _encode(encoder, texts, batch_size, search.document_prompt)
     if isinstance(queries, np.ndarray):  # from the object store, read-only: torch wants memory it may write
         queries = torch.from_numpy(queries.copy())
     if search.approximate:
-        ranked = approximate_top_k(queries, chunk, offset, search.k, search.similarities)
+        ranked = approximate_top_k(queries, chunk, rows, search.k, search.similarities)
     else:
-        ranked = chunk_top_k(queries, chunk, offset, search.k, search.similarities, search.query_chunk)
-    return ranked, pair_scores(queries, chunk, offset, search.pairs, search.similarities[0])
+        ranked = chunk_top_k(queries, chunk, rows, search.k, search.similarities, search.query_chunk)
+    return ranked, pair_scores(queries, chunk, rows, search.pairs, search.similarities[0])
 
 
 def search_corpus(
@@ -201,21 +209,37 @@ def search_corpus(
     corpus_chunk: int = CORPUS_CHUNK,
     progress: Callable[[int], None] = lambda rows: None,
 ) -> tuple[Ranked, Tensor]:
-    """Every query's top ``search.k`` rows of the corpus ``texts`` and the scores of ``search.pairs``, the corpus
-    encoded and searched ``corpus_chunk`` texts at a time (``search_chunk``); ``progress`` hears of each chunk
-    searched. An encoder that spreads work over workers (``RayEncoder``: it has ``map_unordered``) gets whole chunks,
-    each encoded and searched on one worker, and the driver merges the per-chunk top k as they come: the chunks,
-    their batches and their score blocks are the same as in one process, and the merge does not depend on the order
-    of arrival, so the ranking is the same bit for bit (on workers with the same kind of processor).
+    """``search_chunks`` over ``texts`` cut into consecutive chunks of ``corpus_chunk``: a text's row is its place."""
+    chunks = (
+        (texts[start : start + corpus_chunk], torch.arange(start, min(start + corpus_chunk, len(texts))))
+        for start in range(0, len(texts), corpus_chunk)
+    )
+    return search_chunks(encoder, queries, chunks, search, batch_size, progress)
 
-    Memory: here, the query embeddings, the running top k and, per chunk in flight, its top k (12 bytes per query,
-    similarity and k each); on the worker that searches a chunk, its texts and embeddings and one score block of
-    query_chunk x corpus_chunk (``chunk_top_k``). No query x corpus score matrix exists anywhere."""
-    chunks = [(texts[start : start + corpus_chunk], start) for start in range(0, len(texts), corpus_chunk)]
+
+def search_chunks(
+    encoder,
+    queries: Tensor,
+    chunks: Iterable[tuple[Sequence[str], Tensor]],
+    search: ChunkSearch,
+    batch_size: int,
+    progress: Callable[[int], None] = lambda rows: None,
+) -> tuple[Ranked, Tensor]:
+    """Every query's top ``search.k`` rows of a corpus given as ``chunks`` (texts and their rows, ascending; each
+    row in one chunk) and the scores of ``search.pairs``, each chunk encoded and searched by ``search_chunk``;
+    ``progress`` hears of each chunk searched. An encoder that spreads work over workers (``RayEncoder``: it has
+    ``map_unordered``) gets whole chunks, each encoded and searched on one worker, and the driver merges the
+    per-chunk top k as they come: the chunks, their batches and their score blocks are the same as in one process,
+    and the merge does not depend on the order of arrival, so the ranking is the same bit for bit (on workers with
+    the same kind of processor). ``chunks`` is read as the workers take them: a streamed corpus is never whole.
+
+    Memory: here, the query embeddings, the running top k and, per chunk in flight, its texts and top k (12 bytes
+    per query, similarity and k each); on the worker that searches a chunk, its texts and embeddings and one score
+    block of query_chunk x chunk size (``chunk_top_k``). No query x corpus score matrix exists anywhere."""
     if hasattr(encoder, "map_unordered"):
         found = encoder.map_unordered(search_chunk, chunks, batch_size, queries.numpy(), search)
     else:
-        found = (search_chunk(encoder, part, start, batch_size, queries, search) for part, start in chunks)
+        found = (search_chunk(encoder, part, rows, batch_size, queries, search) for part, rows in chunks)
     best, scores = None, torch.full((len(search.pairs),), float("nan"))
     for ranked, chunk_pair_scores in found:
         best = merge_top_k(best, ranked, search.k)
@@ -259,29 +283,79 @@ def _encode(encoder, texts: list[str], batch_size: int, prompt_name: str | None 
     return torch.as_tensor(embeddings, dtype=torch.float32)
 
 
+@dataclass(frozen=True)
+class CorpusRows:
+    """A corpus's row numbers: documents are numbered in id (string) order, so that equal scores go to the smaller
+    id however the corpus is cut into chunks, while the chunks follow the file (a streamed corpus cannot be
+    sorted before it is read). ``ids`` is in row order; ``rows`` gives each document's row in file order."""
+
+    ids: list[str]
+    rows: np.ndarray
+
+    @classmethod
+    def of(cls, ids_in_file_order: Sequence[str]) -> CorpusRows:
+        order = np.argsort(np.array(ids_in_file_order, dtype=object), kind="stable")
+        rows = np.empty(len(order), dtype=np.int64)
+        rows[order] = np.arange(len(order))
+        return cls([ids_in_file_order[i] for i in order], rows)
+
+    def chunks(self, texts: Iterable[str], corpus_chunk: int) -> Iterator[tuple[list[str], Tensor]]:
+        """``texts`` (in file order) in chunks of ``corpus_chunk``, each put in row order, with its rows. A corpus
+        of one chunk is encoded in id order whichever order its file has."""
+        texts, start = iter(texts), 0
+        while part := list(itertools.islice(texts, corpus_chunk)):
+            rows = torch.from_numpy(self.rows[start : start + len(part)])
+            rows, order = rows.sort()
+            yield [part[i] for i in order.tolist()], rows
+            start += len(part)
+
+
+def _corpus_rows_and_texts(encoder, corpus: dict[str, str] | StreamedCorpus) -> tuple[CorpusRows, Iterable[str]]:
+    """The corpus's rows and its texts in file order. A streamed corpus is read twice, each time a stream: first
+    for the ids (checked: each once, every judged one there), then for the texts, as the search takes them. On a
+    cluster (``RayEncoder``) Ray Data reads it (``data.remote_corpus``), else this process does."""
+    if isinstance(corpus, dict):
+        return CorpusRows.of(list(corpus)), corpus.values()
+    if hasattr(encoder, "map_unordered"):
+        from sbert_ray.data.remote_corpus import RemoteCorpus  # Ray: only where encoding is on a cluster already
+
+        lines = functools.partial(RemoteCorpus.lines_of(corpus.uri).texts, cpus_per_read=0)  # the actors hold CPUs
+    else:
+        lines = corpus.lines
+    ids, seen = [], set()
+    for where, key, _ in corpus.documents(lines()):
+        if key in seen:
+            raise DataError(f"{where}: id {key!r} appears twice")
+        ids.append(key)
+        seen.add(key)
+    return CorpusRows.of(ids), (text for _, _, text in corpus.documents(lines()))
+
+
 def evaluate_retrieval(
     encoder, data: RetrievalSet, batch_size: int = 64, query_chunk: int = QUERY_CHUNK, corpus_chunk: int = CORPUS_CHUNK
 ) -> dict[str, float]:
     """Flat metrics (see the module docstring) plus ``queries`` and ``documents`` (the counts scored). The corpus
-    is encoded and searched one chunk at a time, here or on the workers of a ``RayEncoder`` (``search_corpus``,
-    which states the memory bound); the numbers are the same either way."""
+    is encoded and searched one chunk at a time, here or on the workers of a ``RayEncoder`` (``search_chunks``,
+    which states the memory bound; beyond it, this process holds every document's id and row); the numbers are
+    the same either way, and the same for a corpus on object storage as for the same folder on disk."""
     query_ids = list(data.relevant)
-    corpus_ids = sorted(data.corpus)  # row order = id order, so ties going to the lower row go to the smaller id
-    corpus_texts = [data.corpus[key] for key in corpus_ids]
     prompts = encoder.prompts
     queries = _encode(encoder, [data.queries[key] for key in query_ids], batch_size, query_prompt_name(prompts))
     unit = bool(torch.allclose(queries.norm(dim=1), torch.ones(len(queries)), atol=UNIT_NORM_TOLERANCE, rtol=0))
     relevant_counts = np.array([len(data.relevant[key]) for key in query_ids])
     names = ("cosine",) if unit else ("cosine", "dot")
     search = ChunkSearch(TOP_K, names, query_chunk, document_prompt=document_prompt_name(prompts))
-    ranked, _ = search_corpus(encoder, queries, corpus_texts, search, batch_size, corpus_chunk)
+    corpus, texts = _corpus_rows_and_texts(encoder, data.corpus)
+    if isinstance(data.corpus, StreamedCorpus):
+        data.corpus.check_judged(data.relevant, set(corpus.ids))
+    ranked, _ = search_chunks(encoder, queries, corpus.chunks(texts, corpus_chunk), search, batch_size)
     metrics: dict[str, float] = {}
     for name, (_, rows) in ranked.items():
         hits = np.array(
             [
-                [corpus_ids[row] in data.relevant[key] for row in top]
+                [corpus.ids[row] in data.relevant[key] for row in top]
                 for key, top in zip(query_ids, rows.tolist(), strict=True)
             ]
         ).reshape(len(query_ids), -1)
         metrics |= {f"{metric}_{name}": value for metric, value in ranking_metrics(hits, relevant_counts).items()}
-    return metrics | {"queries": len(query_ids), "documents": len(corpus_ids)}
+    return metrics | {"queries": len(query_ids), "documents": len(corpus.ids)}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import ClassVar
 
 from sbert_ray.config import ConfigError, flatten
@@ -34,7 +34,7 @@ class EvalTask(ABC):
 
     def absolute_spec(self) -> str:
         """The spec with its file or folder made absolute, for processes in other working directories."""
-        if not self.path:
+        if not self.path or "://" in str(self.path):  # a URI is the same everywhere
             return self.spec
         return f"{self.spec.partition(':')[0]}:{Path(self.path).expanduser().resolve()}"
 
@@ -235,18 +235,22 @@ class RetrievalTask(EvalTask):
 
 
 class BeirRetrievalTask(RetrievalTask):
-    """``retrieval:<folder>`` (the BEIR layout, its qrels/test.tsv) or ``retrieval:<folder>/qrels/<split>.tsv``;
-    the entry is the folder's name, with ``-<split>`` after it for a split other than test. (A Hub set,
+    """``retrieval:<folder>`` (the BEIR layout, its qrels/test.tsv) or ``retrieval:<folder>/qrels/<split>.tsv``,
+    the folder on disk or an object-storage prefix (``s3://bucket/beir/scifact``, its corpus streamed); the entry
+    is the folder's name, with ``-<split>`` after it for a split other than test. (A Hub set,
     ``retrieval:<owner>/<set>``, is a ``HubRetrievalTask``.)"""
 
     def __init__(self, spec: str, path: str) -> None:
         super().__init__(spec)
         if not path:
             raise ConfigError("task 'retrieval' needs a BEIR folder: retrieval:/path/to/folder")
-        self.path = Path(path)
-        qrels = self.path.suffix == ".tsv" and self.path.parent.name == "qrels"
-        self.folder, self.split = (self.path.parents[1], self.path.stem) if qrels else (self.path, "test")
-        self.entry = self.folder.name + ("" if self.split == "test" else f"-{self.split}")
+        self.path = path if "://" in path else Path(path)
+        scheme, _, location = path.rpartition("://")
+        location = PurePosixPath(location) if scheme else self.path
+        qrels = location.suffix == ".tsv" and location.parent.name == "qrels"
+        folder, self.split = (location.parents[1], location.stem) if qrels else (location, "test")
+        self.folder = f"{scheme}://{folder}" if scheme else folder
+        self.entry = folder.name + ("" if self.split == "test" else f"-{self.split}")
 
     def load(self, data_dir=None) -> RetrievalSet:
         return read_beir(self.folder, self.split)

@@ -34,6 +34,7 @@ from sbert_ray.config import ConfigError
 from sbert_ray.data.corpus import TABLE_SUFFIXES, open_corpus
 from sbert_ray.data.readers import check_available, load_records
 from sbert_ray.data.records import TEXT_FIELDS, DataError
+from sbert_ray.data.remote_corpus import RemoteCorpus, check_remote_corpus
 from sbert_ray.evaluation.encoder_pool import RayEncoder
 from sbert_ray.evaluation.hard_negatives import MiningPairs, MiningSettings, Negatives, mine, output_columns
 from sbert_ray.evaluation.retrieval import CORPUS_CHUNK, QUERY_CHUNK, check_faiss
@@ -41,7 +42,6 @@ from sbert_ray.models import load_encoder
 from sbert_ray.progress import progress_bar
 from sbert_ray.runs import owned_paths
 from sbert_ray.runs.cluster import connect_ray, input_errors_unwrapped
-from sbert_ray.runs.remote_corpus import RemoteCorpus, check_remote_corpus
 from sbert_ray.training.storage import is_remote
 
 SHARD_ANCHORS = 65536  # anchors per output file

@@ -4,7 +4,8 @@
 .tsv or .txt), and a table has the text column (a parquet file's schema is read; JSON and CSV name their columns
 row by row, so a missing one is found by the read). ``RemoteCorpus.texts`` then streams the column through Ray
 Data: read tasks on the cluster fetch the files (the nodes' own object-storage access, as for checkpoints), blocks
-come to the driver in file order, one at a time.
+come to the driver in file order, one at a time. ``RemoteCorpus.lines_of`` reads one file as lines the same way
+(a BEIR corpus.jsonl, whose rows retrieval evaluation parses as it streams them to the encoder actors).
 """
 
 from __future__ import annotations
@@ -30,14 +31,22 @@ class RemoteCorpus:
     suffix: str
     column: str | None  # None for text files
 
-    def texts(self) -> Iterator[str]:
-        """Every row's text, file by file in name order, rows in file order."""
+    @classmethod
+    def lines_of(cls, uri: str) -> RemoteCorpus:
+        """One file (a JSON-lines file whose rows the caller parses: a BEIR corpus.jsonl) read as its non-blank
+        lines, with Ray Data's text reader; ``texts`` yields them."""
+        return cls(uri, (pa_fs.FileSystem.from_uri(uri)[1],), ".txt", None)
+
+    def texts(self, cpus_per_read: float = 1.0) -> Iterator[str]:
+        """Every row's text, file by file in name order, rows in file order. ``cpus_per_read``: what each read
+        task reserves (0 where encoder actors may hold every CPU of the cluster while the corpus streams to them:
+        a read that waited for a CPU would wait for ever)."""
         filesystem, _ = pa_fs.FileSystem.from_uri(self.uri)
         context = ray.data.DataContext.get_current()
         preserve = context.execution_options.preserve_order
         context.execution_options.preserve_order = True  # row ids follow the files' order, run after run
         try:
-            rows = self._read(filesystem)
+            rows = self._read(filesystem, cpus_per_read)
         finally:
             context.execution_options.preserve_order = preserve
         for batch in rows.iter_batches(batch_size=ROWS_PER_BATCH, batch_format="pyarrow"):
@@ -46,8 +55,8 @@ class RemoteCorpus:
                 raise DataError(f"{self.uri}: column {self.column!r} has a null where text should be")
             yield from column.to_pylist()
 
-    def _read(self, filesystem: pa_fs.FileSystem) -> ray.data.Dataset:
-        files, options = list(self.files), {"filesystem": filesystem}
+    def _read(self, filesystem: pa_fs.FileSystem, cpus_per_read: float) -> ray.data.Dataset:
+        files, options = list(self.files), {"filesystem": filesystem, "num_cpus": cpus_per_read}
         if self.suffix == ".parquet":
             return ray.data.read_parquet(files, columns=[self.column], **options)
         if self.suffix == ".jsonl":
