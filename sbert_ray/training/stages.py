@@ -118,10 +118,10 @@ def _train_stage(
             "training a model whose pooling leaves prompt tokens out (include_prompt: false) is not supported: "
             "the columns of a batch carry different prompts, which one forward cannot leave out"
         )
-    plan = batch_plan(stage, state.stage, config.seed, world_size, worker.rank)
+    plan = batch_plan(stage, state.stage, config.seed, world_size, worker.rank, config.scaling.max_workers)
     steps = stage_steps([s.rows for s in sources], [s.weight for s in sources], stage, plan)  # preflight: > 0
     settings = StepSettings.for_stage(
-        stage, steps, config.evaluation.eval_every, device, worker.precision, config.checkpoint.full_every
+        stage, steps, config.evaluation.eval_every, device, worker.precision, config.checkpoint.full_every, plan.chunks
     )
     meter.data_ready()
     # A head restored from the checkpoint must not advance the random stream restored with it.
