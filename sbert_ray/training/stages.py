@@ -72,7 +72,7 @@ def start_worker(config: TrainConfig, worker: Worker, restored: Path | None) -> 
         if len(rng_states) == worker.world_size:
             set_rng_state(rng_states[worker.rank], worker.device)
         else:
-            log.warning(
+            log.warning(  # an elastic run resized, or a checkpoint older than saved random states
                 "checkpoint holds random states of %d workers, not %d: reseeded", len(rng_states), worker.world_size
             )
     return encoder, state

@@ -18,6 +18,14 @@ order seeded per epoch and equal on every rank: ``proportional`` draws each sour
 epoch, ``round_robin`` takes one batch of each in turn until the smallest is used up. Each source streams pass
 after pass on its own; where the stage stands in each is a function of (epoch, position), so a resumed worker
 regenerates its stream up to there and goes on with the very batches the interrupted run would have taken.
+
+Elastic runs: the order above is planned in global micro-batches (``batch_size / grad_accum_steps`` examples of
+all workers together) at the configured, largest world size, so the schedule, the batches per pass and the
+steps per epoch are the same at any live world size, and a position saved at one size is a position at another:
+each source goes on in the same pass, every worker as far into its new share as the run had come into its old
+one. What the resize cannot carry over is where each worker stood inside its window (its batches are shuffled):
+rows of the windows it cut (``window_batches`` global micro-batches' worth, at each size) may be trained twice
+or not in that pass.
 """
 
 from __future__ import annotations
