@@ -120,7 +120,11 @@ class EvalConfig:
 
 @dataclass
 class ScalingConfig:
-    num_workers: int = 1  # Ray Train workers, i.e. data-parallel ranks (each its share of every global batch)
+    # Ray Train workers, i.e. data-parallel ranks (each its share of every global batch). [min, max]: elastic, the
+    # run starts on as many as the cluster holds up to max, goes on with at least min when nodes are lost and grows
+    # back when they return (each resize restarts the workers from the latest full-state checkpoint); the global
+    # batch, the data order's position, the learning-rate schedule and the step count stay the configured ones.
+    num_workers: int | list[int] = 1
     use_gpu: bool = False  # train on GPUs (NCCL); else on CPUs (gloo)
     cpus_per_worker: float = 1.0  # CPUs Ray reserves for each worker
     gpus_per_worker: float = 1.0  # GPUs Ray reserves for each worker when use_gpu (a fraction only with one worker)
@@ -139,6 +143,28 @@ class ScalingConfig:
     # shape (seconds to minutes each; widths are padded to multiples of 8, so at most max_seq_length / 8 of them
     # per batch size). Off by default: on CPUs and in short runs the compilation costs more than it gains.
     compile: bool = False
+
+    @property
+    def min_workers(self) -> int:
+        """The fewest workers a run trains on (``num_workers`` when it is one number)."""
+        return self.num_workers if isinstance(self.num_workers, int) else self.num_workers[0]
+
+    @property
+    def max_workers(self) -> int:
+        """The most workers a run trains on: the world size the stages' batch sizes are configured at."""
+        return self.num_workers if isinstance(self.num_workers, int) else self.num_workers[-1]
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_workers != self.max_workers
+
+    def worker_counts(self) -> range:
+        """Every world size a run may train at."""
+        return range(self.min_workers, self.max_workers + 1)
+
+    def ray_num_workers(self) -> int | tuple[int, int]:
+        """``ray.train.ScalingConfig(num_workers=...)``: a (min, max) tuple runs Train v2's elastic scaling policy."""
+        return (self.min_workers, self.max_workers) if self.elastic else self.max_workers
 
     def resources_per_worker(self) -> dict[str, float]:
         """What each training worker asks Ray for."""
@@ -238,7 +264,12 @@ class TrainConfig:
 
     def _validate_scaling(self) -> None:
         scaling = self.scaling
-        _at_least("scaling.num_workers", scaling.num_workers, 1)
+        if isinstance(scaling.num_workers, list):
+            if len(scaling.num_workers) != 2:
+                raise ConfigError(f"scaling.num_workers: a number or [min, max], got {scaling.num_workers}")
+            if scaling.min_workers > scaling.max_workers:
+                raise ConfigError(f"scaling.num_workers: [min, max] needs min <= max, got {scaling.num_workers}")
+        _at_least("scaling.num_workers", scaling.min_workers, 1)
         _at_least("scaling.torch_threads", scaling.torch_threads, 1, none_means="cpus_per_worker rounded up")
         _greater("scaling.cpus_per_worker", scaling.cpus_per_worker, 0)
         _greater("scaling.gpus_per_worker", scaling.gpus_per_worker, 0)
@@ -247,7 +278,7 @@ class TrainConfig:
         gpus = scaling.gpus_per_worker
         if scaling.use_gpu and gpus > 1 and not float(gpus).is_integer():
             raise ConfigError(f"scaling.gpus_per_worker: more than one GPU must be a whole number, got {gpus}")
-        if scaling.use_gpu and scaling.num_workers > 1 and gpus < 1:
+        if scaling.use_gpu and scaling.max_workers > 1 and gpus < 1:
             # Ray would pack several ranks onto one GPU, and NCCL refuses two ranks on the same device.
             raise ConfigError(
                 f"scaling.gpus_per_worker: {gpus} GPU per worker with scaling.num_workers={scaling.num_workers} "
@@ -273,12 +304,16 @@ class TrainConfig:
             raise ConfigError(f"{key}.datasets: an empty list; give datasets or leave it out for `dataset`")
         if not 0 <= stage.warmup_ratio < 1:
             raise ConfigError(f"{key}.warmup_ratio must be in [0, 1), got {stage.warmup_ratio}")
-        per_step = self.scaling.num_workers * stage.grad_accum_steps
-        if stage.batch_size % per_step:
-            raise ConfigError(
-                f"{key}.batch_size={stage.batch_size} is the global batch and must be divisible by "
-                f"scaling.num_workers * grad_accum_steps = {per_step}"
-            )
+        # Each worker's share of a global micro-batch (batch_size / grad_accum_steps examples) is whole at every
+        # worker count the run may train at (training.batches.split_batch keeps the global batch on a resize).
+        for workers in self.scaling.worker_counts():
+            per_step = workers * stage.grad_accum_steps
+            if stage.batch_size % per_step:
+                at = f" at {workers} of scaling.num_workers={self.scaling.num_workers}" if self.scaling.elastic else ""
+                raise ConfigError(
+                    f"{key}.batch_size={stage.batch_size} is the global batch and must be divisible by "
+                    f"workers * grad_accum_steps = {per_step}{at}"
+                )
 
 
 MAX_NAME_BYTES = 200  # file names stop at 255 bytes; room for the suffixes added to a run's folder name
@@ -585,8 +620,11 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _convert(inner, value, key)
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) > 1:  # e.g. int | list[int]: the alternative of the value's kind
+            listed = [a for a in inner if typing.get_origin(a) is list]
+            inner = listed if isinstance(value, list) and listed else [a for a in inner if a not in listed]
+        return _convert(inner[0], value, key)
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, key)
     if origin in (list, collections.abc.Sequence):

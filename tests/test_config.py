@@ -108,6 +108,17 @@ def test_shipped_configs_load():
     [
         (["scaling.num_workers=0"], "scaling.num_workers must be >= 1, got 0"),  # was a ZeroDivisionError
         (["scaling.num_workers=-3"], "scaling.num_workers must be >= 1, got -3"),  # was "divisible by -3"
+        (["scaling.num_workers=[2, 1]"], "scaling.num_workers: [min, max] needs min <= max, got [2, 1]"),
+        (["scaling.num_workers=[0, 2]"], "scaling.num_workers must be >= 1, got 0"),
+        (["scaling.num_workers=[1, 2, 4]"], "scaling.num_workers: a number or [min, max], got [1, 2, 4]"),
+        (["scaling.num_workers=[1, two]"], "scaling.num_workers.1: expected int, got 'two'"),
+        # 16 examples cannot be split evenly over 3 workers, one of the sizes an elastic [2, 4] run may train at
+        (
+            ["scaling.num_workers=[2, 4]"],
+            "stages.0.batch_size=16 is the global batch and must be divisible by "
+            "workers * grad_accum_steps = 3 at 3 of scaling.num_workers=[2, 4]",
+        ),  # fmt: skip
+        (["scaling.use_gpu=true", "scaling.num_workers=[1, 2]", "scaling.gpus_per_worker=0.5"], "NCCL refuses"),
         (["stages.0.score_max=0"], "stages.0.score_max must be > 0"),
         (["stages.0.learning_rate=.nan"], "stages.0.learning_rate: nan is not a finite number"),
         (["stages.0.learning_rate=.inf"], "stages.0.learning_rate: inf is not a finite number"),
@@ -140,6 +151,14 @@ def test_values_that_must_not_pass_name_the_key(tmp_path, overrides, message):
     with pytest.raises(ConfigError) as err:
         load_config(path, overrides)
     assert message in str(err.value) and str(path) in str(err.value)
+
+
+def test_an_elastic_range_is_kept_and_told_apart_from_a_fixed_count():
+    elastic = load_config(None, ["scaling.num_workers=[1, 2]"]).scaling
+    assert (elastic.min_workers, elastic.max_workers, elastic.ray_num_workers()) == (1, 2, (1, 2))
+    fixed = load_config(None, ["scaling.num_workers=2"]).scaling
+    assert not fixed.elastic and fixed.ray_num_workers() == 2
+    assert load_config(None, ["scaling.num_workers=[2, 2]"]).scaling.ray_num_workers() == 2  # one size: fixed
 
 
 def test_gpu_fractions_stay_allowed_for_one_worker():

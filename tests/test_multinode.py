@@ -1,10 +1,12 @@
-"""Two Ray nodes on one machine, with real servers: a job submitted with `ray job submit` spreads its 2 workers over
-both nodes, checkpoints to s3:// (a real S3-compatible server), logs to an `mlflow server` that keeps artifacts
-in the same store; the second node is killed after the first checkpoint and the job resumes from the
-object-store checkpoint on the head and finishes with the full step count."""
+"""Two Ray nodes on one machine, with real servers: an elastic job (1 to 2 workers) submitted with `ray job submit`
+spreads its 2 workers over both nodes, checkpoints to s3:// (a real S3-compatible server), logs to an `mlflow
+server` that keeps artifacts in the same store; the second node is killed after the first checkpoint and the job
+resumes from the object-store checkpoint on the 1 worker the head holds, with the configured global batch, and
+finishes with the full step count on the loss curve of the recipe."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -18,22 +20,28 @@ import local_cluster
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 import yaml
 from local_cluster import BIN, BUCKET, REPO
 from mlflow.tracking import MlflowClient
 from sentence_transformers import SentenceTransformer
+from test_training_loop import train
 
+from sbert_ray.config import ScalingConfig, TrainConfig, from_dict
 from sbert_ray.data.readers import load_records
 from sbert_ray.models.encoder import SentenceEncoder
 from sbert_ray.runs.encode_corpus import EncodeRequest, encode_corpus
+from sbert_ray.training.loop import LOG_EVERY, LocalReporter
 
 STEPS = 400  # 3200 pairs / global batch 8: long enough that the node dies mid-training
 EVAL_EVERY = 50
+GLOBAL_BATCH = 8  # tiny_train_config's
+WORKER_CPUS = 1.5  # each node (the head's 2 CPUs, the second node's 2) holds one training worker
 
 
 @pytest.fixture(scope="module")
 def second_node(token_head, tmp_path_factory):
-    node = local_cluster.add_node(token_head, tmp_path_factory.mktemp("node"), cpus=1)
+    node = local_cluster.add_node(token_head, tmp_path_factory.mktemp("node"), cpus=2)
     local_cluster.wait_for_nodes(token_head, 2)
     yield node
     local_cluster.stop(node)
@@ -58,9 +66,9 @@ def train_workers(head: local_cluster.Head) -> list[dict]:
 def test_encode_spreads_over_two_nodes_and_writes_every_row_once(
     connect, second_node, tiny_model_dir, data_dir, tmp_path
 ):
-    """`sbert-ray encode` over STSb and SICK sentences with 3 encoder actors on the head's 2 CPUs and the second
-    node's 1: every input line comes back once, with SentenceEncoder.encode's vector. Runs before the training
-    test below, which kills the second node."""
+    """`sbert-ray encode` over STSb and SICK sentences with 3 encoder actors, more than the head's 2 CPUs hold (the
+    second node has 2 more): every input line comes back once, with SentenceEncoder.encode's vector. Runs before
+    the training test below, which kills the second node."""
     texts = [
         text
         for name, split in (("stsb", "test"), ("sickr", "trial"))
@@ -88,6 +96,7 @@ def test_job_spreads_over_two_nodes_checkpoints_to_s3_and_survives_losing_a_node
 ):
     config = yaml.safe_load(tiny_train_config(name="multinode", limit=8 * STEPS, eval_every=EVAL_EVERY).read_text())
     config["evaluation"]["dev_limit"] = 50
+    config["scaling"] |= {"num_workers": [1, 2], "cpus_per_worker": WORKER_CPUS, "torch_threads": 1}
     config["scaling"]["placement_strategy"] = "SPREAD"
     config["checkpoint"] = {"storage_path": f"s3://{BUCKET}/runs", "max_failures": 2}
     config["tracking"]["tracking_uri"] = mlflow_server
@@ -96,9 +105,13 @@ def test_job_spreads_over_two_nodes_checkpoints_to_s3_and_survives_losing_a_node
 
     env = {**os.environ, **token_head.env, "PATH": f"{BIN}:{os.environ['PATH']}"}
     submission_id = f"multinode-{int(time.time())}"
+    # Until the head's health checks declare the killed node dead, Ray Train's elastic policy still counts its CPUs
+    # and asks for 2 workers again; each such try waits this long for a placement that cannot come (60 s by default).
+    start_timeout = json.dumps({"env_vars": {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"}})
     command = [
         "ray", "job", "submit", "--address", token_head.dashboard, "--submission-id", submission_id,
-        "--working-dir", str(REPO), "--", sys.executable, "jobs/train.py", str(path),
+        "--working-dir", str(REPO), "--runtime-env-json", start_timeout, "--", sys.executable, "jobs/train.py",
+        str(path),
     ]  # fmt: skip
     job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     s3 = s3_server.client()
@@ -134,6 +147,8 @@ def test_job_spreads_over_two_nodes_checkpoints_to_s3_and_survives_losing_a_node
     dev_steps = [m.step for m in client.get_metric_history(run.info.run_id, "dev/spearman_cosine")]
     assert dev_steps[-1] == STEPS and "final/stsb/spearman_cosine" in run.data.metrics
     assert len(checkpoints() - before_kill) >= 1  # written after the node was lost
+    log_points = logged_points(client, run.info.run_id)
+    assert_elastic_recipe(log_points, resumed_from, reference_run(config))
 
     # The model reaches MLflow (stored in the object store) and the driver (from the last checkpoint on S3).
     logged = SentenceTransformer(client.download_artifacts(run.info.run_id, "model", str(tmp_path)), device="cpu")
@@ -143,3 +158,70 @@ def test_job_spreads_over_two_nodes_checkpoints_to_s3_and_survives_losing_a_node
     sentences = ["a sentence", "another one"]
     assert (logged.encode(sentences) == downloaded.encode(sentences)).all()
     assert any(key.startswith("mlflow/") for key in (o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET)["Contents"]))
+
+
+def logged_points(client: MlflowClient, run_id: str) -> list[dict]:
+    """The run's training log points in the order they were logged (a resumed run logs again the steps it
+    retrains): step, worker count, loss, learning rate and rank 0's examples of the source since its start."""
+    run = client.get_run(run_id)
+    (samples,) = [name for name in run.data.metrics if name.startswith("data/") and name.endswith("/samples")]
+    names = {"workers": "train/workers", "loss": "train/loss", "lr": "train/learning_rate", "samples": samples}
+    points: dict[tuple[int, int], dict] = {}
+    for key, name in names.items():
+        for metric in client.get_metric_history(run_id, name):
+            points.setdefault((metric.timestamp, metric.step), {"step": metric.step})[key] = metric.value
+    return [point for _, point in sorted(points.items())]
+
+
+def reference_run(job_config: dict) -> dict[int, dict[str, float]]:
+    """The recipe trained without Ray in this process on one worker (what the elastic job trains after its resize:
+    the same global batch, schedule and step count, the batches cut for one worker): its log points by step."""
+    config = from_dict(TrainConfig, job_config | {"checkpoint": {}, "tracking": {}})
+    config.scaling = ScalingConfig(num_workers=[1, 2], torch_threads=torch.get_num_threads())  # this process's
+    reporter = LocalReporter()
+    train(config, reporter)
+    return {step: metrics for step, metrics in reporter.logged if "train/loss" in metrics}
+
+
+def assert_elastic_recipe(points: list[dict], resumed_from: float, reference: dict[int, dict[str, float]]) -> None:
+    """2 workers until the node was lost, 1 from the resume to the last step; every optimizer step of either
+    size trained the configured global batch; the learning rate is the schedule's at each global step; the loss
+    curve stays within the tolerance of the recipe's (``LOSS_BLOCKS``)."""
+    workers = [int(point["workers"]) for point in points]
+    assert [size for size, _ in itertools.groupby(workers)] == [2, 1] and points[-1]["step"] == STEPS
+    resized = workers.index(1)
+    assert points[resized]["step"] == resumed_from + LOG_EVERY  # the first log point of the resumed worker
+    for size in (2, 1):  # examples per step: rank 0's between two log points of one worker, times the workers
+        per_step = [
+            (later["samples"] - earlier["samples"]) * size / (later["step"] - earlier["step"])
+            for earlier, later in itertools.pairwise(points)
+            if earlier["workers"] == later["workers"] == size and later["samples"] > earlier["samples"]
+        ]
+        assert per_step and set(per_step) == {GLOBAL_BATCH}, (size, per_step)
+    assert reference.keys() == {point["step"] for point in points}  # the full step count
+    # The schedule is a function of the global step (LambdaLR): the same value, bit for bit, at every log point.
+    assert [point["lr"] for point in points] == [reference[point["step"]]["train/learning_rate"] for point in points]
+    assert_loss_within_tolerance({point["step"]: point["loss"] for point in points}, reference)
+
+
+LOSS_BLOCKS = 5  # log windows (of 10 steps) per compared block: one evaluation interval
+
+
+def assert_loss_within_tolerance(losses: dict[int, float], reference: dict[int, dict[str, float]]) -> None:
+    """Block means of the run's loss curve (the last value logged at each step: after the resize, the resumed
+    worker's) against the reference's. Both runs train the recipe from the same initial weights but on other
+    batches (other worker counts cut the data otherwise), so they differ by the sampling noise of the batches:
+    a logged loss is the mean of 10 steps x 8 examples, whose spread ``sigma`` around the curve is estimated from
+    the reference's consecutive windows (sd of their differences / sqrt 2; an overestimate where the curve still
+    falls). A block mean of ``LOSS_BLOCKS`` windows has sd sigma / sqrt(LOSS_BLOCKS), the difference of two
+    runs' sqrt 2 times that; the tolerance is 4 of those sds (a false alarm about once in 16,000 blocks). It is
+    far narrower than what training changes: a resize that restarted the schedule or lost the weights fails."""
+    steps = sorted(reference)
+    ref = np.array([reference[step]["train/loss"] for step in steps])
+    run = np.array([losses[step] for step in steps])
+    sigma = np.std(np.diff(ref)) / np.sqrt(2)
+    tolerance = 4 * np.sqrt(2 / LOSS_BLOCKS) * sigma
+    blocks = len(steps) // LOSS_BLOCKS
+    ref_blocks, run_blocks = (v[: blocks * LOSS_BLOCKS].reshape(blocks, LOSS_BLOCKS).mean(1) for v in (ref, run))
+    assert tolerance < (ref_blocks[0] - ref_blocks[-1]) / 2, (tolerance, ref_blocks)  # the check can fail
+    assert np.abs(run_blocks - ref_blocks).max() <= tolerance, (tolerance, run_blocks, ref_blocks)

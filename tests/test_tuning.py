@@ -93,11 +93,13 @@ def test_trial_config_applies_whole_mappings_then_keys_inside_them():
         ({"search": "optuna", "search_space": {"model.pooling": {"grid": ["mean"]}}}, "use choice instead of grid"),
         ({"search": "grid", "search_space": {"model.pooling": {"choice": ["mean"]}}}, "every search_space key"),
         ({"serach": "grid"}, "unknown key 'serach'"),
+        ({"base": {"scaling": {"num_workers": [1, 2]}}}, "base.scaling.num_workers: [1, 2] is elastic"),
+        ({"search_space": {"scaling.num_workers": {"choice": [2, [1, 2]]}}}, "must stay one number"),
     ],
 )
 def test_sweep_config_errors_name_the_key(tmp_path, settings, message):
     path = tmp_path / "sweep.yaml"
-    path.write_text(yaml.safe_dump({"base": {"scaling": {"num_workers": 2}}, **settings}))
+    path.write_text(yaml.safe_dump({"base": {"scaling": {"num_workers": 2}}} | settings))
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(path, cls=SweepConfig)
 

@@ -78,12 +78,13 @@ def check_resources(scaling: ScalingConfig) -> None:
 
 def refuse_impossible(scaling: ScalingConfig) -> None:
     """A ``ConfigError`` naming the numbers when no node can hold one worker, or all the nodes the cluster has or
-    may start (its autoscaler's maximum) cannot hold ``num_workers`` of them as placed. A cluster we joined that
-    publishes no maximum (Ray's v1 autoscaler, `ray up`) may grow: there only ``wait_for_workers`` applies."""
+    may start (its autoscaler's maximum) cannot hold ``num_workers`` (elastic: its minimum) of them as placed. A
+    cluster we joined that publishes no maximum (Ray's v1 autoscaler, `ray up`) may grow: there only
+    ``wait_for_workers`` applies."""
     kinds = [kind for kind in node_kinds() or [] if kind.count]
     if not kinds:
         return
-    bundle, n, strategy = scaling.resources_per_worker(), scaling.num_workers, scaling.placement_strategy
+    bundle, n, strategy = scaling.resources_per_worker(), scaling.min_workers, scaling.placement_strategy
     nodes = _nodes_text(kinds)
     if not any(kind.holds(bundle) for kind in kinds):
         raise ConfigError(f"scaling: one worker needs {_text(bundle)}, more than any node of this cluster ({nodes})")
@@ -95,8 +96,8 @@ def refuse_impossible(scaling: ScalingConfig) -> None:
         most = sum(kind.holds(bundle) * kind.count for kind in kinds)
     if n > most:
         raise ConfigError(
-            f"scaling.num_workers={n} workers of {_text(bundle)} ({strategy}): this cluster can hold at most "
-            f"{int(most)} (its nodes: {nodes})"
+            f"scaling.num_workers={n if not scaling.elastic else f'{scaling.num_workers}: at least {n}'} workers "
+            f"of {_text(bundle)} ({strategy}): this cluster can hold at most {int(most)} (its nodes: {nodes})"
         )
 
 
@@ -153,8 +154,9 @@ def autoscaler_node_kinds() -> list[NodeKind] | None:
 
 def wait_for_workers(scaling: ScalingConfig) -> None:
     """Wait up to ``scaling.resource_wait_s`` until the workers' resources are free at once (a placement group of
-    them, as Ray Train asks for, reserved and released), else ``ResourcesBusy`` naming what is missing."""
-    bundle, n = scaling.resources_per_worker(), scaling.num_workers
+    them, as Ray Train asks for, reserved and released; elastic: of the fewest it trains on), else ``ResourcesBusy``
+    naming what is missing."""
+    bundle, n = scaling.resources_per_worker(), scaling.min_workers
     group = placement_group([bundle] * n, strategy=scaling.placement_strategy)
     try:
         # A free cluster still takes a moment to place the group: at least a second, even with a wait of 0.
@@ -202,9 +204,9 @@ def most_resources(kinds: list[NodeKind] | None) -> dict[str, float] | None:
 def runs_fitting(capacity: dict[str, float], configs: list[TrainConfig], driver_cpus: float = 0.0) -> int:
     """How many of these runs ``capacity`` (resource -> amount) holds at once, sized by the largest; each run's
     own driver takes ``driver_cpus``. At least 1."""
-    cpus = max(c.scaling.num_workers * c.scaling.cpus_per_worker for c in configs) + driver_cpus
+    cpus = max(c.scaling.max_workers * c.scaling.cpus_per_worker for c in configs) + driver_cpus
     fits = [capacity.get("CPU", 0) // cpus]
-    gpus = max((c.scaling.num_workers * c.scaling.gpus_per_worker for c in configs if c.scaling.use_gpu), default=0)
+    gpus = max((c.scaling.max_workers * c.scaling.gpus_per_worker for c in configs if c.scaling.use_gpu), default=0)
     if gpus:
         fits.append(capacity.get("GPU", 0) // gpus)
     return max(1, int(min(fits)))

@@ -518,7 +518,7 @@ def model_card_info(
         base_model=config.model.name,
         stages=[_stage_info(*stage) for stage in zip(config.stages, map(sum, plan.rows), plan.steps, strict=True)],
         hardware=metrics.get("hardware", "unknown"),
-        num_workers=config.scaling.num_workers,
+        num_workers=config.scaling.max_workers,
         train_seconds=train_seconds,
         results=final,
         primary_metrics={entry: metric for entry, (metric, _) in primary_scores(plan.final_tasks, final).items()},

@@ -21,9 +21,38 @@ from sbert_ray.models.prompts import prompt_for_column
 PAD_MULTIPLE_CUDA = 8  # on GPUs padded widths are rounded up to this: tensor-core tiles, fewer shapes to compile
 
 
-def local_batch_size(stage: StageConfig, num_workers: int) -> int:
-    """Examples per micro-batch on each worker: the global batch split over workers and accumulation steps."""
-    return stage.batch_size // (num_workers * stage.grad_accum_steps)
+@dataclasses.dataclass(frozen=True)
+class BatchSplit:
+    """How a stage's global batch (``batch_size``, configured at the most workers) is split at ``workers`` workers.
+
+    The unit is the global micro-batch: ``batch_size / grad_accum_steps`` examples from one source, one entry of
+    the data order, whatever the world size. Each worker takes ``share`` of them, in ``chunks`` micro-batches of
+    ``micro_batch``: with in-batch negatives in one (gathered across workers, every anchor still meets the
+    configured number of negatives; cached MNRL bounds memory by its ``mini_batch_size`` chunks as ever), else in
+    as few as keep a micro-batch no larger than the configured one at the most workers (the gradient is the same
+    mean over the global batch however it is cut). An optimizer step is ``grad_accum_steps`` global micro-batches,
+    ``accumulation`` micro-batches on each worker."""
+
+    workers: int
+    micro_batch: int  # examples per micro-batch on each worker
+    chunks: int  # micro-batches per global micro-batch on each worker
+    accumulation: int  # micro-batches per optimizer step on each worker
+
+    @property
+    def share(self) -> int:
+        """Each worker's examples of one global micro-batch."""
+        return self.micro_batch * self.chunks
+
+
+def split_batch(stage: StageConfig, max_workers: int, workers: int, in_batch_negatives: bool) -> BatchSplit:
+    """The stage's global batch at ``workers`` live workers of a run configured for ``max_workers`` (the config's
+    validation made every ``share`` whole)."""
+    share = stage.batch_size // (stage.grad_accum_steps * workers)
+    largest = stage.batch_size // (stage.grad_accum_steps * max_workers)  # the configured micro-batch
+    chunks = (
+        1 if in_batch_negatives else next(c for c in range(1, share + 1) if share % c == 0 and share // c <= largest)
+    )
+    return BatchSplit(workers, share // chunks, chunks, stage.grad_accum_steps * chunks)
 
 
 def text_hashes(texts: pa.Array) -> np.ndarray:

@@ -62,10 +62,10 @@ class StepSettings:
     """What one stage's steps need beyond the model, the data and the optimizer."""
 
     total_steps: int  # optimizer steps of the stage
-    batches_per_epoch: int  # micro-batches per epoch (whole optimizer steps), for the logged epoch
+    batches_per_epoch: int  # global micro-batches per epoch (whole optimizer steps), for the logged epoch
     device: torch.device
     precision: str = "fp32"  # resolved: bf16, fp16 or fp32
-    grad_accum_steps: int = 1
+    grad_accum_steps: int = 1  # micro-batches per optimizer step on this worker
     max_grad_norm: float = 1.0
     eval_every: int = 0  # optimizer steps between report points; 0: only at the stage's last step
     full_every: int = 1  # report points between full-state checkpoints (the others hold weights only)
@@ -79,15 +79,17 @@ class StepSettings:
         device: torch.device,
         precision: str,
         full_every: int = 1,
+        chunks: int = 1,
     ) -> StepSettings:
-        """``steps``: (optimizer steps per epoch, steps of the stage), as ``batches.stage_steps`` gives them."""
+        """``steps``: (optimizer steps per epoch, steps of the stage), as ``stream.stage_steps`` gives them;
+        ``chunks``: micro-batches per global micro-batch on this worker (``batches.BatchSplit``)."""
         per_epoch, total = steps
         return cls(
             total_steps=total,
             batches_per_epoch=per_epoch * stage.grad_accum_steps,
             device=device,
             precision=precision,
-            grad_accum_steps=stage.grad_accum_steps,
+            grad_accum_steps=stage.grad_accum_steps * chunks,
             max_grad_norm=stage.max_grad_norm,
             eval_every=eval_every,
             full_every=full_every,
@@ -183,6 +185,7 @@ def train_stage(
                 "train/learning_rate": optimization.scheduler.get_last_lr()[0],
                 "train/pairs_per_s": window["pairs_per_s"],
                 "train/epoch": state.epoch + state.batch / settings.batches_per_epoch,
+                "train/workers": world_size,  # changes when an elastic run resizes
             }
             if window_masked is not None:  # per optimizer step (all workers' anchors), mean over the window
                 metrics["train/masked_duplicates"] = read_count(window_masked, world_size) / window_steps

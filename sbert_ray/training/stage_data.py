@@ -63,7 +63,7 @@ def count_stages(config: TrainConfig, sources: list[list[Source]]) -> list[list[
         if planned_steps(config, i, rows[i])[1] == 0:
             raise ConfigError(
                 f"stages.{i}: {sum(rows[i])} examples give no optimizer step of global batch {stage.batch_size} "
-                f"over {config.scaling.num_workers} workers"
+                f"over {config.scaling.max_workers} workers"
             )
     return rows
 
@@ -71,7 +71,7 @@ def count_stages(config: TrainConfig, sources: list[list[Source]]) -> list[list[
 def planned_steps(config: TrainConfig, index: int, rows: list[int]) -> tuple[int, int]:
     """(optimizer steps per epoch, steps) of stage ``index`` with sources of ``rows`` examples."""
     stage = config.stages[index]
-    plan = batch_plan(stage, index, config.seed, config.scaling.num_workers, rank=0)
+    plan = batch_plan(stage, index, config.seed, config.scaling.max_workers, rank=0)
     weights = [d.weight for d in stage.datasets] if stage.datasets else [1.0]
     return stage_steps(rows, weights, stage, plan)
 

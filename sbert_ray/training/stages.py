@@ -72,7 +72,7 @@ def start_worker(config: TrainConfig, worker: Worker, restored: Path | None) -> 
         if len(rng_states) == worker.world_size:
             set_rng_state(rng_states[worker.rank], worker.device)
         else:
-            log.warning(
+            log.warning(  # an elastic run resized, or a checkpoint older than saved random states
                 "checkpoint holds random states of %d workers, not %d: reseeded", len(rng_states), worker.world_size
             )
     return encoder, state
@@ -118,10 +118,10 @@ def _train_stage(
             "training a model whose pooling leaves prompt tokens out (include_prompt: false) is not supported: "
             "the columns of a batch carry different prompts, which one forward cannot leave out"
         )
-    plan = batch_plan(stage, state.stage, config.seed, world_size, worker.rank)
+    plan = batch_plan(stage, state.stage, config.seed, world_size, worker.rank, config.scaling.max_workers)
     steps = stage_steps([s.rows for s in sources], [s.weight for s in sources], stage, plan)  # preflight: > 0
     settings = StepSettings.for_stage(
-        stage, steps, config.evaluation.eval_every, device, worker.precision, config.checkpoint.full_every
+        stage, steps, config.evaluation.eval_every, device, worker.precision, config.checkpoint.full_every, plan.chunks
     )
     meter.data_ready()
     # A head restored from the checkpoint must not advance the random stream restored with it.

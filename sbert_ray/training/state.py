@@ -22,8 +22,9 @@ RNG_FILE = "rng.pt"
 
 @dataclass
 class TrainState:
-    """Where training stands. ``batch`` counts micro-batches already consumed in ``epoch`` (the stream resumes
-    there); ``stage_done`` marks a stage whose last step is behind us."""
+    """Where training stands. ``batch`` counts global micro-batches (``batch_size / grad_accum_steps`` examples of
+    all workers together) already consumed in ``epoch``: the stream resumes there, at any world size
+    (``training.stream.StageBatches``); ``stage_done`` marks a stage whose last step is behind us."""
 
     stage: int = 0
     epoch: int = 0

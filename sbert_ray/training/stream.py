@@ -18,6 +18,14 @@ order seeded per epoch and equal on every rank: ``proportional`` draws each sour
 epoch, ``round_robin`` takes one batch of each in turn until the smallest is used up. Each source streams pass
 after pass on its own; where the stage stands in each is a function of (epoch, position), so a resumed worker
 regenerates its stream up to there and goes on with the very batches the interrupted run would have taken.
+
+Elastic runs: the order above is planned in global micro-batches (``batch_size / grad_accum_steps`` examples of
+all workers together) at the configured, largest world size, so the schedule, the batches per pass and the
+steps per epoch are the same at any live world size, and a position saved at one size is a position at another:
+each source goes on in the same pass, every worker as far into its new share as the run had come into its old
+one. What the resize cannot carry over is where each worker stood inside its window (its batches are shuffled):
+rows of the windows it cut (``window_batches`` global micro-batches' worth, at each size) may be trained twice
+or not in that pass.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ import torch
 from sbert_ray.config import StageConfig, TrainConfig
 from sbert_ray.losses.registry import OBJECTIVES
 from sbert_ray.models import SentenceEncoder
-from sbert_ray.training.batches import TokenizedRows, local_batch_size, tokenize_table
+from sbert_ray.training.batches import TokenizedRows, split_batch, tokenize_table
 from sbert_ray.training.loop import MicroBatch
 from sbert_ray.training.sources import Source, read_tables, stage_sources
 
@@ -54,25 +62,38 @@ class SourceStream:
 
 @dataclasses.dataclass(frozen=True)
 class BatchPlan:
-    """How a worker cuts its streams into micro-batches (the same on every rank but ``rank``)."""
+    """How a worker cuts its streams into micro-batches (the same on every rank but ``rank``).
+
+    The data order is planned in global micro-batches (``training.batches.BatchSplit``) at the configured world
+    size ``planned_workers``, so it is the same at any live ``world_size``: each global micro-batch is ``chunks``
+    micro-batches of ``batch_size`` on every worker."""
 
     batch_size: int  # examples per micro-batch on this worker
     world_size: int
     rank: int
     seed: int
-    window_batches: int = 200
+    window_batches: int = 200  # micro-batches of this worker sorted by length together
     no_duplicates: bool = False
     sampling: str = "proportional"
+    chunks: int = 1  # micro-batches per global micro-batch on each worker
+    planned_workers: int = 0  # the world size the batch size is configured at (the most workers); 0: world_size
+
+    def units_per_pass(self, rows: int) -> int:
+        """Global micro-batches per pass over a source of ``rows`` examples, as planned: each of the planned
+        workers' equal share (streaming_split hands each worker ``rows // workers``) cut into its micro-batches,
+        the last possibly short. The same at every live world size."""
+        planned = self.planned_workers or self.world_size
+        planned_micro_batch = self.batch_size * self.chunks * self.world_size // planned
+        return math.ceil(rows // planned / planned_micro_batch)
 
     def batches_per_pass(self, rows: int) -> int:
-        """Micro-batches each worker takes per pass over a source of ``rows`` examples: its equal share
-        (streaming_split hands each worker ``rows // world_size``), the last batch possibly short."""
-        return math.ceil(rows // self.world_size / self.batch_size)
+        """Micro-batches each worker takes per pass over a source of ``rows`` examples."""
+        return self.units_per_pass(rows) * self.chunks
 
 
 def epoch_schedule(per_pass: list[int], weights: list[float], plan: BatchPlan, epoch: int) -> np.ndarray:
-    """The source each micro-batch of ``epoch`` comes from (equal on every rank), for sources of ``per_pass``
-    batches per pass."""
+    """The source each global micro-batch of ``epoch`` comes from (equal on every rank and at every world size),
+    for sources of ``per_pass`` global micro-batches per pass."""
     if len(per_pass) == 1:
         return np.zeros(per_pass[0], dtype=np.int64)
     if plan.sampling == "round_robin":
@@ -83,26 +104,31 @@ def epoch_schedule(per_pass: list[int], weights: list[float], plan: BatchPlan, e
 
 def stage_steps(rows: list[int], weights: list[float], stage: StageConfig, plan: BatchPlan) -> tuple[int, int]:
     """(optimizer steps per epoch, optimizer steps the stage runs) for sources of ``rows`` examples: what the
-    workers train, and what a run checks and reports beforehand."""
-    per_pass = [plan.batches_per_pass(n) for n in rows]
+    workers train, and what a run checks and reports beforehand; the same at every world size."""
+    per_pass = [plan.units_per_pass(n) for n in rows]
     per_epoch = len(epoch_schedule(per_pass, weights, plan, 0)) // stage.grad_accum_steps
     total = stage.epochs * per_epoch
     return per_epoch, min(total, stage.max_steps) if stage.max_steps else total
 
 
-def batch_plan(stage: StageConfig, stage_index: int, seed: int, world_size: int, rank: int) -> BatchPlan:
-    """The stage's plan on rank ``rank``: duplicates kept out of batches by default for in-batch negatives."""
-    no_duplicates = stage.no_duplicates
-    if no_duplicates is None:
-        no_duplicates = OBJECTIVES[stage.objective].in_batch_negatives
+def batch_plan(
+    stage: StageConfig, stage_index: int, seed: int, world_size: int, rank: int, max_workers: int | None = None
+) -> BatchPlan:
+    """The stage's plan on rank ``rank`` of ``world_size`` live workers, for a batch size configured at
+    ``max_workers`` (None: ``world_size``): duplicates kept out of batches by default for in-batch negatives."""
+    in_batch_negatives = OBJECTIVES[stage.objective].in_batch_negatives
+    no_duplicates = in_batch_negatives if stage.no_duplicates is None else stage.no_duplicates
+    split = split_batch(stage, max_workers or world_size, world_size, in_batch_negatives)
     return BatchPlan(
-        batch_size=local_batch_size(stage, world_size),
+        batch_size=split.micro_batch,
         world_size=world_size,
         rank=rank,
         seed=seed + stage_index,
-        window_batches=stage.window_batches,
+        window_batches=stage.window_batches * split.chunks,  # the same rows per window at every world size
         no_duplicates=no_duplicates,
         sampling=stage.sampling,
+        chunks=split.chunks,
+        planned_workers=max_workers or world_size,
     )
 
 
@@ -119,41 +145,44 @@ class SourceCounts:
 
 class StageBatches:
     """This worker's micro-batches of one stage from (``epoch``, ``position``) on, epoch after epoch, collated
-    on ``device`` as they are taken; ``metrics()`` tells what the streams did so far."""
+    on ``device`` as they are taken; ``metrics()`` tells what the streams did so far. ``position`` counts global
+    micro-batches (``BatchPlan``), so a checkpoint taken at one world size resumes at another: each source
+    continues in the same pass, as far into this worker's share of it as the run had come into its own."""
 
     def __init__(
         self,
         sources: list[SourceStream],
         plan: BatchPlan,
-        micro_batches_per_epoch: int,
+        units_per_epoch: int,
         epoch: int,
         position: int,
         collate: Callable[[Batch], tuple[list[dict], torch.Tensor | None, list[torch.Tensor], list[np.ndarray]]],
     ):
         self.sources, self.plan, self.collate = sources, plan, collate
-        self.per_epoch, self.epoch, self.position = micro_batches_per_epoch, epoch, position
+        self.per_epoch, self.epoch, self.position = units_per_epoch, epoch, position
         self.counts = [SourceCounts() for _ in sources]
-        self.per_pass = [plan.batches_per_pass(s.rows) for s in sources]
+        self.per_pass = [plan.units_per_pass(s.rows) for s in sources]
         self.weights = [s.weight for s in sources]
-        taken = np.zeros(len(sources), dtype=np.int64)  # each source's batches before (epoch, position)
+        taken = np.zeros(len(sources), dtype=np.int64)  # each source's global micro-batches before the position
         for past in range(epoch + 1):
             drawn = self._schedule(past)[: position if past == epoch else None]
             taken += np.bincount(drawn, minlength=len(sources))
-        self.streams = [self._source_batches(j, int(n)) for j, n in enumerate(taken)]
+        self.streams = [self._source_batches(j, int(n) * plan.chunks) for j, n in enumerate(taken)]
 
     def __iter__(self) -> Iterator[MicroBatch]:
         epoch, start = self.epoch, self.position
         while True:
             schedule = self._schedule(epoch)
             for position in range(start, len(schedule)):
-                batch = next(self.streams[schedule[position]])
-                features, labels, hashes, used_widths = self.collate(batch)
-                self.counts[schedule[position]].samples += len(batch[1])
-                yield MicroBatch(features, labels, len(batch[1]), epoch, position + 1, hashes, used_widths)
+                for _ in range(self.plan.chunks):
+                    batch = next(self.streams[schedule[position]])
+                    features, labels, hashes, used_widths = self.collate(batch)
+                    self.counts[schedule[position]].samples += len(batch[1])
+                    yield MicroBatch(features, labels, len(batch[1]), epoch, position + 1, hashes, used_widths)
             epoch, start = epoch + 1, 0
 
     def _schedule(self, epoch: int) -> np.ndarray:
-        """The epoch's sources, cut to whole optimizer steps (``micro_batches_per_epoch``)."""
+        """The epoch's sources, cut to whole optimizer steps (``units_per_epoch``)."""
         return epoch_schedule(self.per_pass, self.weights, self.plan, epoch)[: self.per_epoch]
 
     def metrics(self) -> dict[str, float]:
@@ -164,10 +193,11 @@ class StageBatches:
         }
 
     def _source_batches(self, index: int, taken: int) -> Iterator[Batch]:
-        """Source ``index``'s batches pass after pass, from its ``taken``-th on (the earlier ones regenerated and
-        passed over: a resume continues exactly where the interrupted run was)."""
+        """Source ``index``'s micro-batches pass after pass, from its ``taken``-th on (the earlier ones regenerated
+        and passed over: a resume continues where the interrupted run was; at another world size, where its
+        shards of the pass stood, to within a window of rows per worker)."""
         source, counts = self.sources[index], self.counts[index]
-        per_pass = self.per_pass[index]
+        per_pass = self.per_pass[index] * self.plan.chunks
         number, skip = divmod(taken, per_pass)
         while True:
             key = (self.plan.seed, index, number)

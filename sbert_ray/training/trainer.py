@@ -24,7 +24,9 @@ def torch_trainer(
     tracking: dict | None = None,
     validation: ray.train.ValidationConfig | None = None,
 ) -> TorchTrainer:
-    """``config.scaling.num_workers`` workers with their CPUs (and GPUs), training on ``data`` (the Ray datasets
+    """``config.scaling.num_workers`` workers (a [min, max] range: Ray Train v2's elastic scaling policy, which
+    restarts the workers at the size the cluster holds from the latest checkpoint) with their CPUs (and GPUs),
+    training on ``data`` (the Ray datasets
     of every stage's sources and what workers need to stream them: ``training.stage_data.stage_datasets``); rank 0
     logs to the MLflow run ``tracking``
     names (``RunLogger``'s arguments: tracking URI, run id, spool file for metrics during outages) when one is given;
@@ -42,7 +44,7 @@ def torch_trainer(
             "fit_started": time.time(),  # wall clock: workers may be other processes on other nodes
         },
         scaling_config=ray.train.ScalingConfig(
-            num_workers=scaling.num_workers,
+            num_workers=scaling.ray_num_workers(),
             use_gpu=scaling.use_gpu,
             resources_per_worker=scaling.resources_per_worker(),
             placement_strategy=scaling.placement_strategy,

@@ -9,7 +9,9 @@ which is also where they synchronise. Checkpoints upload in the background (Ray 
 upload thread per worker, so uploads never race and are committed in report order) while training continues
 (``checkpoint.upload: sync``: the report point waits for it). A
 restarted worker resumes from the latest full-state checkpoint (``resume_checkpoint``), never from a weights-only
-one. Saving the final model and scoring it are the run layer's (``sbert_ray.runs.train_run``). On a NaN or infinite
+one; so does every worker of an elastic run (``scaling.num_workers: [min, max]``) that Ray Train restarted at
+another size, where each stage's global batch, data position and schedule carry over (``training.stream``).
+Saving the final model and scoring it are the run layer's (``sbert_ray.runs.train_run``). On a NaN or infinite
 loss every rank stops together and returns it (rather than fail: Ray would restart them from the checkpoint into
 the same NaN).
 """

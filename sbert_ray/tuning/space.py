@@ -63,6 +63,12 @@ class SweepConfig:
             raise ConfigError(f"base.{err}") from None
         if self.base.evaluation.async_dev:
             raise ConfigError("base.evaluation.async_dev: a sweep's scheduler needs each report's dev score")
+        if self.base.scaling.elastic:
+            raise ConfigError(
+                f"base.scaling.num_workers: {self.base.scaling.num_workers} is elastic; a sweep's trials train at a "
+                "fixed size (concurrent trials are sized from it, and a trial that grew would take another's "
+                "workers): give one number"
+            )
         check_folder_name("name", self.name, "a sweep lives in <base.checkpoint.storage_path>/<name>")
         if self.search not in SEARCHES:
             raise ConfigError(f"search: {self.search!r} is not one of {', '.join(SEARCHES)}")
@@ -80,6 +86,8 @@ class SweepConfig:
             raise ConfigError("search: optuna samples its own points; use choice instead of grid")
         dev = (self.base.evaluation.dev_task, self.base.evaluation.dev_metric)
         for config in space.extreme_configs():  # every combination of options builds a valid training config
+            if config.scaling.elastic:
+                raise ConfigError("search_space: scaling.num_workers must stay one number (sweeps are not elastic)")
             if (config.evaluation.dev_task, config.evaluation.dev_metric) != dev:
                 raise ConfigError(
                     "search_space: trials are ranked by one dev score; set evaluation.dev_task and dev_metric in "
