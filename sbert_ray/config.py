@@ -309,10 +309,11 @@ class TrainConfig:
         for workers in self.scaling.worker_counts():
             per_step = workers * stage.grad_accum_steps
             if stage.batch_size % per_step:
-                at = f" at {workers} of scaling.num_workers={self.scaling.num_workers}" if self.scaling.elastic else ""
+                at = f" at {workers} of [min, max]" if self.scaling.elastic else ""
                 raise ConfigError(
                     f"{key}.batch_size={stage.batch_size} is the global batch and must be divisible by "
-                    f"workers * grad_accum_steps = {per_step}{at}"
+                    f"scaling.num_workers * grad_accum_steps = {per_step}{at} "
+                    f"(scaling.num_workers={self.scaling.num_workers})"
                 )
 
 

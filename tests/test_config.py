@@ -116,7 +116,7 @@ def test_shipped_configs_load():
         (
             ["scaling.num_workers=[2, 4]"],
             "stages.0.batch_size=16 is the global batch and must be divisible by "
-            "workers * grad_accum_steps = 3 at 3 of scaling.num_workers=[2, 4]",
+            "scaling.num_workers * grad_accum_steps = 3 at 3 of [min, max] (scaling.num_workers=[2, 4])",
         ),  # fmt: skip
         (["scaling.use_gpu=true", "scaling.num_workers=[1, 2]", "scaling.gpus_per_worker=0.5"], "NCCL refuses"),
         (["stages.0.score_max=0"], "stages.0.score_max must be > 0"),
