@@ -26,11 +26,10 @@ def torch_trainer(
 ) -> TorchTrainer:
     """``config.scaling.num_workers`` workers (a [min, max] range: Ray Train v2's elastic scaling policy, which
     restarts the workers at the size the cluster holds from the latest checkpoint) with their CPUs (and GPUs),
-    training on ``data`` (the Ray datasets
-    of every stage's sources and what workers need to stream them: ``training.stage_data.stage_datasets``); rank 0
-    logs to the MLflow run ``tracking``
-    names (``RunLogger``'s arguments: tracking URI, run id, spool file for metrics during outages) when one is given;
-    ``validation``: how Ray Train scores checkpoints beside the workers (``evaluation.async_dev``; the run layer's).
+    training on ``data`` (the Ray datasets of every stage's sources and what workers need to stream them:
+    ``training.stage_data.stage_datasets``); rank 0 logs to the MLflow run ``tracking`` names (``RunLogger``'s
+    arguments: tracking URI, run id, spool file for metrics during outages) when one is given; ``validation``: how
+    Ray Train scores checkpoints beside the workers (``evaluation.async_dev``: ``training.validation``).
     Call ``fit()`` right away: the workers time their first optimizer step from now."""
     scaling = config.scaling
     return TorchTrainer(
