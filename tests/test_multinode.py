@@ -9,9 +9,11 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -36,6 +38,7 @@ from sbert_ray.training.loop import LOG_EVERY, LocalReporter
 STEPS = 400  # 3200 pairs / global batch 8: long enough that the node dies mid-training
 EVAL_EVERY = 50
 GLOBAL_BATCH = 8  # tiny_train_config's
+PROGRESS_LINE = re.compile(r"TrainController.*stage 1/1  step \d+/")  # runs.progress_lines
 WORKER_CPUS = 1.5  # each node (the head's 2 CPUs, the second node's 2) holds one training worker
 
 
@@ -114,6 +117,19 @@ def test_job_spreads_over_two_nodes_checkpoints_to_s3_and_survives_losing_a_node
         str(path),
     ]  # fmt: skip
     job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    # Ray Train's controller registers a report's checkpoint before it runs the callbacks, one of which prints the
+    # progress line: once a line is out, a checkpoint is registered (objects in the store alone are not enough).
+    registered = threading.Event()
+
+    def follow_output() -> None:
+        for line in job.stdout:
+            lines.append(line)
+            if PROGRESS_LINE.search(line):
+                registered.set()
+
+    follower = threading.Thread(target=follow_output, daemon=True)
+    follower.start()
     s3 = s3_server.client()
     try:
         deadline = time.time() + 240
@@ -126,17 +142,17 @@ def test_job_spreads_over_two_nodes_checkpoints_to_s3_and_survives_losing_a_node
             listing = s3.list_objects_v2(Bucket=BUCKET, Prefix="runs/multinode/checkpoint_")
             return {obj["Key"].split("/")[2] for obj in listing.get("Contents", [])}
 
-        # Uploads run in the background, one at a time in report order: once a second checkpoint's objects appear,
-        # the first is complete and registered (a kill during rank 0's first upload would rightly leave none).
-        while len(before_kill := checkpoints()) < 2:
-            assert time.time() < deadline and job.poll() is None, "no checkpoint reached the object store"
-            time.sleep(0.2)
+        while not registered.wait(0.2):
+            assert time.time() < deadline and job.poll() is None, "no checkpoint was registered"
+        before_kill = checkpoints()
         os.killpg(second_node.pid, signal.SIGKILL)  # the node and every process on it, at once
         assert len(checkpoints()) < STEPS // EVAL_EVERY, "training ended before the node was killed"
-        output, _ = job.communicate(timeout=600)
+        job.wait(timeout=600)
+        follower.join(timeout=60)
     finally:
         if job.poll() is None:
             job.kill()
+    output = "".join(lines)
     assert job.returncode == 0 and f"Job '{submission_id}' succeeded" in output, output[-4000:]
 
     client = MlflowClient(mlflow_server)

@@ -173,11 +173,17 @@ def _write(filesystem: fs.FileSystem, path: str, ours: dict) -> None:
         f.write(json.dumps(ours | {"renewed": time.time()}).encode())
 
 
-def _read(filesystem: fs.FileSystem, path: str) -> dict | None:
-    if filesystem.get_file_info(path).type == fs.FileType.NotFound:
-        return None
-    with filesystem.open_input_stream(path) as f:
-        return _parse(f.read().decode())
+def _read(filesystem: fs.FileSystem, path: str, tries: int = 3) -> dict | None:
+    """The lease's holder; None if there is no lease. A store that rewrites files in place (a local or HDFS path,
+    unlike an object store's PUT) can show a renewal half-written: read again before calling it unreadable."""
+    for _ in range(tries):
+        if filesystem.get_file_info(path).type == fs.FileType.NotFound:
+            return None
+        with filesystem.open_input_stream(path) as f:
+            if current := _parse(f.read().decode()):
+                return current
+        time.sleep(0.05)
+    return {}
 
 
 def _parse(text: str) -> dict:
