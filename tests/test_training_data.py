@@ -7,6 +7,7 @@ taken. Nothing dropped silently: what a pass leaves out or repeats is counted.""
 from __future__ import annotations
 
 import itertools
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -65,6 +66,38 @@ def test_user_file_scores_must_lie_in_zero_to_score_max(tmp_path) -> None:
     (source,) = stage_sources(stage, 0)
     with pytest.raises(DataError, match=rf"^{path}, line 3: score 100 is outside this data's scale \[0, 5\]$"):
         list(read_tables(source, source.files[0], stage, None))
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl"])
+def test_in_batch_negative_objectives_train_on_anchor_positive_files_with_or_without_a_negative(tmp_path, suffix):
+    """The pairs `sbert-ray mine` reads train mnrl as they are; a negative column, where the file has one, is a hard
+    negative; the triplet objective still needs one and names it."""
+    rows = [("a man sleeps", "a person rests", "a dog barks"), ("a cat", "an animal", "a car")]
+
+    def write(name: str, header: tuple[str, ...]):
+        path = tmp_path / f"{name}{suffix}"
+        if suffix == ".jsonl":
+            path.write_text("".join(json.dumps(dict(zip(header, row, strict=False))) + "\n" for row in rows))
+        else:
+            separator = "," if suffix == ".csv" else "\t"
+            path.write_text(
+                "".join(separator.join(line) + "\n" for line in [header, *(r[: len(header)] for r in rows)])
+            )
+        return path
+
+    def texts(path, objective: str) -> list[list[str]]:
+        stage = StageConfig(dataset=str(path), objective=objective)
+        (source,) = stage_sources(stage, 0)
+        (table,) = read_tables(source, source.files[0], stage, None)
+        return [table.column(name).to_pylist() for name in table.column_names]
+
+    pairs, triplets = write("pairs", ("anchor", "positive")), write("triplets", ("anchor", "positive", "negative"))
+    assert texts(pairs, "mnrl") == [[r[0] for r in rows], [r[1] for r in rows]]
+    assert texts(triplets, "mnrl") == [[r[k] for r in rows] for k in range(3)]
+    assert texts(triplets, "triplet") == texts(triplets, "mnrl")
+    refusal = "missing column 'negative'" if suffix == ".jsonl" else "no column 'negative' for negative"
+    with pytest.raises(DataError, match=rf"^{pairs}, line 1: {refusal}"):
+        texts(pairs, "triplet")
 
 
 def test_shards_are_listed_from_folders_and_globs_and_parquet_carries_mined_negatives(tmp_path) -> None:

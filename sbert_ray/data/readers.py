@@ -13,6 +13,7 @@ and every score must lie on its source's declared scale.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import json
@@ -352,7 +353,7 @@ def read_user_file(
 ) -> Records:
     """The user's own .csv (RFC-4180), .tsv (TAB, no quoting) or .jsonl file with named columns.
 
-    kind: "scored" | "labelled" | "triplet" | "topic". columns: record field -> column name, e.g.
+    kind: "scored" | "labelled" | "triplet" | "pair" | "topic". columns: record field -> column name, e.g.
     {"sentence1": "premise", "sentence2": "hypothesis", "label": "gold"}; unlisted fields use their own name.
     labels: raw label -> class index (default: the NLI_LABELS words); scores must be numbers.
     score_range: the file's score scale (low, high), both included; training passes [0, the stage's score_max].
@@ -373,6 +374,21 @@ def read_user_file(
                 collector.add(number, _json_record, line, kind, columns, labels, score_range)
         return collector.finish()
     raise DataError(f"{path}: unsupported file type {suffix!r} (use .csv, .tsv or .jsonl)")
+
+
+def user_file_columns(path: str | os.PathLike) -> list[str]:
+    """The columns a user file names: its header (.csv, .tsv) or the keys of its first JSON object (.jsonl); []
+    for an empty or unreadable start, which ``read_user_file`` then reports with its line."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix in (".csv", ".tsv"):
+        first = next(_csv_rows(path) if suffix == ".csv" else _tab_rows(path), None)
+        return first[1] if first else []
+    first = next((line for line in _lines(path) if line.strip()), "")
+    with contextlib.suppress(json.JSONDecodeError, RecursionError):
+        row = json.loads(first)
+        return list(row) if isinstance(row, dict) else []
+    return []
 
 
 def nli_triplets(pairs: Records) -> Records:

@@ -43,6 +43,14 @@ class Triplet:
 
 
 @dataclass(frozen=True, slots=True)
+class Pair:
+    """(anchor, positive) without a hard negative: in-batch-negative objectives take the batch's other positives."""
+
+    anchor: str
+    positive: str
+
+
+@dataclass(frozen=True, slots=True)
 class TopicPair:
     topic: str
     sentence1: str
@@ -50,13 +58,14 @@ class TopicPair:
     score: float
 
 
-Record = ScoredPair | LabelledPair | Triplet | TopicPair
-Kind = Literal["scored", "labelled", "triplet", "topic"]
+Record = ScoredPair | LabelledPair | Triplet | Pair | TopicPair
+Kind = Literal["scored", "labelled", "triplet", "pair", "topic"]
 Errors = Literal["raise", "skip"]
 RECORD_TYPES: dict[str, type[Record]] = {
     "scored": ScoredPair,
     "labelled": LabelledPair,
     "triplet": Triplet,
+    "pair": Pair,
     "topic": TopicPair,
 }
 
@@ -67,6 +76,7 @@ TEXT_FIELDS: dict[type[Record], tuple[str, ...]] = {
     LabelledPair: ("sentence1", "sentence2"),
     TopicPair: ("sentence1", "sentence2"),
     Triplet: ("anchor", "positive", "negative"),
+    Pair: ("anchor", "positive"),
 }
 
 

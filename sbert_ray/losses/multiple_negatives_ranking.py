@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from sbert_ray.data.records import NLI_LABELS, LabelledPair, Record, Triplet
+from sbert_ray.data.records import NLI_LABELS, LabelledPair, Pair, Record, Triplet
 from sbert_ray.losses.base import EncoderLoss
 from sbert_ray.losses.gather import gather_across_workers
 from sbert_ray.models.encoder import SentenceEncoder
@@ -31,7 +31,7 @@ class MultipleNegativesRankingLoss(EncoderLoss):
     `masked_duplicates` counts those left out in the last forward.
     """
 
-    record_types = (Triplet, LabelledPair)  # (anchor, positive, negative) triplets, or NLI pairs
+    record_types = (Triplet, Pair, LabelledPair)  # (anchor, positive[, negative]), or NLI pairs
     user_file_kind = "triplet"
     in_batch_negatives = True
 

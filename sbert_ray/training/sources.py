@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from sbert_ray.config import ConfigError, StageConfig
 from sbert_ray.data.hub import HUB_MIRROR_ENV
-from sbert_ray.data.readers import load_records, read_user_file
+from sbert_ray.data.readers import load_records, read_user_file, user_file_columns
 from sbert_ray.data.records import (
     NLI_LABEL_IDS,
     RECORD_TYPES,
@@ -169,7 +169,9 @@ def _file_tables(path: str, name: str, source: Source, stage: StageConfig) -> It
     loss = OBJECTIVES[stage.objective]
     score_range = (0.0, stage.score_max) if loss.label_field == "score" else None
     try:
-        kind, columns = loss.user_file_kind, source.columns
+        kind, columns = loss.user_file_kind, source.columns or {}
+        if loss.in_batch_negatives and columns.get("negative", "negative") not in user_file_columns(path):
+            kind = "pair"  # (anchor, positive) pairs: the batch's other positives are the negatives
         records = read_user_file(path, kind, columns, errors=stage.errors, score_range=score_range)
     except DataError as err:
         raise DataError(str(err).replace(path, name, 1)) from None
