@@ -6,7 +6,8 @@ import contextlib
 import itertools
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args
 
@@ -269,6 +270,7 @@ class SentenceEncoder(nn.Module):
         prompt_name: str | None = None,
         prompt: str | None = None,
         max_tokens: int | None = None,
+        threads: int | None = None,
     ) -> np.ndarray | Tensor:
         """Float32 embeddings [len(sentences), output_dim] in the caller's order, computed without autograd.
 
@@ -287,13 +289,21 @@ class SentenceEncoder(nn.Module):
 
         ``prompt_name`` (one of ``prompts``) or ``prompt`` (a text) is put before every sentence; with neither,
         the default prompt, if the model has one (as sentence-transformers' ``encode``).
+
+        ``threads`` (CPU only): whole batches are encoded this many at a time, each by its own Python thread running
+        torch on one intra-op thread (torch's operations release the GIL). A small model's operations are too short
+        to split well over intra-op threads: torch splits each one evenly and waits for the slowest part, at every
+        operation, while whole batches per thread never wait on each other. By default ``torch.get_num_threads()``
+        (the cores the process was given: 1 in a one-CPU Ray actor, which then runs batches one by one, as ``1``
+        does). Each batch's vectors do not depend on the thread that computed it: the result is deterministic, and
+        equals the one-thread result up to float rounding in the last bits. Ignored on GPUs.
         """
         if isinstance(sentences, str):
             raise TypeError("encode expects a sequence of sentences, not a single string")
         prompt = self.resolve_prompt(prompt, prompt_name)
         ids = self.token_ids([prompt + sentence for sentence in sentences])
         return self.encode_token_ids(
-            ids, batch_size, convert_to, precision, smart_batching, max_tokens, self.prompt_length(prompt)
+            ids, batch_size, convert_to, precision, smart_batching, max_tokens, self.prompt_length(prompt), threads
         )
 
     def encode_token_ids(
@@ -305,6 +315,7 @@ class SentenceEncoder(nn.Module):
         smart_batching: bool = True,
         max_tokens: int | None = None,
         prompt_length: int = 0,
+        threads: int | None = None,
     ) -> np.ndarray | Tensor:
         """``encode`` of sentences already tokenised by ``token_ids`` (a pipeline's CPU stage does that, so the
         replicas on GPUs only run the model); ``prompt_length``: the tokens of a prompt the ids start with."""
@@ -312,7 +323,10 @@ class SentenceEncoder(nn.Module):
             raise ValueError(f"convert_to must be 'numpy' or 'torch', not {convert_to!r}")
         if batch_size < 1:  # range(0, n, -1) is empty: the result would be uninitialised memory
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        precision_context = self._precision_context(precision or self.precision)
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        precision = precision or self.precision
+        self._precision_context(precision)  # a bad precision fails here, before any work
         lengths = [len(row) for row in ids["input_ids"]]
         if smart_batching:
             batches = smart_batches(lengths, batch_size, max_tokens or batch_size * self.max_seq_length)
@@ -323,8 +337,8 @@ class SentenceEncoder(nn.Module):
             was_training = self.training
             self.eval()
             try:
-                with torch.inference_mode(), precision_context:
-                    self._encode_batches(ids, lengths, batches, prompt_length, out=embeddings)
+                with _batch_map(self._batch_threads(threads)) as batch_map:
+                    self._encode_batches(ids, lengths, batches, prompt_length, precision, batch_map, out=embeddings)
             finally:
                 self.train(was_training)
         return embeddings.cpu().numpy() if convert_to == "numpy" else embeddings
@@ -335,17 +349,30 @@ class SentenceEncoder(nn.Module):
         lengths: list[int],
         batches: list[list[int]],
         prompt_length: int,
+        precision: Precision,
+        batch_map: Callable,
         out: Tensor,
     ) -> None:
+        def forward(batch: list[int]) -> Tensor:
+            features = self._padded(ids, batch, [lengths[i] for i in batch]) | {"prompt_length": prompt_length}
+            # Entered by the thread that runs the batch: grad mode and autocast are per thread.
+            with torch.inference_mode(), self._precision_context(precision):
+                return self(features)[:, : self.output_dim]
+
         # Rows are written in batch order, then put back in the caller's order with one scatter.
         order = [i for batch in batches for i in batch]
         in_batch_order = torch.empty_like(out)
         start = 0
-        for batch in progress_bar(batches, desc="encode", unit="batch"):
-            features = self._padded(ids, batch, [lengths[i] for i in batch]) | {"prompt_length": prompt_length}
-            in_batch_order[start : start + len(batch)] = self(features)[:, : self.output_dim]
-            start += len(batch)
+        for rows in progress_bar(batch_map(forward, batches), total=len(batches), desc="encode", unit="batch"):
+            in_batch_order[start : start + len(rows)] = rows
+            start += len(rows)
         out[torch.tensor(order, device=out.device)] = in_batch_order
+
+    def _batch_threads(self, threads: int | None) -> int:
+        """The Python threads ``encode`` runs batches on: 1 on a GPU (one stream runs them in turn anyway)."""
+        if self.device.type != "cpu":
+            return 1
+        return threads or torch.get_num_threads()
 
     def _padded(self, ids: dict[str, list[list[int]]], batch: list[int], lengths: list[int]) -> dict[str, Tensor]:
         """One batch padded with numpy (a vectorised scatter; ``tokenizer.pad`` on Python lists is far slower),
@@ -374,6 +401,23 @@ class SentenceEncoder(nn.Module):
         if precision == "bf16" and self.precision == "fp32":
             return torch.autocast(self.device.type, dtype=half_dtype(self.device))
         return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _batch_map(threads: int) -> Iterator[Callable]:
+    """A ``map`` over whole batches, results in order: ``map`` itself for one thread, else ``threads`` Python
+    threads, each running torch on one intra-op thread. torch's intra-op thread count is per thread (OpenMP's and
+    MKL's settings are), so the caller's own stays as it is; setting it also sets the count a thread starting
+    later begins with, which is put back on the way out."""
+    if threads == 1:
+        yield map
+        return
+    intra_op = torch.get_num_threads()
+    try:
+        with ThreadPoolExecutor(threads, initializer=torch.set_num_threads, initargs=(1,)) as pool:
+            yield pool.map
+    finally:
+        torch.set_num_threads(intra_op)
 
 
 def _prompt_length(features: dict[str, Tensor]) -> int:
