@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 DEFAULT_MAX_SEQ_LENGTH = 128
+BATCHES_PER_THREAD = 4  # encode's default token budget leaves each of its threads at least this many batches
 PADDED_WIDTH_MULTIPLE = 8  # training pads each batch to a multiple of this many tokens: few shapes to compile
 Precision = Literal["fp32", "bf16"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -279,7 +280,8 @@ class SentenceEncoder(nn.Module):
         sentence-transformers uses) because tokens are what padding costs; the ids are reused for the batches.
         Batches are cut by a token budget (``smart_batches``): at most ``max_tokens`` padded tokens each, by default
         ``batch_size * max_seq_length``, so a batch holds ``batch_size`` sentences of the full length and more of
-        shorter ones (a short batch leaves a CPU's matrix units, and a GPU, mostly idle). ``smart_batching=False``
+        shorter ones (a short batch leaves a CPU's matrix units, and a GPU, mostly idle); with several ``threads``,
+        less for a small input, so that each thread gets a few batches. ``smart_batching=False``
         keeps the input order in batches of ``batch_size`` (for measuring what sorting saves).
 
         ``precision``: ``"fp32"`` or ``"bf16"``; by default the weights' own (``to_precision``). ``"bf16"`` on
@@ -327,9 +329,10 @@ class SentenceEncoder(nn.Module):
             raise ValueError(f"threads must be >= 1, got {threads}")
         precision = precision or self.precision
         self._precision_context(precision)  # a bad precision fails here, before any work
+        threads = self._batch_threads(threads)
         lengths = [len(row) for row in ids["input_ids"]]
         if smart_batching:
-            batches = smart_batches(lengths, batch_size, max_tokens or batch_size * self.max_seq_length)
+            batches = smart_batches(lengths, batch_size, max_tokens or self._token_budget(batch_size, lengths, threads))
         else:
             batches = input_order_batches(len(lengths), batch_size)
         embeddings = torch.empty(len(lengths), self.output_dim, device=self.device)
@@ -337,7 +340,7 @@ class SentenceEncoder(nn.Module):
             was_training = self.training
             self.eval()
             try:
-                with _batch_map(self._batch_threads(threads)) as batch_map:
+                with _batch_map(threads) as batch_map:
                     self._encode_batches(ids, lengths, batches, prompt_length, precision, batch_map, out=embeddings)
             finally:
                 self.train(was_training)
@@ -367,6 +370,15 @@ class SentenceEncoder(nn.Module):
             in_batch_order[start : start + len(rows)] = rows
             start += len(rows)
         out[torch.tensor(order, device=out.device)] = in_batch_order
+
+    def _token_budget(self, batch_size: int, lengths: list[int], threads: int) -> int:
+        """The default ``max_tokens``: ``batch_size`` sentences of the full length; with several threads no more
+        than gives each thread BATCHES_PER_THREAD batches (at least one full-length sentence), so that a small input
+        is not a batch or two that leave the other threads idle."""
+        budget = batch_size * self.max_seq_length
+        if threads == 1:
+            return budget
+        return min(budget, max(self.max_seq_length, sum(lengths) // (BATCHES_PER_THREAD * threads)))
 
     def _batch_threads(self, threads: int | None) -> int:
         """The Python threads ``encode`` runs batches on: 1 on a GPU (one stream runs them in turn anyway)."""
