@@ -15,7 +15,7 @@ from sentence_transformers import SentenceTransformer
 from transformers import AutoTokenizer
 
 from sbert_ray.models import BERT_SHAPES, Pooling, SentenceEncoder, build_random_bert, resolve_model_ref
-from sbert_ray.models.encoder import smart_batches
+from sbert_ray.models.encoder import MIN_BATCHES, smart_batches
 from sbert_ray.models.resolve import packaged_model_dir
 from sbert_ray.models.st_layout import ModelError
 
@@ -89,6 +89,14 @@ def test_token_budget_batches_hold_many_short_sentences_and_few_long_ones() -> N
     assert all(len(b) * max(lengths[i] for i in b) <= 80 for b in batches)
     assert smart_batches([200, 3], batch_size=2, max_tokens=80) == [[0], [1]]  # one sentence over the budget alone
     assert smart_batches(lengths, batch_size=3) == [[1, 3, 5], [2, 7, 0], [4, 6]]  # no budget: batch_size each
+
+
+def test_default_token_budget_cuts_a_small_input_into_several_batches(encoder: SentenceEncoder) -> None:
+    full = 32 * encoder.max_seq_length
+    assert encoder.token_budget(32, [100] * 10_000) == full  # a large input: batch_size full-length sentences
+    budget = encoder.token_budget(32, [10] * 1_000)  # 10,000 tokens: 8 batches (MIN_BATCHES) for threads to share
+    assert budget < full and len(smart_batches([10] * 1_000, 32, budget)) == MIN_BATCHES
+    assert encoder.token_budget(32, [10] * 10) == encoder.max_seq_length  # never below one full-length sentence
 
 
 def test_token_budget_batching_gives_the_vectors_of_fixed_batches(encoder: SentenceEncoder) -> None:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 DEFAULT_MAX_SEQ_LENGTH = 128
-BATCHES_PER_THREAD = 4  # encode's default token budget leaves each of its threads at least this many batches
+MIN_BATCHES = 8  # encode's default token budget cuts an input into at least this many batches, for threads to share
 PADDED_WIDTH_MULTIPLE = 8  # training pads each batch to a multiple of this many tokens: few shapes to compile
 Precision = Literal["fp32", "bf16"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -280,8 +280,8 @@ class SentenceEncoder(nn.Module):
         sentence-transformers uses) because tokens are what padding costs; the ids are reused for the batches.
         Batches are cut by a token budget (``smart_batches``): at most ``max_tokens`` padded tokens each, by default
         ``batch_size * max_seq_length``, so a batch holds ``batch_size`` sentences of the full length and more of
-        shorter ones (a short batch leaves a CPU's matrix units, and a GPU, mostly idle); with several ``threads``,
-        less for a small input, so that each thread gets a few batches. ``smart_batching=False``
+        shorter ones (a short batch leaves a CPU's matrix units, and a GPU, mostly idle); less for a small input,
+        which is cut into at least MIN_BATCHES batches for threads to share (``token_budget``). ``smart_batching=False``
         keeps the input order in batches of ``batch_size`` (for measuring what sorting saves).
 
         ``precision``: ``"fp32"`` or ``"bf16"``; by default the weights' own (``to_precision``). ``"bf16"`` on
@@ -332,7 +332,7 @@ class SentenceEncoder(nn.Module):
         threads = self._batch_threads(threads)
         lengths = [len(row) for row in ids["input_ids"]]
         if smart_batching:
-            batches = smart_batches(lengths, batch_size, max_tokens or self._token_budget(batch_size, lengths, threads))
+            batches = smart_batches(lengths, batch_size, max_tokens or self.token_budget(batch_size, lengths))
         else:
             batches = input_order_batches(len(lengths), batch_size)
         embeddings = torch.empty(len(lengths), self.output_dim, device=self.device)
@@ -371,14 +371,13 @@ class SentenceEncoder(nn.Module):
             start += len(rows)
         out[torch.tensor(order, device=out.device)] = in_batch_order
 
-    def _token_budget(self, batch_size: int, lengths: list[int], threads: int) -> int:
-        """The default ``max_tokens``: ``batch_size`` sentences of the full length; with several threads no more
-        than gives each thread BATCHES_PER_THREAD batches (at least one full-length sentence), so that a small input
-        is not a batch or two that leave the other threads idle."""
-        budget = batch_size * self.max_seq_length
-        if threads == 1:
-            return budget
-        return min(budget, max(self.max_seq_length, sum(lengths) // (BATCHES_PER_THREAD * threads)))
+    def token_budget(self, batch_size: int, lengths: Sequence[int]) -> int:
+        """``encode``'s default ``max_tokens`` for sentences of ``lengths`` tokens: ``batch_size`` sentences of the
+        full length, but no more than cuts the input into MIN_BATCHES batches (and at least one full-length
+        sentence), so that a small input gives every thread a few batches rather than one thread one batch. It
+        depends on the input alone, not on the threads: the same sentences make the same batches, and so the same
+        vectors, however many threads (or Ray workers given these batches) encode them."""
+        return min(batch_size * self.max_seq_length, max(self.max_seq_length, sum(lengths) // MIN_BATCHES))
 
     def _batch_threads(self, threads: int | None) -> int:
         """The Python threads ``encode`` runs batches on: 1 on a GPU (one stream runs them in turn anyway)."""
