@@ -297,8 +297,9 @@ class SentenceEncoder(nn.Module):
         to split well over intra-op threads: torch splits each one evenly and waits for the slowest part, at every
         operation, while whole batches per thread never wait on each other. By default ``torch.get_num_threads()``
         (the cores the process was given: 1 in a one-CPU Ray actor, which then runs batches one by one, as ``1``
-        does). Each batch's vectors do not depend on the thread that computed it: the result is deterministic, and
-        equals the one-thread result up to float rounding in the last bits. Ignored on GPUs.
+        does). Each batch's vectors do not depend on the thread that runs it: the result is deterministic, bit for
+        bit what ``threads=1`` computes on one intra-op thread (on several, torch may sum in another order: float
+        rounding in the last bits). Ignored on GPUs.
         """
         if isinstance(sentences, str):
             raise TypeError("encode expects a sequence of sentences, not a single string")
