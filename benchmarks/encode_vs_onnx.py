@@ -11,15 +11,20 @@ same way on both sides.
 
 Variants: the peer (sentence-transformers 5.x) in torch fp32, ONNX fp32 and its dynamically quantised int8 export
 (``export_dynamic_quantized_onnx_model``, the avx512_vnni preset where the CPU has VNNI); ours (``SentenceEncoder
-.encode``, smart batching with the token budget) in fp32 and bf16 weights, and bf16 with whole batches spread over
-threads (``batch_parallel``, a candidate measured here before it goes into ``encode``). Texts: the unique sentences
+.encode``, smart batching with the token budget) in fp32, bf16 weights and bf16 autocast, as shipped (whole batches
+spread over ``--threads`` Python threads of one intra-op thread each, a small input cut into at least 8 batches:
+``encode``'s defaults) and as before that (``-serial``: one batch at a time on all intra-op threads, the full token
+budget of 32 x 256 tokens). Texts: the unique sentences
 of STSb test (2,552; ``--limit`` times the first N), or of train+dev+test (``--sentences all``, 15,487: the ``bench
 encode`` set); batch size 32 for both (theirs sorts by characters, ours by tokens and cuts by a token budget).
 ``--threads``: torch's and onnxruntime's intra-op threads on both sides (default: all CPUs).
 
 Tried and dropped (2026-12-01, this 2-core VM): torch dynamic int8 (``quantize_dynamic`` on every Linear, per
 channel, fbgemm or oneDNN) scores STSb test 81.0 against the peer's ONNX int8 81.87 (leaving the FFN input layers
-in fp32: 81.74) and was no faster than bf16 weights; token budgets of 1,024 and 8,192 were not faster than 4,096.
+in fp32: 81.74) and was no faster than bf16 weights; token budgets of 1,024 and 8,192 were not faster than 4,096
+(one batch at a time). With whole batches over 2 threads (2026-12-02, bf16 weights, 300 sentences, 10 rounds,
+load 7-12): a budget of 8,192 tokens (one batch: one thread works) 181/s, 2,048 248/s, 1,024 329/s; hence
+``encode`` cuts a small input into at least 8 batches (``SentenceEncoder.token_budget``).
 
 The peer environment (once; its own packages shadow the main venv's, torch comes from there):
 
@@ -31,7 +36,7 @@ The peer environment (once; its own packages shadow the main venv's, torch comes
 Then, in this project's environment:
 
     python benchmarks/encode_vs_onnx.py --peer-python /work/venv-onnx/bin/python --data-dir ../shared/data \\
-        --limit 300 --rounds 5 --threads 2 --no-score --output benchmarks/results/encode_vs_onnx.json
+        --limit 300 --rounds 7 --threads 2 --output benchmarks/results/encode_vs_onnx.json
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ import numpy as np
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 PEER_VARIANTS = ("st-torch-fp32", "st-onnx-fp32", "st-onnx-int8")
-OUR_VARIANTS = ("ours-fp32", "ours-bf16", "ours-bf16-batch-parallel")
+OUR_VARIANTS = ("ours-fp32-serial", "ours-bf16-serial", "ours-fp32", "ours-bf16", "ours-bf16-autocast")
 PEERS_TO_BEAT = ("st-torch-fp32", "st-onnx-int8")  # the ratios reported: to ST's baseline and to its fastest
 
 
@@ -105,7 +110,7 @@ def peer_variants(folder: str, batch_size: int, threads: int, workdir: Path) -> 
     return dict(zip(PEER_VARIANTS, map(encode_with, (torch_fp32, onnx, int8)), strict=True))
 
 
-def our_variants(folder: str, batch_size: int, threads: int, names: list[str]) -> dict:
+def our_variants(folder: str, batch_size: int, names: list[str]) -> dict:
     import copy
 
     from sbert_ray.models import SentenceEncoder
@@ -113,41 +118,18 @@ def our_variants(folder: str, batch_size: int, threads: int, names: list[str]) -
     fp32 = SentenceEncoder.load(folder)
     bf16 = copy.deepcopy(fp32).to_precision("bf16")
 
-    def encode_with(encoder):
-        return lambda texts: encoder.encode(texts, batch_size=batch_size)
+    def encode_with(encoder, **options):
+        return lambda texts: encoder.encode(texts, batch_size=batch_size, **options)
 
-    variants = {"ours-fp32": encode_with(fp32), "ours-bf16": encode_with(bf16)}
-    variants["ours-bf16-batch-parallel"] = lambda texts: batch_parallel(bf16, texts, batch_size, threads)
+    variants = {
+        "ours-fp32": encode_with(fp32),
+        "ours-bf16": encode_with(bf16),
+        "ours-bf16-autocast": encode_with(fp32, precision="bf16"),
+        # encode before batches went to threads: one at a time on all intra-op threads, the full token budget
+        "ours-fp32-serial": encode_with(fp32, threads=1, max_tokens=batch_size * fp32.max_seq_length),
+        "ours-bf16-serial": encode_with(bf16, threads=1, max_tokens=batch_size * bf16.max_seq_length),
+    }
     return {name: variants[name] for name in names}
-
-
-def batch_parallel(encoder, texts: list[str], batch_size: int, threads: int, max_tokens: int = 2048):
-    """A candidate, not (yet) ``encode``: the token-budget batches spread over ``threads`` Python threads, each
-    forward on one intra-op thread. Torch splits every op evenly over its threads and waits for the slowest, so on
-    a loaded machine one descheduled thread stalls the other; whole batches handed out one by one do not wait."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import torch
-
-    from sbert_ray.models.encoder import smart_batches
-
-    ids = encoder.token_ids(texts)
-    batches = smart_batches([len(row) for row in ids["input_ids"]], batch_size, max_tokens)
-
-    def encode_batch(batch):  # one forward: the batch fits the budget
-        rows = {name: [column[i] for i in batch] for name, column in ids.items()}
-        return encoder.encode_token_ids(rows, batch_size, convert_to="torch", max_tokens=max_tokens)
-
-    intra_op = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with ThreadPoolExecutor(threads) as pool:
-            done = list(pool.map(encode_batch, batches))
-    finally:
-        torch.set_num_threads(intra_op)
-    embeddings = torch.empty(len(texts), encoder.output_dim)
-    embeddings[torch.tensor([i for batch in batches for i in batch])] = torch.cat(done)
-    return embeddings.numpy()
 
 
 def serve(side: str, args: argparse.Namespace) -> None:
@@ -163,7 +145,7 @@ def serve(side: str, args: argparse.Namespace) -> None:
         if side == "peer":
             variants = peer_variants(folder, args.batch_size, args.threads, Path(workdir))
         else:
-            variants = our_variants(folder, args.batch_size, args.threads, args.ours)
+            variants = our_variants(folder, args.batch_size, args.ours)
         for encode in variants.values():  # warm-up: kernels, allocator pools, onnxruntime's arenas
             encode(sentences[: 8 * args.batch_size])
         reply = sys.stdout

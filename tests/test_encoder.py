@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import copy
+import functools
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +15,7 @@ from sentence_transformers import SentenceTransformer
 from transformers import AutoTokenizer
 
 from sbert_ray.models import BERT_SHAPES, Pooling, SentenceEncoder, build_random_bert, resolve_model_ref
-from sbert_ray.models.encoder import smart_batches
+from sbert_ray.models.encoder import MIN_BATCHES, smart_batches
 from sbert_ray.models.resolve import packaged_model_dir
 from sbert_ray.models.st_layout import ModelError
 
@@ -87,6 +91,14 @@ def test_token_budget_batches_hold_many_short_sentences_and_few_long_ones() -> N
     assert smart_batches(lengths, batch_size=3) == [[1, 3, 5], [2, 7, 0], [4, 6]]  # no budget: batch_size each
 
 
+def test_default_token_budget_cuts_a_small_input_into_several_batches(encoder: SentenceEncoder) -> None:
+    full = 32 * encoder.max_seq_length
+    assert encoder.token_budget(32, [100] * 10_000) == full  # a large input: batch_size full-length sentences
+    budget = encoder.token_budget(32, [10] * 1_000)  # 10,000 tokens: 8 batches (MIN_BATCHES) for threads to share
+    assert budget < full and len(smart_batches([10] * 1_000, 32, budget)) == MIN_BATCHES
+    assert encoder.token_budget(32, [10] * 10) == encoder.max_seq_length  # never below one full-length sentence
+
+
 def test_token_budget_batching_gives_the_vectors_of_fixed_batches(encoder: SentenceEncoder) -> None:
     sentences = SENTENCES * 7  # short and long ones: the budget puts ~10x more short ones in a batch
     lengths = [len(ids) for ids in encoder.token_ids(sentences)["input_ids"]]
@@ -97,6 +109,55 @@ def test_token_budget_batching_gives_the_vectors_of_fixed_batches(encoder: Sente
     np.testing.assert_allclose(encoder.encode(sentences, batch_size=2), fixed, atol=1e-5, rtol=1e-5)
     ids = encoder.token_ids(sentences)
     np.testing.assert_array_equal(encoder.encode_token_ids(ids, batch_size=2), encoder.encode(sentences, batch_size=2))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-autocast", "bf16-weights"])
+def test_encode_threads_give_the_one_thread_vectors_in_order(encoder: SentenceEncoder, precision: str) -> None:
+    model = copy.deepcopy(encoder).to_precision("bf16") if precision == "bf16-weights" else encoder
+    sentences = SENTENCES * 7
+    lengths = [len(ids) for ids in model.token_ids(sentences)["input_ids"]]
+    batches = smart_batches(lengths, 2, max_tokens=40)
+    assert len(batches) >= 6  # enough for 3 threads to share
+    threads_seen: list[tuple[int, int]] = []  # (thread, its intra-op threads) of every forward
+    hook = model.register_forward_pre_hook(
+        lambda *_: threads_seen.append((threading.get_ident(), torch.get_num_threads()))
+    )
+    encode = functools.partial(model.encode, sentences, batch_size=2, precision=precision[:4], max_tokens=40)
+    caller_threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # what each batch thread runs on: the same kernels, so the same bits
+        one_thread = encode(threads=1)
+        torch.set_num_threads(caller_threads)
+        threads_seen.clear()
+        in_threads, again = encode(threads=3), encode(threads=3)
+    finally:
+        hook.remove()
+        torch.set_num_threads(caller_threads)
+    # Batches ran off the caller's thread on one intra-op thread each (autocast entered there: the bits say so).
+    assert all(thread != threading.get_ident() and intra_op == 1 for thread, intra_op in threads_seen)
+    assert len(threads_seen) == 2 * len(batches)
+    np.testing.assert_array_equal(in_threads, one_thread)  # the caller's order, the same values
+    np.testing.assert_array_equal(in_threads, again)  # deterministic
+    # The caller's intra-op threads are as they were, and so is the count a thread started afterwards begins with.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        later = pool.submit(torch.get_num_threads).result()
+    assert torch.get_num_threads() == later == caller_threads
+
+
+def test_encode_threads_default_to_torchs_and_agree_across_counts(encoder: SentenceEncoder) -> None:
+    sentences = SENTENCES * 7
+    caller_threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        default, serial = encoder.encode(sentences, batch_size=2), encoder.encode(sentences, batch_size=2, threads=1)
+        np.testing.assert_array_equal(default, encoder.encode(sentences, batch_size=2, threads=2))
+    finally:
+        torch.set_num_threads(caller_threads)
+    # Serial forwards split each operation over 2 intra-op threads, which may sum in another order: float32
+    # rounding of values below ~4 (~1e-6).
+    np.testing.assert_allclose(default, serial, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        encoder.encode(sentences, threads=0)
 
 
 def test_encode_outputs_and_no_autograd(encoder: SentenceEncoder) -> None:

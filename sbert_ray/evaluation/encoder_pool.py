@@ -42,8 +42,12 @@ class EncoderReplica:
         # Re-cast on the worker's own device: "bf16" weights become float16 on GPUs without bfloat16.
         self.encoder = encoder.to(device).to_precision(encoder.precision)
 
-    def encode(self, sentences: list[str], batch_size: int, prompt: str | None = None) -> np.ndarray:
-        return self.encoder.encode(sentences, batch_size=batch_size, convert_to="numpy", prompt=prompt)
+    def encode(
+        self, sentences: list[str], batch_size: int, prompt: str | None = None, max_tokens: int | None = None
+    ) -> np.ndarray:
+        return self.encoder.encode(
+            sentences, batch_size=batch_size, convert_to="numpy", prompt=prompt, max_tokens=max_tokens
+        )
 
     def apply(self, function: Callable[..., T], *args) -> T:
         """``function(encoder, *args)`` on this worker: work that encodes and then reduces what it encoded (a
@@ -84,10 +88,14 @@ class RayEncoder:
     def prompts(self) -> dict[str, str]:
         return self.encoder.prompts
 
-    def batches(self, sentences: Sequence[str], batch_size: int, prompt: str = "") -> list[list[int]]:
-        """Index batches in the order ``SentenceEncoder.encode`` would form them (with ``prompt`` before each)."""
+    def batches(self, sentences: Sequence[str], batch_size: int, prompt: str = "") -> tuple[list[list[int]], int]:
+        """Index batches in the order ``SentenceEncoder.encode`` would form them (with ``prompt`` before each), and
+        the token budget they were cut by, which the workers cut their shares by (their own default would follow
+        the share's size, not the whole input's)."""
         ids = self.encoder.token_ids([prompt + sentence for sentence in sentences])["input_ids"]
-        return smart_batches([len(row) for row in ids], batch_size, batch_size * self.encoder.max_seq_length)
+        lengths = [len(row) for row in ids]
+        budget = self.encoder.token_budget(batch_size, lengths)
+        return smart_batches(lengths, batch_size, budget), budget
 
     def encode(
         self, sentences: Sequence[str], batch_size: int = 32, convert_to: str = "numpy", prompt_name: str | None = None
@@ -96,10 +104,10 @@ class RayEncoder:
             raise ValueError("RayEncoder.encode returns numpy arrays only")
         prompt = self.encoder.resolve_prompt(prompt_name=prompt_name)  # the workers get the text, resolved once
         out = np.empty((len(sentences), self.encoder.output_dim), dtype=np.float32)
-        batches = self.batches(sentences, batch_size, prompt)
+        batches, budget = self.batches(sentences, batch_size, prompt)
         shares = [[i for batch in batches[w :: len(self.workers)] for i in batch] for w in range(len(self.workers))]
         futures = [
-            worker.encode.remote([sentences[i] for i in share], batch_size, prompt)
+            worker.encode.remote([sentences[i] for i in share], batch_size, prompt, budget)
             for worker, share in zip(self.workers, shares, strict=True)
         ]
         for share, embeddings in zip(shares, ray.get(futures), strict=True):

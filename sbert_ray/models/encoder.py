@@ -6,7 +6,8 @@ import contextlib
 import itertools
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args
 
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 DEFAULT_MAX_SEQ_LENGTH = 128
+MIN_BATCHES = 8  # encode's default token budget cuts an input into at least this many batches, for threads to share
 PADDED_WIDTH_MULTIPLE = 8  # training pads each batch to a multiple of this many tokens: few shapes to compile
 Precision = Literal["fp32", "bf16"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -269,6 +271,7 @@ class SentenceEncoder(nn.Module):
         prompt_name: str | None = None,
         prompt: str | None = None,
         max_tokens: int | None = None,
+        threads: int | None = None,
     ) -> np.ndarray | Tensor:
         """Float32 embeddings [len(sentences), output_dim] in the caller's order, computed without autograd.
 
@@ -277,7 +280,8 @@ class SentenceEncoder(nn.Module):
         sentence-transformers uses) because tokens are what padding costs; the ids are reused for the batches.
         Batches are cut by a token budget (``smart_batches``): at most ``max_tokens`` padded tokens each, by default
         ``batch_size * max_seq_length``, so a batch holds ``batch_size`` sentences of the full length and more of
-        shorter ones (a short batch leaves a CPU's matrix units, and a GPU, mostly idle). ``smart_batching=False``
+        shorter ones (a short batch leaves a CPU's matrix units, and a GPU, mostly idle); less for a small input,
+        which is cut into at least MIN_BATCHES batches for threads to share (``token_budget``). ``smart_batching=False``
         keeps the input order in batches of ``batch_size`` (for measuring what sorting saves).
 
         ``precision``: ``"fp32"`` or ``"bf16"``; by default the weights' own (``to_precision``). ``"bf16"`` on
@@ -287,13 +291,22 @@ class SentenceEncoder(nn.Module):
 
         ``prompt_name`` (one of ``prompts``) or ``prompt`` (a text) is put before every sentence; with neither,
         the default prompt, if the model has one (as sentence-transformers' ``encode``).
+
+        ``threads`` (CPU only): whole batches are encoded this many at a time, each by its own Python thread running
+        torch on one intra-op thread (torch's operations release the GIL). A small model's operations are too short
+        to split well over intra-op threads: torch splits each one evenly and waits for the slowest part, at every
+        operation, while whole batches per thread never wait on each other. By default ``torch.get_num_threads()``
+        (the cores the process was given: 1 in a one-CPU Ray actor, which then runs batches one by one, as ``1``
+        does). Each batch's vectors do not depend on the thread that runs it: the result is deterministic, bit for
+        bit what ``threads=1`` computes on one intra-op thread (on several, torch may sum in another order: float
+        rounding in the last bits). Ignored on GPUs.
         """
         if isinstance(sentences, str):
             raise TypeError("encode expects a sequence of sentences, not a single string")
         prompt = self.resolve_prompt(prompt, prompt_name)
         ids = self.token_ids([prompt + sentence for sentence in sentences])
         return self.encode_token_ids(
-            ids, batch_size, convert_to, precision, smart_batching, max_tokens, self.prompt_length(prompt)
+            ids, batch_size, convert_to, precision, smart_batching, max_tokens, self.prompt_length(prompt), threads
         )
 
     def encode_token_ids(
@@ -305,6 +318,7 @@ class SentenceEncoder(nn.Module):
         smart_batching: bool = True,
         max_tokens: int | None = None,
         prompt_length: int = 0,
+        threads: int | None = None,
     ) -> np.ndarray | Tensor:
         """``encode`` of sentences already tokenised by ``token_ids`` (a pipeline's CPU stage does that, so the
         replicas on GPUs only run the model); ``prompt_length``: the tokens of a prompt the ids start with."""
@@ -312,10 +326,14 @@ class SentenceEncoder(nn.Module):
             raise ValueError(f"convert_to must be 'numpy' or 'torch', not {convert_to!r}")
         if batch_size < 1:  # range(0, n, -1) is empty: the result would be uninitialised memory
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        precision_context = self._precision_context(precision or self.precision)
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        precision = precision or self.precision
+        self._precision_context(precision)  # a bad precision fails here, before any work
+        threads = self._batch_threads(threads)
         lengths = [len(row) for row in ids["input_ids"]]
         if smart_batching:
-            batches = smart_batches(lengths, batch_size, max_tokens or batch_size * self.max_seq_length)
+            batches = smart_batches(lengths, batch_size, max_tokens or self.token_budget(batch_size, lengths))
         else:
             batches = input_order_batches(len(lengths), batch_size)
         embeddings = torch.empty(len(lengths), self.output_dim, device=self.device)
@@ -323,8 +341,8 @@ class SentenceEncoder(nn.Module):
             was_training = self.training
             self.eval()
             try:
-                with torch.inference_mode(), precision_context:
-                    self._encode_batches(ids, lengths, batches, prompt_length, out=embeddings)
+                with _batch_map(threads) as batch_map:
+                    self._encode_batches(ids, lengths, batches, prompt_length, precision, batch_map, out=embeddings)
             finally:
                 self.train(was_training)
         return embeddings.cpu().numpy() if convert_to == "numpy" else embeddings
@@ -335,17 +353,38 @@ class SentenceEncoder(nn.Module):
         lengths: list[int],
         batches: list[list[int]],
         prompt_length: int,
+        precision: Precision,
+        batch_map: Callable,
         out: Tensor,
     ) -> None:
+        def forward(batch: list[int]) -> Tensor:
+            features = self._padded(ids, batch, [lengths[i] for i in batch]) | {"prompt_length": prompt_length}
+            # Entered by the thread that runs the batch: grad mode and autocast are per thread.
+            with torch.inference_mode(), self._precision_context(precision):
+                return self(features)[:, : self.output_dim]
+
         # Rows are written in batch order, then put back in the caller's order with one scatter.
         order = [i for batch in batches for i in batch]
         in_batch_order = torch.empty_like(out)
         start = 0
-        for batch in progress_bar(batches, desc="encode", unit="batch"):
-            features = self._padded(ids, batch, [lengths[i] for i in batch]) | {"prompt_length": prompt_length}
-            in_batch_order[start : start + len(batch)] = self(features)[:, : self.output_dim]
-            start += len(batch)
+        for rows in progress_bar(batch_map(forward, batches), total=len(batches), desc="encode", unit="batch"):
+            in_batch_order[start : start + len(rows)] = rows
+            start += len(rows)
         out[torch.tensor(order, device=out.device)] = in_batch_order
+
+    def token_budget(self, batch_size: int, lengths: Sequence[int]) -> int:
+        """``encode``'s default ``max_tokens`` for sentences of ``lengths`` tokens: ``batch_size`` sentences of the
+        full length, but no more than cuts the input into MIN_BATCHES batches (and at least one full-length
+        sentence), so that a small input gives every thread a few batches rather than one thread one batch. It
+        depends on the input alone, not on the threads: the same sentences make the same batches, and so the same
+        vectors, however many threads (or Ray workers given these batches) encode them."""
+        return min(batch_size * self.max_seq_length, max(self.max_seq_length, sum(lengths) // MIN_BATCHES))
+
+    def _batch_threads(self, threads: int | None) -> int:
+        """The Python threads ``encode`` runs batches on: 1 on a GPU (one stream runs them in turn anyway)."""
+        if self.device.type != "cpu":
+            return 1
+        return threads or torch.get_num_threads()
 
     def _padded(self, ids: dict[str, list[list[int]]], batch: list[int], lengths: list[int]) -> dict[str, Tensor]:
         """One batch padded with numpy (a vectorised scatter; ``tokenizer.pad`` on Python lists is far slower),
@@ -374,6 +413,23 @@ class SentenceEncoder(nn.Module):
         if precision == "bf16" and self.precision == "fp32":
             return torch.autocast(self.device.type, dtype=half_dtype(self.device))
         return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _batch_map(threads: int) -> Iterator[Callable]:
+    """A ``map`` over whole batches, results in order: ``map`` itself for one thread, else ``threads`` Python
+    threads, each running torch on one intra-op thread. torch's intra-op thread count is per thread (OpenMP's and
+    MKL's settings are), so the caller's own stays as it is; setting it also sets the count a thread starting
+    later begins with, which is put back on the way out."""
+    if threads == 1:
+        yield map
+        return
+    intra_op = torch.get_num_threads()
+    try:
+        with ThreadPoolExecutor(threads, initializer=torch.set_num_threads, initargs=(1,)) as pool:
+            yield pool.map
+    finally:
+        torch.set_num_threads(intra_op)
 
 
 def _prompt_length(features: dict[str, Tensor]) -> int:
