@@ -88,7 +88,7 @@ def stage_datasets(config: TrainConfig, sources: list[list[Source]], rows: list[
             dataset = _read(source, stage, config.data_dir)
             datasets[key] = tokenized = (dataset.limit(stage.limit) if stage.limit else dataset).map_batches(
                 tokenize, fn_args=(model_json,), batch_size=None, batch_format="pyarrow", num_cpus=0,
-                compute=ray.data.TaskPoolStrategy(size=_cluster_cpus()),  # the read's: Ray Data fuses the two
+                compute=ray.data.TaskPoolStrategy(size=_task_slots(source)),  # the read's: Ray Data fuses the two
             )  # fmt: skip
             # Training prints its own progress lines; Ray Data's bars would interleave with them in every log.
             tokenized.context.enable_progress_bars = False
@@ -102,15 +102,17 @@ def _read(source: Source, stage: StageConfig, data_dir) -> ray.data.Dataset:
     """One read task per file (the default would split a small source into ~200 blocks of a few rows). Read tasks
     reserve no CPU, so without a cap Ray Data would run one per file at once: every one a process of its own
     (~400 MB with torch imported), which grows with the number of shards. At most one per CPU of the cluster runs
-    at a time instead."""
+    at a time instead (``_task_slots``)."""
     files = max(1, len(source.files))
     return ray.data.read_datasource(
-        _SourceFiles(source, stage, data_dir), num_cpus=0, override_num_blocks=files, concurrency=_cluster_cpus()
+        _SourceFiles(source, stage, data_dir), num_cpus=0, override_num_blocks=files, concurrency=_task_slots(source)
     )
 
 
-def _cluster_cpus() -> int:
-    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+def _task_slots(source: Source) -> int:
+    """How many read (and fused tokenise) tasks of ``source`` run at once: one per file, at most one per CPU of the
+    cluster. Not more than its files: Ray Data warns of slots it cannot fill."""
+    return min(max(1, len(source.files)), max(1, int(ray.cluster_resources().get("CPU", 1))))
 
 
 class _SourceFiles(Datasource):
