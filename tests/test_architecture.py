@@ -196,17 +196,17 @@ def test_ray_trains_controller_unpickles_no_code_of_ours(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "module, libraries",
+    "modules, libraries",
     [
-        # The stage datasets (tokenize, the read tasks' sources): Ray Train's controller and Ray Data's
-        # DatasetManager and SplitCoordinator unpickle them, on the way to the first step; they never tokenise.
-        ("sbert_ray.training.stage_data", ("torch", "transformers", "mlflow")),
-        ("sbert_ray.runs.progress_lines", ("torch", "transformers", "mlflow")),  # a callback of the controller
+        # The stage datasets (tokenize, the read tasks' sources) and the progress callback: Ray Train's controller
+        # and Ray Data's DatasetManager and SplitCoordinator unpickle them on the way to the first step; they
+        # never tokenise.
+        ("sbert_ray.training.stage_data, sbert_ray.runs.progress_lines", ("torch", "transformers", "mlflow")),
         ("sbert_ray.runs.scoring", ("mlflow",)),  # the final scores' task, which logs nothing
     ],
 )
-def test_what_rays_processes_unpickle_imports_no_more_than_they_use(module, libraries):
+def test_what_rays_processes_unpickle_imports_no_more_than_they_use(modules, libraries):
     """Each of torch, transformers and MLflow is seconds of start-up for a fresh Ray process on a 2-core machine."""
-    probe = f"import sys, {module}\nprint(sorted(m for m in {libraries} if m in sys.modules))"
+    probe = f"import sys, {modules}\nprint(sorted(m for m in {libraries} if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.splitlines()[-1] == "[]", result.stdout[-500:]
