@@ -193,3 +193,20 @@ def test_ray_trains_controller_unpickles_no_code_of_ours(tmp_path):
 
     trainer = torch_trainer(TrainConfig(), ({}, []), ray.train.RunConfig(storage_path=str(tmp_path)))
     assert b"sbert_ray" not in pickle.dumps(trainer.train_loop_config)
+
+
+@pytest.mark.parametrize(
+    "modules, libraries",
+    [
+        # The stage datasets (tokenize, the read tasks' sources) and the progress callback: Ray Train's controller
+        # and Ray Data's DatasetManager and SplitCoordinator unpickle them on the way to the first step; they
+        # never tokenise.
+        ("sbert_ray.training.stage_data, sbert_ray.runs.progress_lines", ("torch", "transformers", "mlflow")),
+        ("sbert_ray.runs.scoring", ("mlflow",)),  # the final scores' task, which logs nothing
+    ],
+)
+def test_what_rays_processes_unpickle_imports_no_more_than_they_use(modules, libraries):
+    """Each of torch, transformers and MLflow is seconds of start-up for a fresh Ray process on a 2-core machine."""
+    probe = f"import sys, {modules}\nprint(sorted(m for m in {libraries} if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.splitlines()[-1] == "[]", result.stdout[-500:]

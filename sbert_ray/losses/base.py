@@ -48,6 +48,11 @@ class EncoderLoss(nn.Module, ABC):
         """Whether a record is a training example for this objective (MNRL keeps only entailed NLI pairs)."""
         return True
 
+    @classmethod
+    def keeps_every_record(cls) -> bool:
+        """True when ``keeps`` is this class's, which drops no record (so a file's row count is its examples)."""
+        return cls.keeps.__func__ is EncoderLoss.keeps.__func__
+
     def forward(
         self,
         features: Sequence[dict[str, Tensor]],

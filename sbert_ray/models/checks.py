@@ -4,16 +4,14 @@ embeddings. Reads configs and file headers only."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from transformers import AutoConfig, AutoTokenizer, BertConfig
+from transformers import AutoConfig, BertConfig
 
 from sbert_ray.models.encoder import max_seq_length_problem
 from sbert_ray.models.load import RANDOM_PREFIX
 from sbert_ray.models.prompts import check_prompts
 from sbert_ray.models.random_bert import BERT_SHAPES, bert_tokenizer
-from sbert_ray.models.resolve import resolve_model_ref
-from sbert_ray.models.st_layout import ModelError, check_weights, read_st_layout
+from sbert_ray.models.resolve import ModelFiles, resolve_model_ref
+from sbert_ray.models.st_layout import ModelError
 
 
 def check_model(
@@ -40,12 +38,10 @@ def check_model(
     else:
         resolved = resolve_model_ref(name)
         try:
-            layout = read_st_layout(resolved)
-            subfolder = layout.transformer_subfolder if layout else ""
-            if Path(resolved).is_dir():
-                check_weights(Path(resolved) / subfolder, allow_pickle=allow_unsafe_weights)
-            config = AutoConfig.from_pretrained(resolved, subfolder=subfolder, trust_remote_code=False)
-            tokenizer = AutoTokenizer.from_pretrained(resolved, subfolder=subfolder, trust_remote_code=False)
+            files = ModelFiles.read(resolved)
+            files.check_weights(allow_pickle=allow_unsafe_weights)
+            config = AutoConfig.from_pretrained(resolved, subfolder=files.subfolder, trust_remote_code=False)
+            tokenizer, layout = files.tokenizer(), files.layout
         except (OSError, ValueError) as error:  # ours (ModelError), or transformers' for a folder it cannot read
             raise ModelError(f"model.name: {error}") from None
         size = config.hidden_size

@@ -18,8 +18,8 @@ from torch.nn import functional as F
 
 from sbert_ray.models.pooling import Pooling, PoolingMode
 from sbert_ray.models.prompts import check_prompts, resolve_prompt
-from sbert_ray.models.resolve import resolve_model_ref
-from sbert_ray.models.st_layout import ModelError, StLayout, check_weights, read_st_layout, write_st_layout
+from sbert_ray.models.resolve import ModelFiles, resolve_model_ref
+from sbert_ray.models.st_layout import ModelError, StLayout, write_st_layout
 from sbert_ray.progress import progress_bar
 
 if TYPE_CHECKING:
@@ -89,23 +89,20 @@ class SentenceEncoder(nn.Module):
         load from safetensors files only, unless ``allow_unsafe_weights`` (pickled PyTorch files can run code); the
         model's own code never runs.
         """
-        from transformers import AutoModel, AutoTokenizer  # here: importing the package must not load model code
+        from transformers import AutoModel  # here: importing the package must not load model code
 
-        resolved = resolve_model_ref(ref)
-        layout = read_st_layout(resolved)
-        subfolder = layout.transformer_subfolder if layout else ""
-        if Path(resolved).is_dir():  # a bad file is named here, not as a bare SafetensorError from transformers
-            check_weights(Path(resolved) / subfolder, allow_pickle=allow_unsafe_weights)
+        files = ModelFiles.read(resolve_model_ref(ref))
+        files.check_weights(allow_pickle=allow_unsafe_weights)
         # fp32 whatever the checkpoint holds (transformers 5 defaults to dtype="auto"): training and published
         # numbers need fp32 weights; 16-bit runs cast or autocast explicitly.
         transformer = AutoModel.from_pretrained(
-            resolved,
-            subfolder=subfolder,
+            files.path,
+            subfolder=files.subfolder,
             dtype=torch.float32,
             use_safetensors=None if allow_unsafe_weights else True,
             trust_remote_code=False,
         )
-        tokenizer = AutoTokenizer.from_pretrained(resolved, subfolder=subfolder, trust_remote_code=False)
+        tokenizer, layout = files.tokenizer(), files.layout
         if max_seq_length is None:
             max_seq_length = _saved_max_seq_length(layout, tokenizer, transformer)
         problem = max_seq_length_problem(max_seq_length, tokenizer, transformer.config, str(ref))

@@ -10,8 +10,8 @@ from sbert_ray.models.encoder import DEFAULT_MAX_SEQ_LENGTH, SentenceEncoder
 from sbert_ray.models.pooling import PoolingMode
 from sbert_ray.models.prompts import check_prompts
 from sbert_ray.models.random_bert import bert_tokenizer, random_bert
-from sbert_ray.models.resolve import resolve_model_ref
-from sbert_ray.models.st_layout import ModelError, read_st_layout
+from sbert_ray.models.resolve import ModelFiles, resolve_model_ref
+from sbert_ray.models.st_layout import ModelError
 
 RANDOM_PREFIX = "random:"
 
@@ -66,13 +66,8 @@ class TextTokenizer:
 def load_tokenizer(name: str, max_seq_length: int, prompts: Mapping[str, str] | None = None, **_) -> TextTokenizer:
     """The tokenizer of the model ``load_encoder`` would load for the same arguments (its prompts: the saved ones
     unless ``prompts`` replace them), for processes that only tokenise; the other arguments are ignored."""
-    from transformers import AutoTokenizer  # here: importing the package must not load model code
-
     if name.startswith(RANDOM_PREFIX):
         return TextTokenizer(bert_tokenizer(), max_seq_length, dict(prompts or {}))
-    resolved = resolve_model_ref(name)
-    layout = read_st_layout(resolved)
-    subfolder = layout.transformer_subfolder if layout else ""
-    tokenizer = AutoTokenizer.from_pretrained(resolved, subfolder=subfolder, trust_remote_code=False)
-    saved = layout.prompts if layout else {}
-    return TextTokenizer(tokenizer, max_seq_length, dict(saved if prompts is None else prompts))
+    files = ModelFiles.read(resolve_model_ref(name))
+    saved = files.layout.prompts if files.layout else {}
+    return TextTokenizer(files.tokenizer(), max_seq_length, dict(saved if prompts is None else prompts))

@@ -21,6 +21,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -41,8 +42,9 @@ from sbert_ray.data.records import (
     lookup,
     parse_score,
 )
-from sbert_ray.losses.base import EncoderLoss
-from sbert_ray.losses.registry import OBJECTIVES
+
+if TYPE_CHECKING:
+    from sbert_ray.losses.base import EncoderLoss
 
 FILE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".parquet")
 HUB_PREFIX = "hf://datasets/"  # a Hub dataset's files: hf://datasets/<owner>/<name>/<path or glob>
@@ -166,7 +168,7 @@ def read_tables(source: Source, file: str | None, stage: StageConfig, data_dir) 
 
 
 def _file_tables(path: str, name: str, source: Source, stage: StageConfig) -> Iterator[pa.Table]:
-    loss = OBJECTIVES[stage.objective]
+    loss = _objective(stage)
     score_range = (0.0, stage.score_max) if loss.label_field == "score" else None
     try:
         kind, columns = loss.user_file_kind, source.columns or {}
@@ -180,7 +182,7 @@ def _file_tables(path: str, name: str, source: Source, stage: StageConfig) -> It
 
 def record_tables(records: Records, stage: StageConfig, where: str) -> Iterator[pa.Table]:
     """Records as tables of the examples the stage's objective trains on (``where`` names them in errors)."""
-    loss = OBJECTIVES[stage.objective]
+    loss = _objective(stage)
     wrong = next((r for r in records if not isinstance(r, loss.record_types)), None)
     if wrong is not None:
         names = ", ".join(t.__name__ for t in loss.record_types)
@@ -193,7 +195,7 @@ def record_tables(records: Records, stage: StageConfig, where: str) -> Iterator[
 def _records_table(records: list[Record], stage: StageConfig, where: str) -> pa.Table:
     fields = TEXT_FIELDS[type(records[0])]
     table = {f"text_{i}": pa.array([getattr(r, name) for r in records], pa.string()) for i, name in enumerate(fields)}
-    label_field = OBJECTIVES[stage.objective].label_field
+    label_field = _objective(stage).label_field
     if label_field == "label":
         table["label"] = pa.array([r.label for r in records], pa.int64())
     elif label_field == "score":
@@ -226,7 +228,7 @@ def _parquet_columns(parquet: pq.ParquetFile, file: str, source: Source, stage: 
     """The file's text columns in the objective's order and its label column (None without one): columns named as
     a user file's (``columns`` maps field -> column); for in-batch-negative objectives every ``negative_<n>`` column
     is a further hard negative (mined n-tuples)."""
-    loss = OBJECTIVES[stage.objective]
+    loss = _objective(stage)
     record_type = RECORD_TYPES[loss.user_file_kind]
     names = parquet.schema_arrow.names
     mapping = source.columns or {}
@@ -282,7 +284,7 @@ def _texts(column: pa.Array, file: str, name: str, first_row: int) -> pa.Array:
 
 def _labels(column: pa.Array, file: str, name: str, first_row: int, stage: StageConfig) -> pa.Array:
     """Class labels by NLI name or index; scores as numbers in [0, score_max], divided by it."""
-    label_field = OBJECTIVES[stage.objective].label_field
+    label_field = _objective(stage).label_field
     values = column.to_pylist()
     try:
         for i, value in enumerate(values):
@@ -324,7 +326,16 @@ def known_rows(source: Source, stage: StageConfig, data_dir) -> int | None:
     (``_checked_footer``). None: only reading every row tells."""
     if not source.files:
         return sum(table.num_rows for table in read_tables(source, None, stage, data_dir))
-    keeps_all = OBJECTIVES[stage.objective].keeps.__func__ is EncoderLoss.keeps.__func__ and stage.errors == "raise"
+    keeps_all = _objective(stage).keeps_every_record() and stage.errors == "raise"
     if not keeps_all or not all(f.lower().endswith(".parquet") for f in source.files):
         return None
     return sum(_checked_footer(file, source, stage) for file in source.files)
+
+
+def _objective(stage: StageConfig) -> type[EncoderLoss]:
+    """The stage's loss class, which declares the records it trains on. Imported here, not with this module: Ray
+    Train's controller and Ray Data's coordinators import this module to unpickle the stage datasets (their sources)
+    and read nothing, so they need no torch."""
+    from sbert_ray.losses.registry import OBJECTIVES
+
+    return OBJECTIVES[stage.objective]

@@ -8,6 +8,8 @@
                 same data order for the same seed, and a resume regenerates its position exactly
 
 The driver never holds the records and no process holds more than a file's table plus a worker's window.
+Ray Train's controller and Ray Data's coordinators import this module (and ``training.sources``) to unpickle the
+datasets and never tokenise: what needs torch or a tokenizer is imported in the functions that use it.
 Read and tokenize tasks reserve no CPU: training workers hold the cluster's CPUs (on a small cluster all of
 them), and a task waiting for a CPU behind them would stall the stream. They share the CPUs instead.
 """
@@ -26,10 +28,7 @@ from ray.data.datasource import Datasource, ReadTask
 
 from sbert_ray.config import ConfigError, StageConfig, TrainConfig
 from sbert_ray.data.records import DataError
-from sbert_ray.models.load import load_tokenizer
-from sbert_ray.training.batches import tokenize_table
 from sbert_ray.training.sources import Source, known_rows, read_tables
-from sbert_ray.training.stream import batch_plan, stage_steps
 
 # Blocks of ~5,000 short pairs, not Ray Data's 128 MiB (a whole shard of them): a worker's iterator waits for
 # its first two blocks (prefetch) before the first step, which would otherwise wait for two whole files.
@@ -70,6 +69,8 @@ def count_stages(config: TrainConfig, sources: list[list[Source]]) -> list[list[
 
 def planned_steps(config: TrainConfig, index: int, rows: list[int]) -> tuple[int, int]:
     """(optimizer steps per epoch, steps) of stage ``index`` with sources of ``rows`` examples."""
+    from sbert_ray.training.stream import batch_plan, stage_steps  # here: see the module's docstring
+
     stage = config.stages[index]
     plan = batch_plan(stage, index, config.seed, config.scaling.max_workers, rank=0)
     weights = [d.weight for d in stage.datasets] if stage.datasets else [1.0]
@@ -88,7 +89,7 @@ def stage_datasets(config: TrainConfig, sources: list[list[Source]], rows: list[
             dataset = _read(source, stage, config.data_dir)
             datasets[key] = tokenized = (dataset.limit(stage.limit) if stage.limit else dataset).map_batches(
                 tokenize, fn_args=(model_json,), batch_size=None, batch_format="pyarrow", num_cpus=0,
-                compute=ray.data.TaskPoolStrategy(size=_cluster_cpus()),  # the read's: Ray Data fuses the two
+                compute=ray.data.TaskPoolStrategy(size=_task_slots(source)),  # the read's: Ray Data fuses the two
             )  # fmt: skip
             # Training prints its own progress lines; Ray Data's bars would interleave with them in every log.
             tokenized.context.enable_progress_bars = False
@@ -102,15 +103,17 @@ def _read(source: Source, stage: StageConfig, data_dir) -> ray.data.Dataset:
     """One read task per file (the default would split a small source into ~200 blocks of a few rows). Read tasks
     reserve no CPU, so without a cap Ray Data would run one per file at once: every one a process of its own
     (~400 MB with torch imported), which grows with the number of shards. At most one per CPU of the cluster runs
-    at a time instead."""
+    at a time instead (``_task_slots``)."""
     files = max(1, len(source.files))
     return ray.data.read_datasource(
-        _SourceFiles(source, stage, data_dir), num_cpus=0, override_num_blocks=files, concurrency=_cluster_cpus()
+        _SourceFiles(source, stage, data_dir), num_cpus=0, override_num_blocks=files, concurrency=_task_slots(source)
     )
 
 
-def _cluster_cpus() -> int:
-    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+def _task_slots(source: Source) -> int:
+    """How many read (and fused tokenise) tasks of ``source`` run at once: one per file, at most one per CPU of the
+    cluster. Not more than its files: Ray Data warns of slots it cannot fill."""
+    return min(max(1, len(source.files)), max(1, int(ray.cluster_resources().get("CPU", 1))))
 
 
 class _SourceFiles(Datasource):
@@ -136,9 +139,13 @@ class _SourceFiles(Datasource):
 def tokenize(table: pa.Table, model_json: str) -> pa.Table:
     """The map stage, fused into the read tasks (no process of its own to start; Ray's pooled workers keep the
     tokenizer they loaded for the next table)."""
+    from sbert_ray.training.batches import tokenize_table  # here: see the module's docstring
+
     return tokenize_table(table, _tokenizer(model_json))
 
 
 @functools.lru_cache(maxsize=2)
 def _tokenizer(model_json: str):
+    from sbert_ray.models.load import load_tokenizer  # here: see the module's docstring
+
     return load_tokenizer(**json.loads(model_json))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import ray.data
@@ -10,6 +11,12 @@ from ray.train.torch import TorchTrainer
 
 from sbert_ray.config import TrainConfig, to_dict
 from sbert_ray.training.worker import train_loop_per_worker
+
+# Ray Train's controller polls the workers every this many seconds (Ray's default: 2) and takes one report per
+# worker per poll, and a worker's ray.train.report waits until its previous report was taken (a queue of one). At
+# 2 s every report point after the first stalled training for up to 2 s, and fit() saw the end up to 2 s late.
+# A poll is one small actor call per worker.
+CONTROLLER_POLL_S = "0.2"
 
 
 def data_config() -> ray.train.DataConfig:
@@ -32,6 +39,8 @@ def torch_trainer(
     Ray Train scores checkpoints beside the workers (``evaluation.async_dev``: ``training.validation``).
     Call ``fit()`` right away: the workers time their first optimizer step from now."""
     scaling = config.scaling
+    # Read from the environment when fit() starts the controller (which passes it on); a value set by the user stays.
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", CONTROLLER_POLL_S)
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={

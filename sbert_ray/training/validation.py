@@ -14,7 +14,7 @@ from sbert_ray.config import EvalConfig, ScalingConfig, TrainConfig, from_dict, 
 from sbert_ray.data.readers import resolve_data_dir
 from sbert_ray.evaluation.dev_score import DEV_SCORE, DevScorer
 from sbert_ray.models import SentenceEncoder
-from sbert_ray.tracking.mlflow_run import RunLogger, TrackingError
+from sbert_ray.tracking.errors import TrackingError
 from sbert_ray.training.state import MODEL_DIR
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,10 @@ def score_dev(checkpoint: ray.train.Checkpoint, step: int, dev: dict, place: dic
     scorer = DevScorer(from_dict(EvalConfig, dev["evaluation"]), resolve_data_dir(dev["data_dir"]))
     score = scorer.score(checkpoint_model(checkpoint).to(place["device"]))
     if tracking:
+        # Here: the final scores' task imports this module too (checkpoint_model), where nothing is logged and
+        # importing mlflow would cost its start a second or more.
+        from sbert_ray.tracking.mlflow_run import RunLogger
+
         try:
             RunLogger(**tracking).log_metrics({f"dev/{scorer.metric}": score}, step=step)
         except TrackingError as err:
