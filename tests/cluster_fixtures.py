@@ -24,12 +24,18 @@ def _local_ray_at_exit() -> Iterator[None]:
 
 
 @pytest.fixture
-def local_ray(_local_ray_at_exit) -> Iterator[None]:
+def local_ray(_local_ray_at_exit) -> Iterator[str]:
     """The run's one local 2-CPU cluster, started by the first test that asks for it and kept for the next ones
-    (a start costs seconds). A ``connect`` test shuts it down to join the token head; the next test starts it anew."""
+    (a start costs ~10 s); its GCS address, for CLI drivers a test starts in a subprocess (as RAY_ADDRESS: they
+    join it instead of starting their own). A ``connect`` test shuts it down to join the token head; the next test
+    starts it anew."""
     if not ray.is_initialized():
-        ray.init(address="local", num_cpus=2, include_dashboard=False, runtime_env={"env_vars": NO_STATE_API})
-    yield
+        # Set while its raylet starts, NO_STATE_API reaches every worker process, of every driver that joins it.
+        with pytest.MonkeyPatch.context() as env:  # (ray.init's own changes to os.environ stay)
+            for key, value in NO_STATE_API.items():
+                env.setenv(key, value)
+            ray.init(address="local", num_cpus=2, include_dashboard=False)
+    yield ray.get_runtime_context().gcs_address
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,11 @@
 """sbert-ray never destroys what it did not create: root, HOME, the working directory and their parents are refused
 as any path it writes, replaces or moves; a folder at ``output_dir`` is replaced only when it is one of our models,
 a run folder moved aside by --restart only when it is one of our runs. Every refusal comes before Ray starts, and
-every file that was there before is there after."""
+every file that was there before is there after. (A real run replacing its own model beside another's:
+test_reliability.py's rerun test.)"""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -13,10 +13,9 @@ import ray
 import yaml
 
 from sbert_ray.cli import main
-from sbert_ray.config import ConfigError, load_config
+from sbert_ray.config import ConfigError
 from sbert_ray.runs import record
-from sbert_ray.runs.owned_paths import MODEL_MARKER, check_model_folder, refuse_protected
-from sbert_ray.runs.train_run import run_training
+from sbert_ray.runs.owned_paths import check_model_folder, refuse_protected
 
 
 def test_root_home_the_working_directory_and_their_parents_are_refused(tmp_path, monkeypatch):
@@ -126,22 +125,3 @@ def test_every_sentinel_survives_every_command(sentinels, data_dir, capsys):
         assert f"sbert-ray {argv[0]}: error: " in err and message in err and len(err.splitlines()) == 1, (argv, err)
         assert not ray.is_initialized()  # refused before any Ray (or MLflow) work
     assert snapshot(root) == before  # every file is still there, unchanged, and nothing was added
-
-
-@pytest.mark.cluster
-def test_a_rerun_replaces_only_its_own_final_model(local_ray, tiny_train_config, tmp_path):
-    """A real tiny training run writes its marked final model beside someone else's; trained again (--restart) it
-    swaps its own model for the new one, and the neighbour's files survive both."""
-    output, neighbour = tmp_path / "models" / "mine", tmp_path / "models" / "other-model" / "config.json"
-    neighbour.parent.mkdir(parents=True)
-    neighbour.write_text("someone else's model")
-    path = tiny_train_config(name="mine", limit=48, eval_every=100)
-    overrides = [f"output_dir={output}", "evaluation.final_tasks=[]"]
-    first = run_training(load_config(path, overrides))
-    marker = json.loads((output / MODEL_MARKER).read_text())
-    assert (marker["run"], marker["mlflow_run_id"]) == ("mine", first.run_id)
-
-    second = run_training(load_config(path, overrides), restart=True)
-    assert json.loads((output / MODEL_MARKER).read_text())["mlflow_run_id"] == second.run_id != first.run_id
-    assert sorted(p.name for p in output.parent.iterdir()) == ["mine", "other-model"]  # no staging, no old model
-    assert neighbour.read_text() == "someone else's model"

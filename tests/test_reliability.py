@@ -26,7 +26,8 @@ from sbert_ray.config import ConfigError, load_config
 from sbert_ray.data.readers import load_records
 from sbert_ray.models.encoder import SentenceEncoder
 from sbert_ray.runs import record
-from sbert_ray.runs.train_run import METRICS_SPOOL, absolute_paths
+from sbert_ray.runs.owned_paths import MODEL_MARKER
+from sbert_ray.runs.train_run import METRICS_SPOOL, absolute_paths, prepare
 from sbert_ray.tracking.store import redact, redact_uri
 
 USER, PASSWORD = "sbert", "Pa55-w0rd-never-shown"  # distinctive: any occurrence of it is a leak
@@ -311,14 +312,22 @@ def test_sweep_from_its_own_directory_with_relative_paths_and_a_password_uri(
 
 
 def test_finished_run_is_not_retrained_another_config_is_refused_and_restart_trains_anew(
-    local_ray, tiny_train_config, capsys
+    local_ray, tiny_train_config, tmp_path, capsys
 ):
+    """Its final model goes to output_dir beside someone else's model: --restart swaps our own model for the new
+    one (sbert_ray.runs.owned_paths), and the neighbour's files survive both runs."""
+    output, neighbour = tmp_path / "models" / "mine", tmp_path / "models" / "other-model" / "config.json"
+    neighbour.parent.mkdir(parents=True)
+    neighbour.write_text("someone else's model")
     path = tiny_train_config(name="rerun")
+    path.write_text(path.read_text() + f"output_dir: {output}\n")
     assert main(["train", str(path)]) == 0
     first = capsys.readouterr().out
     run_dir = path.parent / "runs" / "rerun"
     saved = json.loads((run_dir / record.RECORD_FILE).read_text())
     assert saved["status"] == "finished" and saved["mlflow_run_id"] in first
+    marker = json.loads((output / MODEL_MARKER).read_text())
+    assert (marker["run"], marker["mlflow_run_id"]) == ("rerun", saved["mlflow_run_id"])
     checkpoints = sorted(p.name for p in run_dir.glob("checkpoint_*"))
     client = MlflowClient(f"sqlite:///{path.parent / 'mlflow.db'}")
     experiment_id = client.get_experiment_by_name("sbert-ray").experiment_id
@@ -327,7 +336,7 @@ def test_finished_run_is_not_retrained_another_config_is_refused_and_restart_tra
     assert main(["train", str(path)]) == 0
     again = capsys.readouterr().out
     assert "already finished with this config: nothing to train" in again
-    assert f"MLflow run {saved['mlflow_run_id']}" in again and f"model: {run_dir / 'final-model'}" in again
+    assert f"MLflow run {saved['mlflow_run_id']}" in again and f"model: {output}" in again
     assert sorted(p.name for p in run_dir.glob("checkpoint_*")) == checkpoints
     assert len(client.search_runs([experiment_id])) == 1
 
@@ -349,6 +358,15 @@ def test_finished_run_is_not_retrained_another_config_is_refused_and_restart_tra
     assert set(runs) == {saved["mlflow_run_id"], new_id}
     assert runs[new_id].info.status == "FINISHED" and runs[new_id].data.params["stages.0.learning_rate"] == "0.0003"
     assert runs[new_id].data.metrics["train/loss"] > 0 and "(resumed)" not in out
+    assert json.loads((output / MODEL_MARKER).read_text())["mlflow_run_id"] == new_id
+    assert sorted(p.name for p in output.parent.iterdir()) == ["mine", "other-model"]  # no staging, no old model
+    assert neighbour.read_text() == "someone else's model"
+
+
+def test_the_final_model_goes_to_the_run_folder_unless_output_dir_is_set(tiny_train_config):
+    path = tiny_train_config(name="placed")
+    assert prepare(load_config(path))[0].output_dir == str(path.parent / "runs" / "placed" / "final-model")
+    assert prepare(load_config(path, [f"output_dir={path.parent / 'mine'}"]))[0].output_dir == str(path.parent / "mine")
 
 
 def test_run_record_lives_beside_checkpoints_on_object_storage(s3_server, tiny_train_config, monkeypatch):

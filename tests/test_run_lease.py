@@ -96,13 +96,11 @@ def test_an_object_lease_on_s3(s3_server, monkeypatch):
     assert [o["Key"] for o in objects if not o["Key"].endswith("/")] == []  # released: deleted
 
 
-@pytest.mark.cluster
-def test_two_trains_of_one_name_at_once_one_refused_naming_the_other(tiny_train_config, tmp_path):
+def test_two_trains_of_one_name_at_once_one_refused_naming_the_other(local_ray, tiny_train_config, tmp_path):
     """Started together on a fresh MLflow store (its creation is serialised too): one trains, the other is refused
     at once naming the first's host and pid; the metrics are logged once per step."""
     config = tiny_train_config(name="twice")
-    # The local clusters' Train controllers look up a state API that a test machine lacks (see cluster_fixtures).
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path), "RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9"}
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path), "RAY_ADDRESS": local_ray}  # the session's cluster
     command = [str(local_cluster.BIN / "sbert-ray"), "train", str(config), "--quiet"]
     runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
             for _ in range(2)]  # fmt: skip

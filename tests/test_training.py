@@ -21,10 +21,10 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 import torch
-from cluster_fixtures import NO_STATE_API
 from mlflow.tracking import MlflowClient
 from sentence_transformers import SentenceTransformer
 
+from sbert_ray.cli import main
 from sbert_ray.config import ConfigError, load_config
 from sbert_ray.data import load_records
 from sbert_ray.evaluation.sts import evaluate_pairs
@@ -159,27 +159,28 @@ def test_uneven_shards_give_every_worker_the_same_steps(local_ray, tiny_train_co
     assert client.get_metric_history(run.info.run_id, "data/shards/repeated")[-1].value == 0
 
 
-@pytest.mark.cluster  # its drivers start their own local clusters
-def test_resubmitted_run_resumes(tiny_train_config):
+def test_resubmitted_run_resumes(local_ray, tiny_train_config, capsys):
     """A driver killed mid-run (as a cancelled job): running the same config again continues the same run."""
     path = tiny_train_config(name="resubmit", limit=800, eval_every=20)
     config = load_config(path)
-    command = [sys.executable, "-m", "sbert_ray.cli", "train", str(path)]
-    env = {**os.environ, **NO_STATE_API}
+    # The killed driver joins the session's cluster (Ray ends its job's actors and placement groups when it dies).
     first = subprocess.Popen(
-        command, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [sys.executable, "-m", "sbert_ray.cli", "train", str(path)],
+        env={**os.environ, "RAY_ADDRESS": local_ray},
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         wait_for_registered_checkpoint(Path(config.checkpoint.storage_path) / config.name)
     finally:
-        os.killpg(first.pid, signal.SIGKILL)  # the driver and the local Ray cluster it started
+        os.killpg(first.pid, signal.SIGKILL)
         first.wait()
     client, run = only_run(config.tracking.tracking_uri)
     assert run.info.status == "RUNNING"  # killed without a chance to close it
 
-    second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "(resumed)" in second.stdout
+    assert main(["train", str(path)]) == 0, capsys.readouterr().err[-3000:]  # the same command, from this process
+    assert "(resumed)" in capsys.readouterr().out
     client, run_after = only_run(config.tracking.tracking_uri)
     assert run_after.info.run_id == run.info.run_id and run_after.info.status == "FINISHED"
     assert client.get_metric_history(run.info.run_id, "train/resumed_from_step")[0].value >= 20

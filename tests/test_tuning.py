@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cluster_fixtures import NO_STATE_API
 from mlflow.tracking import MlflowClient
 from ray.tune.search.optuna import OptunaSearch
 
@@ -147,8 +146,7 @@ def trial_statuses(sweep_dir: Path) -> list[str]:
     return [json.loads(trial)["status"] for trial, _ in trials]
 
 
-@pytest.mark.cluster  # its drivers start their own local clusters
-def test_killed_sweep_resumes_without_rerunning_finished_trials(write_sweep, capsys):
+def test_killed_sweep_resumes_without_rerunning_finished_trials(local_ray, write_sweep, capsys):
     """Killed after its first trial, the sweep continues with --resume: the finished trial is not run again, the
     interrupted one runs to the end and the sweep ends with its summary."""
     path = write_sweep(
@@ -159,12 +157,14 @@ def test_killed_sweep_resumes_without_rerunning_finished_trials(write_sweep, cap
     )
     sweep = load_config(path, cls=SweepConfig)
     sweep_dir = Path(sweep.base.checkpoint.storage_path) / "resume"
-    command = [sys.executable, "-m", "sbert_ray.cli", "tune", str(path)]
-    # A fresh local cluster per driver, never someone else's; Tune saves its state each second, so the kill
-    # right after the first trial catches the second one in flight.
-    env = {**os.environ, "RAY_ADDRESS": "local", "TUNE_GLOBAL_CHECKPOINT_S": "1", **NO_STATE_API}
+    # The killed driver joins the session's cluster (Ray ends its job's actors and placement groups when it dies).
+    # Tune saves its state each second, so the kill right after the first trial catches the second one in flight.
     first = subprocess.Popen(
-        command, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [sys.executable, "-m", "sbert_ray.cli", "tune", str(path)],
+        env={**os.environ, "RAY_ADDRESS": local_ray, "TUNE_GLOBAL_CHECKPOINT_S": "1"},
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.time() + 300
@@ -172,17 +172,16 @@ def test_killed_sweep_resumes_without_rerunning_finished_trials(write_sweep, cap
             assert time.time() < deadline and first.poll() is None, "the first trial did not finish"
             time.sleep(0.5)
     finally:
-        os.killpg(first.pid, signal.SIGKILL)  # the sweep driver and the local Ray cluster it started
+        os.killpg(first.pid, signal.SIGKILL)
         first.wait()
     client = MlflowClient(sweep.base.tracking.tracking_uri)
     experiment_id = client.get_experiment_by_name(sweep.base.tracking.experiment).experiment_id
     (finished,) = client.search_runs([experiment_id], "attributes.status = 'FINISHED'")
 
-    # A second start never mixes two sweeps; refused before Ray starts, so it can run in this process.
+    # A second start never mixes two sweeps; refused before Ray starts.
     assert main(["tune", str(path)]) == 2 and "pass --resume" in capsys.readouterr().err
-    resumed = subprocess.run([*command, "--resume"], env=env, capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "(resumed)" in resumed.stdout
+    assert main(["tune", str(path), "--resume"]) == 0, capsys.readouterr().err[-3000:]  # from this process
+    assert "(resumed)" in capsys.readouterr().out
 
     runs = client.search_runs([experiment_id])
     (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]  # the same parent run, continued
