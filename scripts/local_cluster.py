@@ -271,7 +271,8 @@ def main() -> int:
         print(
             f"  ray job submit --address {head.dashboard} --working-dir . -- python jobs/train.py "
             f"jobs/configs/quickstart.yaml data_dir=$PWD/../shared/data tracking.tracking_uri={tracking_uri} "
-            f"checkpoint.storage_path=s3://{BUCKET}/runs scaling.num_workers=2 scaling.placement_strategy=SPREAD scaling.cpus_per_worker=0.5"
+            f"checkpoint.storage_path=s3://{BUCKET}/runs scaling.num_workers=2 scaling.placement_strategy=SPREAD "
+            "scaling.cpus_per_worker=0.5"
         )
         print("Ctrl-C stops everything.", flush=True)
         while True:
