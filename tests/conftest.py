@@ -34,9 +34,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.cluster)
         if fixtures & SERVER_FIXTURES:
             item.add_marker(pytest.mark.servers)
-    # Tests that start nothing run first (a stable sort keeps each file's order): the full run fails fast on them,
-    # and they run with no cluster up, as in the developer tier, so the guard sees every Ray start.
-    items.sort(key=lambda item: any(item.iter_markers(name) for name in ("cluster", "servers")))
 
 
 def process_table() -> dict[int, tuple[int, str]]:
