@@ -4,6 +4,7 @@ and inside functions alike): dependencies point down, no import circles, Ray and
 from __future__ import annotations
 
 import ast
+import functools
 import pickle
 import subprocess
 import sys
@@ -17,6 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "sbert_ray"
 LAYERS = {
     "tracking": 0,
     "progress": 0,  # tqdm bars and the --quiet switch, for every layer
+    "ray_compat": 0,  # Ray's private and version-sensitive APIs, and joining a cluster, for every Ray user
     "data": 1,
     "models": 1,
     "losses": 1,
@@ -31,6 +33,7 @@ LAYERS = {
 }
 # Ray's rooms: orchestration, Tune, and the adapters around the Ray-free training core and benchmarks.
 RAY_ALLOWED = (
+    "ray_compat",
     "runs",
     "training.worker",
     "training.trainer",
@@ -83,6 +86,7 @@ def _module_level(node: ast.AST):
             yield from _module_level(child)
 
 
+@functools.cache  # one parse of the package for all the parametrised tests
 def graph() -> dict[str, set[str]]:
     known = modules()
     return {name: {imp for imp in imports(path) if imp in known and imp != name} for name, path in known.items()}
@@ -130,6 +134,32 @@ def test_ray_and_mlflow_only_where_they_belong(library, allowed):
         and not name.removeprefix("sbert_ray.").startswith(allowed)
     ]
     assert not offenders, f"{library} imported in {offenders}"
+
+
+PRIVATE_RAY = ("ray._", "ray.core.generated", "ray.train.v2")  # modules of Ray's that are not its public API
+
+
+def private_ray_uses(path: Path) -> list[str]:
+    """Imports of ``PRIVATE_RAY`` modules, ``ray._x`` attribute chains and ``ray.init(_x=...)`` keywords in a file."""
+    tree = ast.parse(path.read_text())
+    found = [f"import {name}" for name in imports(path) if name.startswith(PRIVATE_RAY)]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and ast.unparse(node).startswith("ray."):
+            found.append(ast.unparse(node))
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "ray.init":
+            found += [f"ray.init({kw.arg}=...)" for kw in node.keywords if kw.arg and kw.arg.startswith("_")]
+    return found
+
+
+def test_private_ray_apis_only_in_ray_compat():
+    """One module owns them (and tests/test_ray_compat.py tries each), so a Ray upgrade is checked in one place."""
+    offenders = {
+        name: uses
+        for name, path in modules().items()
+        if name != "sbert_ray.ray_compat" and (uses := private_ray_uses(path))
+    }
+    assert not offenders, f"private Ray APIs outside sbert_ray/ray_compat.py: {offenders}"
+    assert private_ray_uses(PACKAGE / "ray_compat.py"), "the check finds nothing even where they are"
 
 
 @pytest.mark.parametrize("root", RAY_FREE)

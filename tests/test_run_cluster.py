@@ -13,10 +13,10 @@ from ray.util.placement_group import placement_group, remove_placement_group
 
 from sbert_ray.cli import main
 from sbert_ray.config import ConfigError, ScalingConfig
+from sbert_ray.ray_compat import connect_ray
 from sbert_ray.runs.cluster import (
     ResourcesBusy,
     check_resources,
-    connect_ray,
     refuse_impossible,
     refuse_unshared_paths,
     workers_may_leave_this_machine,

@@ -236,7 +236,8 @@ def run_train(args: argparse.Namespace) -> int:
     check_inputs(settings, reference=not args.no_reference)
     store = None if args.no_mlflow else tracking_store(args)
     if not args.local:
-        from sbert_ray.runs.cluster import connect_ray, refuse_impossible
+        from sbert_ray.ray_compat import connect_ray
+        from sbert_ray.runs.cluster import refuse_impossible
 
         connect_ray()
         for workers, threads in layouts:  # a layout the cluster can never hold would wait for ever
@@ -292,7 +293,7 @@ def run_ingest(args: argparse.Namespace) -> int:
     )
     store = None if args.no_mlflow else tracking_store(args)
     if not args.local:
-        from sbert_ray.runs.cluster import connect_ray
+        from sbert_ray.ray_compat import connect_ray
 
         connect_ray()
     _set_threads(args.threads)

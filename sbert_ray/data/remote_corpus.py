@@ -12,14 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow.csv as pa_csv
 import pyarrow.fs as pa_fs
 import pyarrow.parquet as pq
-import ray.data
 
 from sbert_ray.data.corpus import CORPUS_SUFFIXES, DEFAULT_COLUMN
 from sbert_ray.data.records import DataError
+
+if TYPE_CHECKING:
+    import ray.data
 
 ROWS_PER_BATCH = 4096  # texts the driver takes from Ray Data at a time
 
@@ -41,6 +44,8 @@ class RemoteCorpus:
         """Every row's text, file by file in name order, rows in file order. ``cpus_per_read``: what each read
         task reserves (0 where encoder actors may hold every CPU of the cluster while the corpus streams to them:
         a read that waited for a CPU would wait for ever)."""
+        import ray.data  # here, not at import: the data layer's checks (``check_remote_corpus``) run without Ray
+
         filesystem, _ = pa_fs.FileSystem.from_uri(self.uri)
         context = ray.data.DataContext.get_current()
         preserve = context.execution_options.preserve_order
@@ -56,6 +61,8 @@ class RemoteCorpus:
             yield from column.to_pylist()
 
     def _read(self, filesystem: pa_fs.FileSystem, cpus_per_read: float) -> ray.data.Dataset:
+        import ray.data
+
         files, options = list(self.files), {"filesystem": filesystem, "num_cpus": cpus_per_read}
         if self.suffix == ".parquet":
             return ray.data.read_parquet(files, columns=[self.column], **options)

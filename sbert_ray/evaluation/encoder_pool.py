@@ -17,7 +17,6 @@ again for each set.
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
@@ -26,6 +25,7 @@ import ray
 import torch
 
 from sbert_ray.models.encoder import SentenceEncoder, smart_batches
+from sbert_ray.ray_compat import connect_ray
 
 T = TypeVar("T")
 IN_FLIGHT = 2  # items queued per worker in map_unordered: one running, one ready to start
@@ -75,9 +75,7 @@ class RayEncoder:
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
-        if not ray.is_initialized():
-            # RAY_ADDRESS's cluster, else a fresh local one (as the driver): never a stale address file on the machine
-            ray.init(address=os.environ.get("RAY_ADDRESS") or "local")
+        connect_ray()  # as every driver: RAY_ADDRESS's cluster, else a fresh local one on 127.0.0.1
         self.encoder = encoder  # kept for tokenisation (the batch order) and its attributes
         shared = shareable(encoder)
         actor = ray.remote(EncoderReplica).options(num_cpus=cpus_per_worker, num_gpus=1 if use_gpu else 0)

@@ -7,8 +7,9 @@
 - ``argsim_folds``: cross-validated argument-similarity fine-tuning (a training run per fold);
 - ``sweep``: a Ray Tune sweep whose trials are training runs;
 - ``encode_corpus``: ``sbert-ray encode`` on Ray Data;
-- ``cluster``: joining Ray (on 127.0.0.1 when we start it), checking the resources a run asks for, and sizing how
-  many runs fit at once; ``progress_lines`` what the driver prints while Ray works.
+- ``mine_negatives``: ``sbert-ray mine`` (hard negatives on Ray actors);
+- ``cluster``: checking the resources a run asks for and sizing how many runs fit at once (joining Ray is
+  ``sbert_ray.ray_compat.connect_ray``); ``progress_lines`` what the driver prints while Ray works.
 
 Nothing below this package imports it: workers only train and report, evaluators only score.
 """

@@ -21,7 +21,8 @@ from sbert_ray.config import ConfigError, TrainConfig, flatten, load_config
 from sbert_ray.data.records import TopicPair
 from sbert_ray.evaluation import argsim
 from sbert_ray.evaluation.tasks import ArgsimTask, Results
-from sbert_ray.runs.cluster import connect_ray, refuse_impossible, runs_that_fit
+from sbert_ray.ray_compat import connect_ray
+from sbert_ray.runs.cluster import refuse_impossible, runs_that_fit
 from sbert_ray.runs.train_run import run_training
 from sbert_ray.tracking.mlflow_run import RunTracker, resolve_tracking_uri
 from sbert_ray.training.storage import is_remote

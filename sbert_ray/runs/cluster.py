@@ -1,11 +1,11 @@
-"""Joining the Ray cluster, how many runs it holds at once, and our errors raised inside it."""
+"""How many runs the Ray cluster holds at once, whether they fit now, and our errors raised inside it (joining it:
+``sbert_ray.ray_compat.connect_ray``)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import math
-import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,40 +16,10 @@ from ray.util.placement_group import placement_group, remove_placement_group
 
 from sbert_ray.config import ConfigError, ScalingConfig, TrainConfig
 from sbert_ray.data.records import DataError
+from sbert_ray.ray_compat import autoscaler_node_groups, started_the_cluster
 
 logger = logging.getLogger(__name__)
 INPUT_ERRORS = (ConfigError, DataError)  # bad input: the CLI prints these as one line
-NODE_IP_ENV = "SBERT_RAY_NODE_IP"  # the address a local cluster we start listens on (default: loopback only)
-LOOPBACK = "127.0.0.1"
-
-
-def connect_ray() -> None:
-    """Join the cluster in RAY_ADDRESS (set under `ray job submit`), else start a fresh local one: never whatever
-    cluster happens to be recorded in /tmp/ray, which may be stale."""
-    if ray.is_initialized():
-        return
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"])
-        return
-    node_ip = os.environ.get(NODE_IP_ENV)
-    with contextlib.nullcontext() if node_ip else _loopback_node():
-        ray.init(address="local", _node_ip_address=node_ip or LOOPBACK, dashboard_host=node_ip or LOOPBACK)
-
-
-@contextlib.contextmanager
-def _loopback_node() -> Iterator[None]:
-    """A local cluster on 127.0.0.1: its node address, hence every server of its processes (GCS, raylet, object
-    manager, workers, agents, metrics export), on the loopback interface only. ray.init swaps a loopback
-    ``_node_ip_address`` for the machine's outward address, so other nodes could join, unless Ray clusters are
-    switched off for this process (what it does on macOS and Windows); our local cluster has no other nodes."""
-    from ray._private import ray_constants
-
-    enabled = ray_constants.ENABLE_RAY_CLUSTER
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        yield
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = enabled
 
 
 class ResourcesBusy(ConfigError):
@@ -132,8 +102,7 @@ def node_kinds() -> list[NodeKind] | None:
     autoscaled = autoscaler_node_kinds()
     if autoscaled:
         return autoscaled
-    this_node = ray._private.worker._global_node
-    if this_node is not None and this_node.is_head():
+    if started_the_cluster():
         return [NodeKind(node["Resources"], 1) for node in ray.nodes() if node["Alive"]]
     return None
 
@@ -141,15 +110,10 @@ def node_kinds() -> list[NodeKind] | None:
 def autoscaler_node_kinds() -> list[NodeKind] | None:
     """The node groups the cluster's autoscaler publishes, each at its maximum count; None where it publishes none
     (Ray's v1 autoscaler under `ray up`, or no autoscaler)."""
-    from ray._private.state import state
-
-    config = state.get_cluster_config()
-    if config is None or not config.node_group_configs:
+    groups = autoscaler_node_groups()
+    if groups is None:
         return None
-    return [
-        NodeKind(dict(group.resources), math.inf if group.max_count == -1 else group.max_count)
-        for group in config.node_group_configs
-    ]
+    return [NodeKind(group.resources, math.inf if group.max_count == -1 else group.max_count) for group in groups]
 
 
 def wait_for_workers(scaling: ScalingConfig) -> None:

@@ -46,8 +46,9 @@ from sbert_ray.files import check_folder
 from sbert_ray.models import load_encoder
 from sbert_ray.models.encoder import token_ids
 from sbert_ray.progress import quiet
+from sbert_ray.ray_compat import connect_ray
 from sbert_ray.runs import owned_paths
-from sbert_ray.runs.cluster import connect_ray, input_errors_unwrapped, refuse_impossible_actors
+from sbert_ray.runs.cluster import input_errors_unwrapped, refuse_impossible_actors
 
 BLOCK_BYTES = 1 << 20  # rows read into one block (~10k sentences), encoded (cut by the token budget) in one call
 ROWS_PER_READ = 1024  # rows the read task turns into one table at a time

@@ -16,8 +16,9 @@ from sbert_ray.evaluation.tasks import ArgsimTask, EvalTask, Results, check_task
 from sbert_ray.evaluation.truncation import evaluate_at_dims
 from sbert_ray.models.encoder import Precision
 from sbert_ray.progress import progress_bar
+from sbert_ray.ray_compat import connect_ray
 from sbert_ray.runs.argsim_folds import finetune_argsim
-from sbert_ray.runs.cluster import connect_ray, input_errors_unwrapped
+from sbert_ray.runs.cluster import input_errors_unwrapped
 from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags
 from sbert_ray.tracking.store import redact_uri
 

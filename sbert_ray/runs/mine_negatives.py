@@ -40,8 +40,9 @@ from sbert_ray.evaluation.hard_negatives import MiningPairs, MiningSettings, Neg
 from sbert_ray.evaluation.retrieval import CORPUS_CHUNK, QUERY_CHUNK, check_faiss
 from sbert_ray.models import load_encoder
 from sbert_ray.progress import progress_bar
+from sbert_ray.ray_compat import connect_ray
 from sbert_ray.runs import owned_paths
-from sbert_ray.runs.cluster import connect_ray, input_errors_unwrapped
+from sbert_ray.runs.cluster import input_errors_unwrapped
 from sbert_ray.training.storage import is_remote
 
 SHARD_ANCHORS = 65536  # anchors per output file

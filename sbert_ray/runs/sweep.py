@@ -25,8 +25,9 @@ from ray.tune.search.optuna import OptunaSearch
 
 from sbert_ray.config import ConfigError, TrainConfig, dump_yaml, flatten, to_dict
 from sbert_ray.evaluation.dev_score import dev_spec
+from sbert_ray.ray_compat import connect_ray
 from sbert_ray.runs import owned_paths
-from sbert_ray.runs.cluster import connect_ray, refuse_impossible, refuse_unshared_paths, runs_that_fit
+from sbert_ray.runs.cluster import refuse_impossible, refuse_unshared_paths, runs_that_fit
 from sbert_ray.runs.progress_lines import SweepProgress
 from sbert_ray.runs.train_run import TrainResult, absolute_paths, prepare, redacted, run_training, worker_paths
 from sbert_ray.tracking.mlflow_run import environment_tags

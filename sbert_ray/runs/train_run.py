@@ -45,8 +45,9 @@ from sbert_ray.files import check_folder
 from sbert_ray.models import check_model, load_encoder
 from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_card
 from sbert_ray.progress import quiet
+from sbert_ray.ray_compat import connect_ray
 from sbert_ray.runs import owned_paths, record
-from sbert_ray.runs.cluster import check_resources, connect_ray, refuse_unshared_paths
+from sbert_ray.runs.cluster import check_resources, refuse_unshared_paths
 from sbert_ray.runs.progress_lines import TrainingProgress
 from sbert_ray.runs.run_lease import run_lease
 from sbert_ray.runs.scoring import ModelSource, evaluate_on_worker_resources

@@ -20,41 +20,19 @@ from __future__ import annotations
 import logging
 import time
 
-import ray
-import ray._private.state
 from ray import tune
-from ray.core.generated import gcs_pb2
-from ray.util.placement_group import PlacementGroup, remove_placement_group
+from ray.util.placement_group import remove_placement_group
+
+from sbert_ray.ray_compat import actor_created_placement_groups
 
 logger = logging.getLogger(__name__)
-
-REMOVED = gcs_pb2.PlacementGroupTableData.REMOVED
-
-
-def _actor_created_groups() -> list[gcs_pb2.PlacementGroupTableData]:
-    """This job's live, non-detached placement groups that an actor (not the driver) created. Ray's public
-    ``placement_group_table()`` leaves out who created a group, so this reads the GCS records themselves."""
-    job_id = ray.get_runtime_context().get_job_id()
-    records = (
-        gcs_pb2.PlacementGroupTableData.FromString(raw)
-        for raw in ray._private.state.state._connect_and_get_accessor().get_placement_group_table()
-    )
-    return [
-        record
-        for record in records
-        if record.state != REMOVED
-        and not record.is_detached
-        and record.creator_job_id.hex() == job_id
-        and record.creator_actor_id
-        and not ray.ActorID(record.creator_actor_id).is_nil()
-    ]
 
 
 def remove_orphaned_placement_groups() -> int:
     """Remove this job's placement groups whose creator actor has died; returns how many were removed."""
-    orphans = [record for record in _actor_created_groups() if record.creator_actor_dead]
-    for record in orphans:
-        remove_placement_group(PlacementGroup(ray.PlacementGroupID(record.placement_group_id)))
+    orphans = [held.group for held in actor_created_placement_groups() if held.creator_dead]
+    for group in orphans:
+        remove_placement_group(group)
     if orphans:
         logger.info("removed %d placement group(s) left by stopped trials", len(orphans))
     return len(orphans)
@@ -66,11 +44,11 @@ def release_trial_placement_groups(timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         remove_orphaned_placement_groups()
-        held = _actor_created_groups()
+        held = actor_created_placement_groups()
         if not held:
             return
         if time.monotonic() > deadline:
-            ids = ", ".join(record.placement_group_id.hex() for record in held)
+            ids = ", ".join(record.group.id.hex() for record in held)
             logger.warning("placement groups still held by live actors after the sweep: %s", ids)
             return
         time.sleep(0.5)

@@ -1,0 +1,118 @@
+"""Every private or version-sensitive Ray API sbert-ray uses, in one place (written against Ray 2.60).
+
+Each function says why the public API does not do, and ``tests/test_ray_compat.py`` exercises each on a real
+cluster, so a Ray upgrade that moves or changes one fails there, naming it, instead of somewhere deep in a run.
+``tests/test_architecture.py`` keeps every other module off ``ray._private``, ``ray.core.generated``,
+``ray.train.v2`` and private keyword arguments. Connecting to Ray lives here too: every driver and worker pool
+joins a cluster through ``connect_ray``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import ray
+from ray.train.v2.api.callback import UserCallback
+from ray.util.placement_group import PlacementGroup
+
+NODE_IP_ENV = "SBERT_RAY_NODE_IP"  # the address a local cluster we start listens on (default: loopback only)
+LOOPBACK = "127.0.0.1"
+
+# Ray Train v2's callback base class for the driver side (``after_report`` on the controller). Train v2 exports it
+# from no public module in 2.60 (``ray.train.UserCallback`` appears only in later releases).
+TrainCallback = UserCallback
+
+
+def connect_ray() -> None:
+    """Join the cluster in RAY_ADDRESS (set under `ray job submit`), else start a fresh local one on the loopback
+    interface: never whatever cluster happens to be recorded in /tmp/ray, which may be stale."""
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"])
+        return
+    node_ip = os.environ.get(NODE_IP_ENV)
+    with contextlib.nullcontext() if node_ip else _loopback_node():
+        # ``_node_ip_address``: ray.init has no public way to choose the address of the node it starts.
+        ray.init(address="local", _node_ip_address=node_ip or LOOPBACK, dashboard_host=node_ip or LOOPBACK)
+
+
+@contextlib.contextmanager
+def _loopback_node() -> Iterator[None]:
+    """A local cluster on 127.0.0.1: its node address, hence every server of its processes (GCS, raylet, object
+    manager, workers, agents, metrics export), on the loopback interface only. ray.init swaps a loopback
+    ``_node_ip_address`` for the machine's outward address, so other nodes could join, unless Ray clusters are
+    switched off for this process (``ray_constants.ENABLE_RAY_CLUSTER``, what Ray does on macOS and Windows); our
+    local cluster has no other nodes."""
+    from ray._private import ray_constants
+
+    enabled = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = enabled
+
+
+def started_the_cluster() -> bool:
+    """Whether this process started the cluster it is connected to (its head node runs inside this process's
+    session): then the live nodes are all the cluster will ever have. No public API tells a started cluster from a
+    joined one."""
+    node = ray._private.worker._global_node
+    return node is not None and node.is_head()
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """A node group the cluster's autoscaler publishes: each node's resources, and at most how many (-1: any)."""
+
+    resources: dict[str, float]
+    max_count: int
+
+
+def autoscaler_node_groups() -> list[NodeGroup] | None:
+    """The node groups the cluster's autoscaler (v2, KubeRay) publishes in the GCS; None where none are published
+    (Ray's v1 autoscaler under `ray up`, or no autoscaler). Ray has no public API for the cluster's configured
+    maximum, only for what it has now."""
+    from ray._private.state import state
+
+    config = state.get_cluster_config()
+    if config is None or not config.node_group_configs:
+        return None
+    return [NodeGroup(dict(group.resources), group.max_count) for group in config.node_group_configs]
+
+
+@dataclass(frozen=True)
+class ActorPlacementGroup:
+    """A live placement group of this job that an actor (not the driver) created."""
+
+    group: PlacementGroup
+    creator_dead: bool
+
+
+def actor_created_placement_groups() -> list[ActorPlacementGroup]:
+    """This job's live, non-detached placement groups that an actor created (a Train controller's, under a sweep
+    trial). ``ray.util.placement_group_table()`` leaves out who created a group, so this reads the GCS records."""
+    from ray._private.state import state
+    from ray.core.generated import gcs_pb2
+
+    job_id = ray.get_runtime_context().get_job_id()
+    records = (
+        gcs_pb2.PlacementGroupTableData.FromString(raw)
+        for raw in state._connect_and_get_accessor().get_placement_group_table()
+    )
+    return [
+        ActorPlacementGroup(
+            PlacementGroup(ray.PlacementGroupID(record.placement_group_id)),
+            record.creator_actor_dead,
+        )
+        for record in records
+        if record.state != gcs_pb2.PlacementGroupTableData.REMOVED
+        and not record.is_detached
+        and record.creator_job_id.hex() == job_id
+        and record.creator_actor_id
+        and not ray.ActorID(record.creator_actor_id).is_nil()
+    ]

@@ -1,0 +1,59 @@
+"""Each private or version-sensitive Ray API of ``sbert_ray.ray_compat`` against the installed Ray: a Ray upgrade
+that moves or changes one fails here, naming it. ``connect_ray`` on a fresh local cluster is
+``test_run_cluster.py::test_the_local_cluster_we_start_listens_on_loopback_only``."""
+
+from __future__ import annotations
+
+import inspect
+import time
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+
+from sbert_ray import ray_compat
+
+
+def test_the_switch_that_keeps_a_local_cluster_on_loopback_is_still_there():
+    from ray._private import ray_constants
+
+    assert isinstance(ray_constants.ENABLE_RAY_CLUSTER, bool)
+    assert "_node_ip_address" in inspect.getsource(ray._private.worker.init)  # a keyword ray.init takes through **kwargs
+
+
+def test_the_train_callback_hook_has_the_arguments_progress_lines_take():
+    """``runs.progress_lines.TrainingProgress.after_report`` overrides this hook; the controller calls it so."""
+    hook = inspect.signature(ray_compat.TrainCallback.after_report)
+    assert list(hook.parameters) == ["self", "run_context", "metrics", "checkpoint"]
+
+
+@ray.remote(num_cpus=0)
+class GroupMaker:
+    """An actor that reserves a placement group, as a sweep trial's Train controller does."""
+
+    def make(self) -> ray.PlacementGroupID:
+        group = placement_group([{"CPU": 0.01}])
+        ray.get(group.ready())
+        return group.id
+
+
+def test_what_the_cluster_and_its_placement_groups_say(local_ray):
+    """This process started the session's local cluster, which has no autoscaler; a group an actor created is
+    listed with its creator alive, then dead once the actor is killed, and gone once removed."""
+    assert ray_compat.started_the_cluster()
+    assert ray_compat.autoscaler_node_groups() is None
+    driver_group = placement_group([{"CPU": 0.01}])  # the driver's own: never listed
+    maker = GroupMaker.remote()
+    group_id = ray.get(maker.make.remote())
+    try:
+        listed = {held.group.id: held.creator_dead for held in ray_compat.actor_created_placement_groups()}
+        assert listed == {group_id: False}
+        ray.kill(maker)
+        deadline = time.monotonic() + 30
+        while not all(held.creator_dead for held in ray_compat.actor_created_placement_groups()):
+            assert time.monotonic() < deadline, "the creator's death never reached the placement group's record"
+            time.sleep(0.2)
+    finally:
+        for held in ray_compat.actor_created_placement_groups():
+            remove_placement_group(held.group)
+        remove_placement_group(driver_group)
+    assert ray_compat.actor_created_placement_groups() == []
