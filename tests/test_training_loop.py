@@ -275,9 +275,7 @@ def test_a_run_resumed_from_a_mid_epoch_checkpoint_ends_where_the_uninterrupted_
     with pytest.raises(Interrupted):
         train(config, StopAfter(tmp_path / "first", global_step=2))
     checkpoint = tmp_path / "first" / "step-2"
-    assert TrainState.load(checkpoint) == TrainState(
-        stage=0, epoch=0, batch=4, step=2, global_step=2, samples={"stsb": 16}
-    )
+    assert TrainState.load(checkpoint) == TrainState(stage=0, epoch=0, batch=4, step=2, global_step=2)
     resumed = LocalReporter(tmp_path / "resumed")
     final = train(config, resumed, restored=checkpoint)
 

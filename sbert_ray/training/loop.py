@@ -194,8 +194,6 @@ def train_stage(
             window_masked, window_steps = None, 0
         if report:
             state.stage_done = last
-            sources = data_metrics().items()
-            state.samples = {k[5:-8]: int(v) for k, v in sources if k.startswith("data/") and k.endswith("/samples")}
             save = checkpoint_writer(
                 state, objective, optimization, device, world_size, settings.full_state_at(state.step)
             )

@@ -33,9 +33,6 @@ class TrainState:
     global_step: int = 0  # optimizer steps over all stages (the MLflow step axis)
     stage_done: bool = False
     dev_score: float | None = None  # the latest dev score (sbert_ray.evaluation.dev_score)
-    # Examples of each source this worker consumed in the stage (the stream position itself follows from epoch
-    # and batch: a resumed worker regenerates its batches to there)
-    samples: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def save(self, directory: Path) -> None:
         (directory / STATE_FILE).write_text(json.dumps(dataclasses.asdict(self)))
@@ -44,6 +41,7 @@ class TrainState:
     def load(cls, directory: Path) -> TrainState:
         saved = json.loads((directory / STATE_FILE).read_text())
         saved.setdefault("dev_score", saved.pop("dev_spearman", None))  # the name in checkpoints before dev_task
+        saved.pop("samples", None)  # per-source counts older checkpoints held (MLflow has them: data/<source>/samples)
         return cls(**saved)
 
 
