@@ -3,6 +3,7 @@ import time
 
 import pytest
 
+from sbert_ray.cli import main
 from sbert_ray.config import ConfigError, TrainConfig, apply_override, flatten, load_config, parse_yaml, to_dict
 from sbert_ray.tuning import SweepConfig
 
@@ -327,3 +328,12 @@ def test_a_sweep_refuses_dev_scores_that_arrive_after_their_report():
     sweep.base.evaluation.async_dev = True
     with pytest.raises(ConfigError, match=r"^base\.evaluation\.async_dev: "):
         sweep.validate()
+
+
+def test_a_global_batch_too_small_for_the_workers_is_one_line_from_train_before_ray(tiny_train_config, capsys):
+    """As a user meets it: 6 examples in 2 micro-batches of 3 cannot give each of 4 workers one example."""
+    overrides = ["scaling.num_workers=[3, 4]", "stages.0.batch_size=6", "stages.0.grad_accum_steps=2"]
+    assert main(["train", str(tiny_train_config()), *overrides]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sbert-ray train: error: ") and err.count("\n") == 1
+    assert "stages.0.batch_size=6 is the global batch and must hold at least one example per worker" in err
