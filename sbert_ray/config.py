@@ -70,8 +70,9 @@ class StageConfig:
     columns: dict[str, str] | None = None  # for user files: record field -> column name
     datasets: list[DatasetSource] | None = None  # several datasets instead of `dataset`: each batch from one of them
     sampling: Literal["proportional", "round_robin"] = "proportional"  # how batches are drawn from `datasets`
-    # Smart batching window: this many micro-batches' worth of rows are sorted by length together. Larger pads less
-    # and shuffles wider; it is also how much of the stream a worker holds, and what it skips on a short pass.
+    # Smart batching window: this many global micro-batches' worth of a worker's rows (its shares of them) are sorted
+    # by length together. Larger pads less and shuffles wider; it is also how much of the stream a worker holds, and
+    # what it skips on a short pass.
     window_batches: int = 200
     # No text twice in a worker's batch (a row that would repeat one waits for the next batch); None: on for
     # in-batch-negative objectives (mnrl, cached_mnrl), where a duplicate would be its own false negative
@@ -85,8 +86,11 @@ class StageConfig:
     matryoshka_weights: list[float] | None = None  # one per size; default 1 each
     epochs: int = 1  # passes over the stage's data
     max_steps: int | None = None  # stop the stage after this many optimizer steps; None = run every epoch
-    batch_size: int = 16  # global batch (summed over workers and accumulation steps)
-    grad_accum_steps: int = 1  # micro-batches per optimizer step (each worker's share of batch_size split this often)
+    # Global batch (summed over workers and accumulation steps): dealt over however many workers train, the first
+    # ranks one example more where it does not divide (16 over 3: 6, 5, 5), the loss weighted by each rank's rows,
+    # so a step is the same at any worker count; it needs batch_size >= num_workers (max) * grad_accum_steps.
+    batch_size: int = 16
+    grad_accum_steps: int = 1  # micro-batches per optimizer step (a divisor of batch_size)
     learning_rate: float = 2e-5  # AdamW's peak rate, reached after warm-up, then decayed linearly to 0
     adam_eps: float = 1e-6  # AdamW's epsilon
     weight_decay: float = 0.01  # AdamW's decoupled weight decay (not on biases and LayerNorm weights)
@@ -157,10 +161,6 @@ class ScalingConfig:
     @property
     def elastic(self) -> bool:
         return self.min_workers != self.max_workers
-
-    def worker_counts(self) -> range:
-        """Every world size a run may train at."""
-        return range(self.min_workers, self.max_workers + 1)
 
     def ray_num_workers(self) -> int | tuple[int, int]:
         """``ray.train.ScalingConfig(num_workers=...)``: a (min, max) tuple runs Train v2's elastic scaling policy."""
@@ -304,17 +304,20 @@ class TrainConfig:
             raise ConfigError(f"{key}.datasets: an empty list; give datasets or leave it out for `dataset`")
         if not 0 <= stage.warmup_ratio < 1:
             raise ConfigError(f"{key}.warmup_ratio must be in [0, 1), got {stage.warmup_ratio}")
-        # Each worker's share of a global micro-batch (batch_size / grad_accum_steps examples) is whole at every
-        # worker count the run may train at (training.batches.split_batch keeps the global batch on a resize).
-        for workers in self.scaling.worker_counts():
-            per_step = workers * stage.grad_accum_steps
-            if stage.batch_size % per_step:
-                at = f" at {workers} of [min, max]" if self.scaling.elastic else ""
-                raise ConfigError(
-                    f"{key}.batch_size={stage.batch_size} is the global batch and must be divisible by "
-                    f"scaling.num_workers * grad_accum_steps = {per_step}{at} "
-                    f"(scaling.num_workers={self.scaling.num_workers})"
-                )
+        # The global micro-batch (batch_size / grad_accum_steps examples) is dealt over however many workers train,
+        # uneven where it must be (training.batches.split_batch): only fewer examples than workers cannot be.
+        if stage.batch_size % stage.grad_accum_steps:
+            raise ConfigError(
+                f"{key}.batch_size={stage.batch_size} is the global batch and must be divisible by "
+                f"{key}.grad_accum_steps={stage.grad_accum_steps} (the micro-batches of an optimizer step)"
+            )
+        workers = self.scaling.max_workers
+        if stage.batch_size // stage.grad_accum_steps < workers:
+            raise ConfigError(
+                f"{key}.batch_size={stage.batch_size} is the global batch and must hold at least one example per "
+                f"worker and accumulation step: scaling.num_workers * grad_accum_steps = "
+                f"{workers * stage.grad_accum_steps} (scaling.num_workers={self.scaling.num_workers})"
+            )
 
 
 MAX_NAME_BYTES = 200  # file names stop at 255 bytes; room for the suffixes added to a run's folder name

@@ -135,3 +135,74 @@ def masked_mnrl(
     if rank == 0:
         torch.save(results, f"{tmp}/results.pt")
     dist.destroy_process_group()
+
+
+# The objectives the uneven-split step is compared on: (objective, its settings, Matryoshka sizes of the tiny BERT).
+ELASTIC_OBJECTIVES = {
+    "regression": ("regression", {}, None),
+    "mnrl": ("mnrl", {}, None),
+    "cached_mnrl": ("cached_mnrl", {"mini_batch_size": 2}, None),
+    "matryoshka_mnrl": ("mnrl", {}, [32, 16]),
+}
+
+
+def loop_step(
+    name: str, model_dir: str, columns: list[list[str]], scores: list[float], batch_size: int, accumulation: int
+) -> dict[str, torch.Tensor]:
+    """One optimizer step of the training loop (``train_stage``: SGD at lr 1, no clipping, so the update is minus
+    the gradient) with objective ``ELASTIC_OBJECTIVES[name]`` on this rank's share of the global batch (the rows of
+    ``columns``), dealt as ``training.batches.split_batch`` deals it for an elastic run of up to 4 workers and
+    trained as the stream trains it (each share in ``chunks`` micro-batches, ``np.array_split``'s). In float64
+    without dropout: the same sums as one process, in another order. Returns the update and the logged loss."""
+    # Here, not at the top: the other spawned functions' processes need not import the loop (transformers).
+    import time
+
+    import numpy as np
+
+    from sbert_ray.config import StageConfig
+    from sbert_ray.losses.registry import OBJECTIVES, build_loss
+    from sbert_ray.training.batches import split_batch
+    from sbert_ray.training.loop import LocalReporter, MicroBatch, StepSettings, train_stage
+    from sbert_ray.training.meter import StepMeter
+    from sbert_ray.training.optimization import Optimization
+    from sbert_ray.training.state import TrainState
+
+    objective_name, settings, dims = ELASTIC_OBJECTIVES[name]
+    world_size, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
+    encoder = SentenceEncoder.load(model_dir).double()
+    for module in encoder.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    objective = build_loss(objective_name, encoder, settings, dims)
+    stage = StageConfig(objective=objective_name, batch_size=batch_size, grad_accum_steps=accumulation)
+    split = split_batch(stage, 4, world_size, OBJECTIVES[objective_name].in_batch_negatives)
+    unit, start = batch_size // accumulation, sum(split.shares[:rank])
+    batches = []
+    for step_unit in range(accumulation):
+        share = np.arange(step_unit * unit + start, step_unit * unit + start + split.shares[rank])
+        for part in np.array_split(share, split.chunks):
+            features = [encoder.tokenize([column[i] for i in part]) for column in columns]
+            labels = torch.tensor([scores[i] for i in part], dtype=torch.float64)
+            batches.append(MicroBatch(features, labels, len(part), 0, step_unit + 1))
+    before = torch.cat([p.detach().flatten().clone() for p in objective.parameters()])
+    optimizer = torch.optim.SGD(objective.parameters(), lr=1.0)
+    optimization = Optimization(optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0), None)
+    step = StepSettings(1, accumulation, CPU, batch_size, grad_accum_steps=split.accumulation, max_grad_norm=1e9)
+    model = DistributedDataParallel(objective) if world_size > 1 else objective
+    reporter = LocalReporter()
+    train_stage(model, batches, optimization, step, TrainState(), reporter, StepMeter(time.time(), CPU))
+    update = torch.cat([p.detach().flatten() for p in objective.parameters()]) - before
+    return {"update": update, "loss": torch.tensor(reporter.reports[0]["train_loss"]), "shares": split.shares}
+
+
+def uneven_split_steps(
+    rank: int, world_size: int, model_dir: str, tmp: str, columns: list[list[str]], scores: list[float]
+) -> None:
+    """One data-parallel worker of ``loop_step`` for every objective of ELASTIC_OBJECTIVES (global batch 14 in 2
+    micro-batches); rank 0 saves the results."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world_size)
+    results = {name: loop_step(name, model_dir, columns, scores, 14, 2) for name in ELASTIC_OBJECTIVES}
+    if rank == 0:
+        torch.save(results, f"{tmp}/results.pt")
+    dist.destroy_process_group()

@@ -3,6 +3,7 @@ import time
 
 import pytest
 
+from sbert_ray.cli import main
 from sbert_ray.config import ConfigError, TrainConfig, apply_override, flatten, load_config, parse_yaml, to_dict
 from sbert_ray.tuning import SweepConfig
 
@@ -44,7 +45,7 @@ def test_override_adds_a_stage():
         ("", ["stages.0.objective=triplet", "stages.0.loss.marginn=2"], "unknown key stages.0.loss.'marginn'"),
         ("", ["stages.0.loss.concat=[u, v]"], "for objective 'regression' (its settings: none)"),
         ("", ["stages.0.objective=rank"], "stages.0.objective: 'rank' is not one of softmax, regression"),
-        ("", ["stages.0.batch_size=15", "scaling.num_workers=2"], "divisible"),
+        ("", ["stages.0.batch_size=15", "stages.0.grad_accum_steps=2"], "divisible"),
         ("", ["scaling.placement_strategy=spread"], "scaling.placement_strategy: 'spread' is not one of PACK, SPREAD"),
         ("", ["oops"], "key=value"),
         ("- a\n", [], "top level must be a mapping"),
@@ -112,11 +113,11 @@ def test_shipped_configs_load():
         (["scaling.num_workers=[0, 2]"], "scaling.num_workers must be >= 1, got 0"),
         (["scaling.num_workers=[1, 2, 4]"], "scaling.num_workers: a number or [min, max], got [1, 2, 4]"),
         (["scaling.num_workers=[1, two]"], "scaling.num_workers.1: expected int, got 'two'"),
-        # 16 examples cannot be split evenly over 3 workers, one of the sizes an elastic [2, 4] run may train at
+        # 6 examples in 2 micro-batches of 3 leave the 4th worker of an elastic [3, 4] run without one
         (
-            ["scaling.num_workers=[2, 4]"],
-            "stages.0.batch_size=16 is the global batch and must be divisible by "
-            "scaling.num_workers * grad_accum_steps = 3 at 3 of [min, max] (scaling.num_workers=[2, 4])",
+            ["scaling.num_workers=[3, 4]", "stages.0.batch_size=6", "stages.0.grad_accum_steps=2"],
+            "stages.0.batch_size=6 is the global batch and must hold at least one example per worker and "
+            "accumulation step: scaling.num_workers * grad_accum_steps = 8 (scaling.num_workers=[3, 4])",
         ),  # fmt: skip
         (["scaling.use_gpu=true", "scaling.num_workers=[1, 2]", "scaling.gpus_per_worker=0.5"], "NCCL refuses"),
         (["stages.0.score_max=0"], "stages.0.score_max must be > 0"),
@@ -159,6 +160,15 @@ def test_an_elastic_range_is_kept_and_told_apart_from_a_fixed_count():
     fixed = load_config(None, ["scaling.num_workers=2"]).scaling
     assert not fixed.elastic and fixed.ray_num_workers() == 2
     assert load_config(None, ["scaling.num_workers=[2, 2]"]).scaling.ray_num_workers() == 2  # one size: fixed
+
+
+@pytest.mark.parametrize("num_workers", ["[3, 4]", "[48, 64]", "3"])
+def test_a_global_batch_that_does_not_divide_by_every_worker_count_is_accepted(num_workers):
+    """The global batch is dealt unevenly where it must be (``training.batches.split_batch``): 16 over 3 workers,
+    1024 over 48 to 64 (the old rule refused every one)."""
+    batch = 1024 if "48" in num_workers else 16
+    config = load_config(None, [f"scaling.num_workers={num_workers}", f"stages.0.batch_size={batch}"])
+    assert config.stages[0].batch_size == batch
 
 
 def test_gpu_fractions_stay_allowed_for_one_worker():
@@ -318,3 +328,12 @@ def test_a_sweep_refuses_dev_scores_that_arrive_after_their_report():
     sweep.base.evaluation.async_dev = True
     with pytest.raises(ConfigError, match=r"^base\.evaluation\.async_dev: "):
         sweep.validate()
+
+
+def test_a_global_batch_too_small_for_the_workers_is_one_line_from_train_before_ray(tiny_train_config, capsys):
+    """As a user meets it: 6 examples in 2 micro-batches of 3 cannot give each of 4 workers one example."""
+    overrides = ["scaling.num_workers=[3, 4]", "stages.0.batch_size=6", "stages.0.grad_accum_steps=2"]
+    assert main(["train", str(tiny_train_config()), *overrides]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sbert-ray train: error: ") and err.count("\n") == 1
+    assert "stages.0.batch_size=6 is the global batch and must hold at least one example per worker" in err

@@ -98,7 +98,7 @@ def train_without_reads(objective: torch.nn.Module, device: torch.device, before
     step LOG_EVERY). ``before_step(i)`` runs before micro-batch i (0-based) goes to the loop."""
     steps = LOG_EVERY - 1
     optimization = prepare_optimization(objective, StageConfig(), LOG_EVERY, device, "fp32", None)
-    settings = StepSettings(total_steps=LOG_EVERY, batches_per_epoch=LOG_EVERY, device=device)
+    settings = StepSettings(total_steps=LOG_EVERY, batches_per_epoch=LOG_EVERY, device=device, global_batch=len(PAIRS))
 
     def announced(micro_batches: list[MicroBatch]) -> Iterator[MicroBatch]:
         for index, batch in enumerate(micro_batches):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Iterable
 from types import SimpleNamespace
 
 import numpy as np
@@ -24,6 +25,7 @@ from sbert_ray.models.load import load_tokenizer
 from sbert_ray.models.random_bert import random_bert
 from sbert_ray.runs.train_run import prepare
 from sbert_ray.training.batches import split_batch, tokenize_table, truncated_rows
+from sbert_ray.training.loop import MicroBatch
 from sbert_ray.training.sources import known_rows, list_files, read_tables, stage_sources
 from sbert_ray.training.stream import (
     BatchPlan,
@@ -143,7 +145,7 @@ def test_the_anchor_gets_the_query_prompt_and_the_other_columns_the_document_pro
 @pytest.mark.parametrize("rows", [230, 400, 1000])  # a short shard, the expected one, a long one
 def test_every_pass_gives_exactly_its_batches_whatever_the_shard(tokenizer, rows) -> None:
     plan = BatchPlan(batch_size=8, world_size=2, rank=0, seed=1, window_batches=5)
-    per_pass = plan.batches_per_pass(800)  # 800 rows over 2 workers: 50 batches each
+    per_pass = plan.units_per_pass(800)  # 800 rows over 2 workers: 50 batches each
     counts = SourceCounts()
     batches = list(pass_batches(shard(tokenizer, rows, seed=0), per_pass, plan, (1, 0, 0), counts))
     assert len(batches) == per_pass == 50
@@ -176,7 +178,7 @@ def test_no_text_appears_twice_in_a_batch_and_every_row_is_trained_once(tokenize
     table = tokenized([anchors, positives], tokenizer)
     plan = BatchPlan(batch_size=8, world_size=1, rank=0, seed=0, window_batches=4, no_duplicates=True)
     counts = SourceCounts()
-    batches = list(pass_batches([table], plan.batches_per_pass(300), plan, (0, 0, 0), counts))
+    batches = list(pass_batches([table], plan.units_per_pass(300), plan, (0, 0, 0), counts))
     for rows, batch in batches[: len(batches) - 0]:
         texts = [h for column in rows.hashes for h in column[batch]]
         assert len(texts) == len(set(texts))
@@ -284,23 +286,42 @@ def test_the_tokenise_stage_loads_no_weights_and_tokenises_as_the_encoder(name) 
 
 
 @pytest.mark.parametrize("objective", ["regression", "mnrl"])
-@pytest.mark.parametrize("batch_size, accumulation, most", [(8, 1, 2), (24, 2, 4), (840, 1, 8)])
+@pytest.mark.parametrize(
+    "batch_size, accumulation, most", [(8, 1, 2), (24, 2, 4), (840, 1, 8), (16, 1, 4), (14, 2, 4), (1024, 1, 64)]
+)
 def test_the_global_batch_is_the_configured_one_at_every_world_size(objective, batch_size, accumulation, most):
-    """The rule of ``split_batch``: every optimizer step holds ``batch_size`` examples at any live world size;
-    with in-batch negatives each micro-batch gathered over the workers is the configured global micro-batch (the
-    negatives an anchor meets), else no worker's micro-batch grows past the configured one (its memory)."""
+    """The rule of ``split_batch``: every optimizer step holds ``batch_size`` examples at any live world size, the
+    ranks' shares of a global micro-batch differing by at most one (the first ranks the larger); with in-batch
+    negatives each micro-batch gathered over the workers is the configured global micro-batch (the negatives an
+    anchor meets), else no worker's micro-batch grows past the largest at the most workers (its memory)."""
     stage = StageConfig(objective=objective, batch_size=batch_size, grad_accum_steps=accumulation)
-    TrainConfig(stages=[stage], scaling=ScalingConfig(num_workers=[1, most])).validate()  # every size divides
-    configured = batch_size // (accumulation * most)
+    TrainConfig(stages=[stage], scaling=ScalingConfig(num_workers=[1, most])).validate()
+    unit = batch_size // accumulation
+    largest = -(-unit // most)
     for workers in range(1, most + 1):
         split = split_batch(stage, most, workers, OBJECTIVES[objective].in_batch_negatives)
-        assert split.micro_batch * split.accumulation * workers == batch_size
+        assert sum(split.shares) * accumulation == batch_size and len(split.shares) == workers
+        assert list(split.shares) == sorted(split.shares, reverse=True) and split.shares[0] - split.shares[-1] <= 1
         if objective == "mnrl":
-            assert split.micro_batch * workers == batch_size // accumulation
-            assert split.accumulation == accumulation
+            assert split.chunks == 1 and split.accumulation == accumulation
         else:
-            assert split.micro_batch <= configured and split.chunks * accumulation == split.accumulation
+            micro_batches = [len(part) for share in split.shares for part in np.array_split(range(share), split.chunks)]
+            assert max(micro_batches) <= largest and split.chunks * accumulation == split.accumulation
     assert split_batch(stage, most, most, False) == split_batch(stage, most, most, True)  # at the most: as set
+    assert split_batch(StageConfig(batch_size=16), 4, 3, False).shares == (6, 5, 5)  # the rule the docs give
+
+
+def dealt_stream(blocks: list[pa.Table], plan: BatchPlan, position: int) -> StageBatches:
+    """A worker's stream of 800 rows in blocks of 50 dealt to the workers as Ray Data's streaming_split deals
+    blocks (round robin, equal rows), from ``position`` of the first epoch (50 global micro-batches)."""
+    rows = 800 // plan.world_size
+    mine = pa.concat_tables(blocks[plan.rank :: plan.world_size]).slice(0, rows)
+    source = SourceStream("s", 800, 1.0, lambda: [mine.slice(i, 50) for i in range(0, rows, 50)])
+    return StageBatches([source], plan, 50, epoch=0, position=position, collate=collate)
+
+
+def trained(batches: Iterable[MicroBatch]) -> list[int]:
+    return [int(h) for batch in batches for h in batch.text_hashes[0]]
 
 
 def test_a_resize_keeps_the_step_count_and_continues_the_pass_from_the_saved_position(tokenizer) -> None:
@@ -316,19 +337,10 @@ def test_a_resize_keeps_the_step_count_and_continues_the_pass_from_the_saved_pos
     plans = {w: [batch_plan(stage, 0, 0, w, rank, max_workers=2) for rank in range(w)] for w in (1, 2)}
     steps = {w: stage_steps([800], [1.0], stage, plans[w][0]) for w in (1, 2)}
     assert steps[1] == steps[2] == (50, 50)
-    assert (plans[1][0].batch_size, plans[1][0].chunks, plans[2][0].batch_size) == (8, 2, 8)
+    assert (plans[1][0].batch_size, plans[1][0].chunks, plans[2][0].batch_size) == (16, 2, 8)
 
-    def stream(plan: BatchPlan, position: int) -> StageBatches:
-        rows = 800 // plan.world_size  # equal shares, in blocks of 50 rows as dealt
-        mine = pa.concat_tables(blocks[plan.rank :: plan.world_size]).slice(0, rows)
-        source = SourceStream("s", 800, 1.0, lambda: [mine.slice(i, 50) for i in range(0, rows, 50)])
-        return StageBatches([source], plan, 50, epoch=0, position=position, collate=collate)
-
-    def trained(batches: list) -> list[int]:
-        return [int(h) for batch in batches for h in batch.text_hashes[0]]
-
-    before = [trained(itertools.islice(stream(plan, 0), 17)) for plan in plans[2]]
-    resumed = list(itertools.takewhile(lambda b: b.epoch == 0, stream(plans[1][0], position=17)))
+    before = [trained(itertools.islice(dealt_stream(blocks, plan, 0), 17)) for plan in plans[2]]
+    resumed = list(itertools.takewhile(lambda b: b.epoch == 0, dealt_stream(blocks, plans[1][0], position=17)))
     assert len(resumed) == (50 - 17) * 2 and resumed[-1].position == 50  # 2 micro-batches a step, to the pass end
     assert sum(len(b) for b in before) == 17 * 16 and all(b.size == 8 for b in resumed)
     seen = before[0] + before[1] + trained(resumed)
@@ -336,3 +348,26 @@ def test_a_resize_keeps_the_step_count_and_continues_the_pass_from_the_saved_pos
     twice, never = len(seen) - len(set(seen)), len(every_row - set(seen))
     assert twice == never <= 2 * window_rows  # each row trained twice took the place of one never trained
     assert twice > 0  # (the bound is not vacuous: the cut windows do differ)
+
+
+def test_an_uneven_split_gives_every_step_the_global_batch_and_resumes_after_a_resize(tokenizer) -> None:
+    """An elastic [3, 4] run at global batch 16 (the old rule refused it): 4 workers take 17 steps of 4 rows each,
+    then 3 resume from that position with 6, 5 and 5 rows a step, each in two micro-batches (regression: none
+    larger than the 4 rows of a micro-batch at the most workers, so 3+3, 3+2 and 3+2). Every step holds
+    16 rows of the pass (but where a shard ends short), the resumed ranks end the pass together, and the rows the uneven
+    shares repeat or leave unseen (equal shards, shares one row apart) stay within one row per rank and step."""
+    blocks = shard(tokenizer, 800, seed=7)
+    stage = StageConfig(objective="regression", batch_size=16, window_batches=5)
+    plans = {w: [batch_plan(stage, 0, 0, w, rank, max_workers=4) for rank in range(w)] for w in (3, 4)}
+    assert stage_steps([800], [1.0], stage, plans[3][0]) == stage_steps([800], [1.0], stage, plans[4][0]) == (50, 50)
+    assert [p.batch_size for p in plans[3]] == [6, 5, 5] and {p.chunks for p in plans[3]} == {2}
+    before = [list(itertools.islice(dealt_stream(blocks, plan, 0), 17)) for plan in plans[4]]
+    streams = [dealt_stream(blocks, plan, 17) for plan in plans[3]]
+    resumed = [list(itertools.takewhile(lambda b: b.epoch == 0, stream)) for stream in streams]
+    assert [[b.size for b in rank[:2]] for rank in resumed] == [[3, 3], [3, 2], [3, 2]]
+    steps = [sum(b.size for rank in resumed for b in rank if b.position == p) for p in range(18, 51)]
+    # Rank 0's 266 rows end in a short batch (2 of its 6, then it repeats its pass's first batches): one step short.
+    assert sorted(steps) == [12] + [16] * 32 and all(rank[-1].position == 50 for rank in resumed)
+    assert all(sum(b.size for rank in before for b in rank if b.position == p) == 16 for p in range(1, 18))
+    counts = [stream.counts[0] for stream in streams]
+    assert counts[0].repeated > 0 and counts[0].repeated <= 50 and all(c.unseen <= 50 for c in counts[1:])

@@ -58,7 +58,11 @@ def sgd(objective: torch.nn.Module, lr: float = 1.0) -> Optimization:
 
 
 def run(objective, batches, optimization, reporter=None, **settings) -> TrainState:
-    settings = StepSettings(**{"batches_per_epoch": len(batches), "device": CPU, **settings})
+    """``batches`` are full: a step's global batch is the rows of its micro-batches."""
+    global_batch = sum(batch.size for batch in batches[: settings.get("grad_accum_steps", 1)])
+    settings = StepSettings(
+        **{"batches_per_epoch": len(batches), "device": CPU, "global_batch": global_batch, **settings}
+    )
     meter = StepMeter(time.time(), CPU)
     return train_stage(objective, batches, optimization, settings, TrainState(), reporter or LocalReporter(), meter)
 
@@ -167,7 +171,7 @@ def test_the_logged_report_time_is_the_one_the_meter_counts(tiny_model_dir):
     time behind ``report_share`` (equal sums, not two clocks read microseconds apart)."""
     objective = CosineSimilarityLoss(SentenceEncoder.load(str(tiny_model_dir)))
     reporter, meter = SlowReporter(), StepMeter(time.time(), CPU)
-    settings = StepSettings(total_steps=4, batches_per_epoch=4, device=CPU, eval_every=2)
+    settings = StepSettings(total_steps=4, batches_per_epoch=4, device=CPU, global_batch=1, eval_every=2)
     train_stage(objective, float32_batches(objective.encoder, 4), sgd(objective, 1e-3), settings, TrainState(),
                 reporter, meter)  # fmt: skip
     logged = [(step, metrics["train/report_s"]) for step, metrics in reporter.logged if "train/report_s" in metrics]

@@ -88,7 +88,7 @@ def test_trial_config_applies_whole_mappings_then_keys_inside_them():
         ({"search_space": {"model.pooling": {"choice": ["mean", "meen"]}}}, "'meen' is not one of"),
         ({"search_space": {"model.pooling": {"choise": ["mean"]}}}, "expected one of {choice | grid"),
         ({"search_space": {"stages.0.learning_rate": {"loguniform": [0, 1e-4]}}}, "0 < low < high"),
-        ({"search_space": {"stages.0.batch_size": {"choice": [16, 15]}}}, "must be divisible"),
+        ({"search_space": {"stages.0.batch_size": {"choice": [16, 1]}}}, "at least one example per worker"),
         ({"search": "optuna", "search_space": {"model.pooling": {"grid": ["mean"]}}}, "use choice instead of grid"),
         ({"search": "grid", "search_space": {"model.pooling": {"choice": ["mean"]}}}, "every search_space key"),
         ({"serach": "grid"}, "unknown key 'serach'"),

@@ -23,36 +23,33 @@ PAD_MULTIPLE_CUDA = 8  # on GPUs padded widths are rounded up to this: tensor-co
 
 @dataclasses.dataclass(frozen=True)
 class BatchSplit:
-    """How a stage's global batch (``batch_size``, configured at the most workers) is split at ``workers`` workers.
+    """How a stage's global batch (``batch_size``) is split at ``workers`` live workers, any number up to the most.
 
     The unit is the global micro-batch: ``batch_size / grad_accum_steps`` examples from one source, one entry of
-    the data order, whatever the world size. Each worker takes ``share`` of them, in ``chunks`` micro-batches of
-    ``micro_batch``: with in-batch negatives in one (gathered across workers, every anchor still meets the
-    configured number of negatives; cached MNRL bounds memory by its ``mini_batch_size`` chunks as ever), else in
-    as few as keep a micro-batch no larger than the configured one at the most workers (the gradient is the same
-    mean over the global batch however it is cut). An optimizer step is ``grad_accum_steps`` global micro-batches,
-    ``accumulation`` micro-batches on each worker."""
+    the data order, whatever the world size. It is dealt over the ranks as evenly as whole examples allow, the
+    first ranks one more (``shares``: 16 over 3 ranks is 6, 5, 5). Each rank trains its share as ``chunks``
+    micro-batches, as even as whole examples allow (``training.stream``): with in-batch negatives one (gathered
+    across workers, every anchor still meets the global micro-batch's candidates; cached MNRL bounds memory by its
+    ``mini_batch_size`` chunks as ever), else as few as keep every micro-batch no larger than the largest share at
+    the most workers. An optimizer step is ``grad_accum_steps`` global micro-batches, ``accumulation`` micro-batches
+    on each worker (the same number on every rank, as DDP's synchronised steps need). The loop weighs each
+    micro-batch's mean loss by its rows over the global batch (``training.loop``), so the step is the one over the
+    global batch however it is cut."""
 
     workers: int
-    micro_batch: int  # examples per micro-batch on each worker
+    shares: tuple[int, ...]  # per rank: its examples of one global micro-batch (they sum to it)
     chunks: int  # micro-batches per global micro-batch on each worker
     accumulation: int  # micro-batches per optimizer step on each worker
 
-    @property
-    def share(self) -> int:
-        """Each worker's examples of one global micro-batch."""
-        return self.micro_batch * self.chunks
-
 
 def split_batch(stage: StageConfig, max_workers: int, workers: int, in_batch_negatives: bool) -> BatchSplit:
-    """The stage's global batch at ``workers`` live workers of a run configured for ``max_workers`` (the config's
-    validation made every ``share`` whole)."""
-    share = stage.batch_size // (stage.grad_accum_steps * workers)
-    largest = stage.batch_size // (stage.grad_accum_steps * max_workers)  # the configured micro-batch
-    chunks = (
-        1 if in_batch_negatives else next(c for c in range(1, share + 1) if share % c == 0 and share // c <= largest)
-    )
-    return BatchSplit(workers, share // chunks, chunks, stage.grad_accum_steps * chunks)
+    """The stage's global batch at ``workers`` live workers of a run configured for up to ``max_workers`` (the
+    config's validation made every share at least one example)."""
+    unit = stage.batch_size // stage.grad_accum_steps
+    shares = [unit // workers + (rank < unit % workers) for rank in range(workers)]
+    largest = -(-unit // max_workers)  # the largest micro-batch of the most workers: the memory a run is sized for
+    chunks = 1 if in_batch_negatives else -(-shares[0] // largest)
+    return BatchSplit(workers, tuple(shares), chunks, stage.grad_accum_steps * chunks)
 
 
 def text_hashes(texts: pa.Array) -> np.ndarray:

@@ -48,7 +48,7 @@ class MicroBatch:
 
     features: list[dict]
     labels: torch.Tensor | None
-    size: int  # examples on this worker
+    size: int  # examples on this worker; its loss weighs size / global batch (0: a stand-in that weighs nothing)
     epoch: int
     position: int
     text_hashes: list[torch.Tensor] | None = None  # int64 [batch] per column: equal texts, equal hashes
@@ -64,6 +64,7 @@ class StepSettings:
     total_steps: int  # optimizer steps of the stage
     batches_per_epoch: int  # global micro-batches per epoch (whole optimizer steps), for the logged epoch
     device: torch.device
+    global_batch: int  # examples per optimizer step, all workers together: the stage's batch_size
     precision: str = "fp32"  # resolved: bf16, fp16 or fp32
     grad_accum_steps: int = 1  # micro-batches per optimizer step on this worker
     max_grad_norm: float = 1.0
@@ -88,6 +89,7 @@ class StepSettings:
             total_steps=total,
             batches_per_epoch=per_epoch * stage.grad_accum_steps,
             device=device,
+            global_batch=stage.batch_size,
             precision=precision,
             grad_accum_steps=stage.grad_accum_steps * chunks,
             max_grad_norm=stage.max_grad_norm,
@@ -146,7 +148,12 @@ def train_stage(
 ) -> TrainState:
     """Train ``model`` (the objective, in DDP when several workers train) on ``batches`` from ``state`` until the
     stage's last step; returns the state there. ``data_metrics()``: what the data stream did so far, logged with
-    the loss. Raises ``Diverged`` on a NaN or infinite loss."""
+    the loss. Raises ``Diverged`` on a NaN or infinite loss.
+
+    Each micro-batch's loss (a mean over its rows; for in-batch negatives over its anchors, ranked against the
+    candidates gathered from every worker) is weighed by its rows over the step's ``global_batch``, times the
+    world size that DDP's gradient average divides by: the step is the mean over the global batch's examples,
+    however unevenly the workers share it (``batches.BatchSplit``) and however each cuts its share."""
     objective = model.module if isinstance(model, DistributedDataParallel) else model
     world_size = dist.get_world_size() if objective is not model else 1
     sparse_embeddings = sparse_gradient_weight(objective.encoder)
@@ -160,8 +167,9 @@ def train_stage(
         syncs = micro % accum == 0
         # Accumulating micro-batches skip DDP's all-reduce; the last one of a step syncs the gradients.
         with model.no_sync() if (world_size > 1 and not syncs) else nullcontext():
+            share = batch.size * world_size / settings.global_batch
             with autocast(settings.precision, device):
-                loss = model(batch.features, batch.labels, batch.text_hashes, batch.used_widths) / accum
+                loss = model(batch.features, batch.labels, batch.text_hashes, batch.used_widths) * share
             (optimization.scaler.scale(loss) if optimization.scaler else loss).backward()
         window_losses[window_steps] += loss.detach()  # stays on the device: no sync
         if (masked := objective.masked_duplicates) is not None:

@@ -6,7 +6,7 @@ alike on every rank, so that step k's batches on all workers hold rows of simila
 at the all-reduce behind a long batch). Only a window's rows are in memory, whatever the data's size.
 
 Every worker yields exactly the same number of micro-batches per pass over a source, whatever its shard holds:
-``batches_per_pass`` is fixed beforehand from the source's row count; a shard that gives more leaves the surplus
+``units_per_pass`` is fixed beforehand from the source's row count; a shard that gives more leaves the surplus
 unseen (counted), one that gives fewer repeats its pass's first batches (counted). So no DDP worker ever waits
 for a step another worker does not take.
 
@@ -20,12 +20,15 @@ after pass on its own; where the stage stands in each is a function of (epoch, p
 regenerates its stream up to there and goes on with the very batches the interrupted run would have taken.
 
 Elastic runs: the order above is planned in global micro-batches (``batch_size / grad_accum_steps`` examples of
-all workers together) at the configured, largest world size, so the schedule, the batches per pass and the
-steps per epoch are the same at any live world size, and a position saved at one size is a position at another:
-each source goes on in the same pass, every worker as far into its new share as the run had come into its old
-one. What the resize cannot carry over is where each worker stood inside its window (its batches are shuffled):
-rows of the windows it cut (``window_batches`` global micro-batches' worth, at each size) may be trained twice
-or not in that pass.
+all workers together; each worker's batch is its share of one, ``training.batches.BatchSplit``) at the configured,
+largest world size, so the schedule, the batches per pass and the steps per epoch are the same at any live world
+size, and a position saved at one size is a position at another: each source goes on in the same pass, every
+worker as far into its new share as the run had come into its old one. What the resize cannot carry over is where
+each worker stood inside its window (its batches are shuffled): rows of the windows it cut (``window_batches``
+global micro-batches' worth, at each size) may be trained twice or not in that pass. Where the global micro-batch
+does not divide by the live world size the first ranks take one example more of each than the others, from shards
+of equal rows (Ray Data's ``streaming_split``): per pass they repeat about as many rows as the others leave unseen
+(``repeated`` / ``unseen`` below), at most one row per global micro-batch and rank.
 """
 
 from __future__ import annotations
@@ -62,33 +65,29 @@ class SourceStream:
 
 @dataclasses.dataclass(frozen=True)
 class BatchPlan:
-    """How a worker cuts its streams into micro-batches (the same on every rank but ``rank``).
+    """How a worker cuts its streams into batches (the same on every rank but ``rank`` and its share).
 
     The data order is planned in global micro-batches (``training.batches.BatchSplit``) at the configured world
-    size ``planned_workers``, so it is the same at any live ``world_size``: each global micro-batch is ``chunks``
-    micro-batches of ``batch_size`` on every worker."""
+    size ``planned_workers``, so it is the same at any live ``world_size``: each global micro-batch is one batch of
+    this worker's share, ``batch_size``, which it trains as ``chunks`` micro-batches (``np.array_split``'s)."""
 
-    batch_size: int  # examples per micro-batch on this worker
+    batch_size: int  # this worker's examples of a global micro-batch: the batches cut from its stream
     world_size: int
     rank: int
     seed: int
-    window_batches: int = 200  # micro-batches of this worker sorted by length together
+    window_batches: int = 200  # batches of this worker sorted by length together
     no_duplicates: bool = False
     sampling: str = "proportional"
-    chunks: int = 1  # micro-batches per global micro-batch on each worker
+    chunks: int = 1  # micro-batches per global micro-batch on each worker (the same on every rank)
+    unit: int = 0  # examples of a global micro-batch, all workers together; 0: batch_size * world_size
     planned_workers: int = 0  # the world size the batch size is configured at (the most workers); 0: world_size
 
     def units_per_pass(self, rows: int) -> int:
-        """Global micro-batches per pass over a source of ``rows`` examples, as planned: each of the planned
-        workers' equal share (streaming_split hands each worker ``rows // workers``) cut into its micro-batches,
-        the last possibly short. The same at every live world size."""
+        """Global micro-batches per pass over a source of ``rows`` examples, as planned: the rows the planned
+        workers' equal shards hold (streaming_split hands each worker ``rows // workers``) cut into global
+        micro-batches, the last possibly short. The same at every live world size."""
         planned = self.planned_workers or self.world_size
-        planned_micro_batch = self.batch_size * self.chunks * self.world_size // planned
-        return math.ceil(rows // planned / planned_micro_batch)
-
-    def batches_per_pass(self, rows: int) -> int:
-        """Micro-batches each worker takes per pass over a source of ``rows`` examples."""
-        return self.units_per_pass(rows) * self.chunks
+        return math.ceil(rows // planned * planned / (self.unit or self.batch_size * self.world_size))
 
 
 def epoch_schedule(per_pass: list[int], weights: list[float], plan: BatchPlan, epoch: int) -> np.ndarray:
@@ -120,14 +119,15 @@ def batch_plan(
     no_duplicates = in_batch_negatives if stage.no_duplicates is None else stage.no_duplicates
     split = split_batch(stage, max_workers or world_size, world_size, in_batch_negatives)
     return BatchPlan(
-        batch_size=split.micro_batch,
+        batch_size=split.shares[rank],
         world_size=world_size,
         rank=rank,
         seed=seed + stage_index,
-        window_batches=stage.window_batches * split.chunks,  # the same rows per window at every world size
+        window_batches=stage.window_batches,  # global micro-batches: the same rows per window at every world size
         no_duplicates=no_duplicates,
         sampling=stage.sampling,
         chunks=split.chunks,
+        unit=stage.batch_size // stage.grad_accum_steps,
         planned_workers=max_workers or world_size,
     )
 
@@ -138,7 +138,7 @@ class SourceCounts:
 
     samples: int = 0  # examples trained on
     deferred_duplicates: int = 0  # rows moved to a later batch because a text of theirs was in the batch
-    unseen: int = 0  # rows of a pass beyond its batches_per_pass (a shard larger than its share)
+    unseen: int = 0  # rows of a pass beyond its units_per_pass batches (a shard larger than its share)
     repeated: int = 0  # examples of batches repeated to fill a short pass
     truncated_texts: int = 0  # texts cut to max_seq_length
 
@@ -167,18 +167,21 @@ class StageBatches:
         for past in range(epoch + 1):
             drawn = self._schedule(past)[: position if past == epoch else None]
             taken += np.bincount(drawn, minlength=len(sources))
-        self.streams = [self._source_batches(j, int(n) * plan.chunks) for j, n in enumerate(taken)]
+        self.streams = [self._source_batches(j, int(n)) for j, n in enumerate(taken)]
 
     def __iter__(self) -> Iterator[MicroBatch]:
         epoch, start = self.epoch, self.position
         while True:
             schedule = self._schedule(epoch)
             for position in range(start, len(schedule)):
-                for _ in range(self.plan.chunks):
-                    batch = next(self.streams[schedule[position]])
-                    features, labels, hashes, used_widths = self.collate(batch)
-                    self.counts[schedule[position]].samples += len(batch[1])
-                    yield MicroBatch(features, labels, len(batch[1]), epoch, position + 1, hashes, used_widths)
+                rows, index = next(self.streams[schedule[position]])
+                self.counts[schedule[position]].samples += len(index)
+                # A short batch (a pass's last) with fewer rows than micro-batches leaves some empty: each trains
+                # on the batch's first row at weight 0 (size 0, ``training.loop``), so that every rank takes the
+                # same micro-batches per step, as DDP's synchronised steps need.
+                for part in np.array_split(index, self.plan.chunks):
+                    features, labels, hashes, used_widths = self.collate((rows, part if len(part) else index[:1]))
+                    yield MicroBatch(features, labels, len(part), epoch, position + 1, hashes, used_widths)
             epoch, start = epoch + 1, 0
 
     def _schedule(self, epoch: int) -> np.ndarray:
@@ -197,7 +200,7 @@ class StageBatches:
         and passed over: a resume continues where the interrupted run was; at another world size, where its
         shards of the pass stood, to within a window of rows per worker)."""
         source, counts = self.sources[index], self.counts[index]
-        per_pass = self.per_pass[index] * self.plan.chunks
+        per_pass = self.per_pass[index]
         number, skip = divmod(taken, per_pass)
         while True:
             key = (self.plan.seed, index, number)
