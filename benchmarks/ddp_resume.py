@@ -15,21 +15,24 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import tempfile
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from sbert_ray.bench.train_speed import TrainBenchSettings, bench_config, stage_data
+from sbert_ray.bench.train_speed import TrainBenchSettings, bench_config
 from sbert_ray.training.loop import LocalReporter
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.precision import resolve_precision
 from sbert_ray.training.stages import Worker, start_worker, train_stages
+from sbert_ray.training.stream import SourceStream, local_sources
 
 
 def main() -> None:
@@ -55,12 +58,11 @@ def main() -> None:
         dist.broadcast_object_list(shared)  # rank 0's folder: every rank resumes from the checkpoint rank 0 wrote
         tmp = shared[0]
         config = mnrl_config(settings, world_size, tmp)
-        data = stage_data(config)
         checkpoints = Path(tmp) / "checkpoints"
-        uninterrupted, first = train(config, data, device, rank, world_size, checkpoints, restored=None)
+        uninterrupted, first = train(config, device, rank, world_size, checkpoints, restored=None)
         halfway = checkpoints / f"step-{args.steps // 2}"
         dist.barrier()  # rank 0 has written the halfway checkpoint
-        resumed, second = train(config, data, device, rank, world_size, None, restored=halfway)
+        resumed, second = train(config, device, rank, world_size, None, restored=halfway)
         difference = max(
             (a - b).abs().max().item()
             for a, b in zip(uninterrupted.state_dict().values(), resumed.state_dict().values(), strict=True)
@@ -89,7 +91,20 @@ def mnrl_config(settings: TrainBenchSettings, world_size: int, tmp: str):
     return config
 
 
-def train(config, data, device, rank, world_size, checkpoints, restored):
+def rank_share(config, encoder, rank: int, world_size: int, index: int) -> list[SourceStream]:
+    """Stage ``index``'s sources read and tokenised in this process, each pass every ``world_size``-th row from the
+    ``rank``-th: a share of its own for each rank, as Ray Data's split gives each worker."""
+
+    def share(source: SourceStream):
+        return (table.take(pa.array(range(rank, table.num_rows, world_size))) for table in source.open_pass())
+
+    return [
+        dataclasses.replace(source, open_pass=functools.partial(share, source))
+        for source in local_sources(config, index, encoder)
+    ]
+
+
+def train(config, device, rank, world_size, checkpoints, restored):
     """One pass of the training core as DDP rank ``rank``; returns the encoder and the reporter's log and rate."""
 
     def ddp(objective):
@@ -101,7 +116,8 @@ def train(config, data, device, rank, world_size, checkpoints, restored):
     meter = StepMeter(time.time(), device)
     encoder, state = start_worker(config, worker, restored)
     reporter = LocalReporter(checkpoints if rank == 0 else None)
-    train_stages(config, encoder, state, restored, lambda index: data, worker, reporter, meter)
+    stage_data = functools.partial(rank_share, config, encoder, rank, world_size)
+    train_stages(config, encoder, state, restored, stage_data, worker, reporter, meter)
     return encoder, {"logged": reporter.logged, "pairs_per_s": meter.summary()["pairs_per_s"]}
 
 

@@ -12,8 +12,8 @@
 # one A100/H100-class GPU. sentence-transformers' trainer needs the datasets package: where it is missing, only our
 # loop is measured.
 #
-# --dry-run checks the script itself on CPUs in about a minute: a tiny random BERT, a few steps, and the 2-process
-# check on gloo.
+# --dry-run checks the script itself on CPUs in about a minute: a tiny random BERT, a few steps at one batch size
+# without the reference, and the 2-process check on gloo (tests/test_benchmark_scripts.py runs it).
 #
 # usage: benchmarks/gpu_train.sh [--dry-run] [DATA_DIR]     (default: $SBERT_RAY_DATA_DIR, else ../shared/data)
 set -euo pipefail
@@ -26,17 +26,17 @@ out_dir=$(mktemp -d)
 trap 'rm -rf "$out_dir"' EXIT
 
 if $dry_run; then
-  device=cpu model=random:tiny steps=6 eval_every=3 dev_limit=20 limit=(--limit 300) repeats=1 threads=1
-  ddp_device=cpu ddp_model=random:tiny ddp_steps=8 ddp_batch=16 gpus=2
+  device=cpu model=random:tiny steps=6 eval_every=3 dev_limit=20 limit=(--limit 300) repeats=1 threads=1 batches=(16)
+  ddp_device=cpu ddp_model=random:tiny ddp_steps=8 ddp_batch=16 gpus=2 no_reference=--no-reference
 else
   python -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "benchmarks/gpu_train.sh: no CUDA GPU visible to torch")'
-  device=cuda model=random:base steps=300 eval_every=100 dev_limit=1500 limit=() repeats=2 threads=4
+  device=cuda model=random:base steps=300 eval_every=100 dev_limit=1500 limit=() repeats=2 threads=4 batches=(16 64 256)
   ddp_device=cuda ddp_model=random:base ddp_steps=40 ddp_batch=64
   gpus=$(python -c 'import torch; print(torch.cuda.device_count())')
+  no_reference=$(python -c 'import datasets' 2>/dev/null || echo --no-reference)
 fi
-no_reference=$(python -c 'import datasets' 2>/dev/null || echo --no-reference)
 
-for batch in 16 64 256; do
+for batch in "${batches[@]}"; do
   python -m sbert_ray.cli bench train --local --device "$device" --model "$model" --batch-size "$batch" \
     --precision auto --steps "$steps" --eval-every "$eval_every" --dev-limit "$dev_limit" "${limit[@]}" \
     --workers 1 --threads-per-worker "$threads" --repeats "$repeats" --data-dir "$data_dir" --no-mlflow $no_reference \

@@ -239,6 +239,8 @@ class TrainConfig:
         check_folder_name("name", self.name, "checkpoints live in <storage_path>/<name>")
         if not 0 <= self.seed < 2**32:
             raise ConfigError(f"seed must be in [0, 2**32), got {self.seed}")
+        if not self.model.name.strip():  # '' would load the working directory as a model folder
+            raise ConfigError("model.name: empty; give a Hub id, a model folder or random:<shape>")
         _at_least("model.max_seq_length", self.model.max_seq_length, 1)
         if self.model.prompts is not None and self.model.default_prompt_name not in (None, *self.model.prompts):
             raise ConfigError(
@@ -505,6 +507,7 @@ def load_config(path: str | Path | None, overrides: list[str] = (), cls: type = 
         source = str(path)
         raw = _read_config_file(path)
     try:
+        _refuse_repeated_overrides(overrides)
         for item in overrides:
             apply_override(raw, item)
         _check_finite(raw)
@@ -526,11 +529,21 @@ def _read_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path}, {_yaml_problem(err)}") from None
     except RecursionError:
         raise ConfigError(f"{path}: invalid YAML: nested too deeply") from None
-    if raw is None:  # nothing but comments: training every default is never what was meant
-        raise ConfigError(f"{path}: the config is empty (no keys, only comments or nothing); give at least one key")
+    if not raw:  # nothing but comments, or `{}`: training every default is never what was meant
+        raise ConfigError(f"{path}: the config is empty (no keys: {{}}, only comments or nothing); give a key")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys")
     return raw
+
+
+def _refuse_repeated_overrides(overrides: collections.abc.Sequence[str]) -> None:
+    """``key=1 key=2``: which one the user meant is unknown, so neither is taken (as for a key twice in YAML)."""
+    seen: dict[str, str] = {}
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        if key in seen:
+            raise ConfigError(f"override {key!r} is given twice ({seen[key]!r}, {item!r}); give it once")
+        seen[key] = item
 
 
 def apply_override(raw: dict[str, Any], item: str) -> None:

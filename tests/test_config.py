@@ -231,7 +231,7 @@ def test_mixed_type_unknown_keys_are_reported(tmp_path):
 # --- config files that used to pass (issue 17) ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("text", ["", "# nothing but a comment\n\n# and another\n", "---\n", "~\n"])
+@pytest.mark.parametrize("text", ["", "# nothing but a comment\n\n# and another\n", "---\n", "~\n", "{}\n"])
 def test_an_empty_config_file_is_refused_not_trained_with_every_default(tmp_path, text):
     path = write(tmp_path, text)
     with pytest.raises(ConfigError, match=rf"^{path}: the config is empty"):

@@ -150,7 +150,8 @@ def test_registered_dataset_from_the_command_line(local_ray, tmp_path, tiny_mode
 
 @pytest.mark.cluster
 def test_a_bad_row_midway_names_its_line_and_leaves_no_output(local_ray, tmp_path, tiny_model_dir, sentences, capfd):
-    """Found by the Ray Data read task: our one line on the command line, not Ray's traceback around it."""
+    """Found by the Ray Data read task: our one line on the command line, not Ray's traceback around it. The
+    command also removes the staging folder a killed run left in its output."""
     path = tmp_path / "corpus.jsonl"
     lines = [json.dumps({"text": s}) for s in sentences[:150]] + ['{"text": null}']
     path.write_text("\n".join(lines) + "\n")
@@ -159,12 +160,16 @@ def test_a_bad_row_midway_names_its_line_and_leaves_no_output(local_ray, tmp_pat
         encode_corpus(EncodeRequest(str(tiny_model_dir), str(path), tmp_path / "out", batch_size=16, block_bytes=2048))
     assert type(raised.value) is DataError and str(raised.value) == message
     capfd.readouterr()
+    left = tmp_path / "out" / ".partial-0123456789ab" / "parts"  # as a killed run leaves its staging folder
+    left.mkdir(parents=True)
+    (left / "a.jsonl-00000.parquet").write_bytes(b"part")
     argv = ["encode", "--model", str(tiny_model_dir), "--input", str(path), "--output", str(tmp_path / "out")]
     assert main(argv) == 2
     err = capfd.readouterr().err
     assert err.endswith(f"sbert-ray encode: error: {message}\n") and err.count(message) == 1
     assert "Traceback" not in err and "Exception occurred" not in err
-    assert [p.name for p in (tmp_path / "out").iterdir()] == ["_sbert_ray_encode.json"]  # no output, no staging
+    # no output, no staging: neither this run's nor the one a killed run left
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["_sbert_ray_encode.json"]
 
 
 def shards(folder, sentences: list[str]) -> dict[str, list[str]]:

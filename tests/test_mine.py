@@ -79,8 +79,12 @@ def test_same_negatives_as_sentence_transformers(
     minilm, stsb_pairs, dev_sentences, settings, separate_corpus, tmp_path_factory
 ):
     ours_encoder, theirs_model = minilm
-    anchors, positives = stsb_pairs
     corpus = dev_sentences if separate_corpus else None
+    # Pairs whose anchor is also a corpus text are left out: sentence-transformers mines such an anchor as its own
+    # best negative, which we drop (test_an_anchor_is_never_its_own_negative_and_is_counted).
+    texts = {*stsb_pairs[1], *(corpus or ())}
+    kept = [(a, p) for a, p in zip(*stsb_pairs, strict=True) if a not in texts]
+    anchors, positives = [a for a, _ in kept], [p for _, p in kept]
     pairs = MiningPairs.build(anchors, positives, corpus or ())
     # small chunks: the corpus is searched in 4 chunks and their top k merged
     negatives = mine(ours_encoder, pairs, settings, batch_size=32, query_chunk=50, corpus_chunk=100)
@@ -193,6 +197,23 @@ def test_mine_writes_parquet_shards_and_a_rerun_resumes(local_ray, tiny_model_di
     assert main(other) == 2
     assert "holds shards mined with other settings" in capsys.readouterr().err
 
+    # The anchors as the corpus, and a max_score that leaves nothing: no 0-row shard (training would refuse it),
+    # one line saying what the filters dropped, the anchors themselves among it.
+    empty = tmp_path / "nothing-left"
+    corpus = ("--corpus", str(pairs_file), "--corpus-column", "query", "--max-score", "-1")
+    assert main(mine_command(tiny_model_dir, pairs_file, empty, *options, *corpus)) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("sbert-ray mine: error: part-00000.parquet: none of its 20 anchors has 2 negatives left")
+    assert f"anchor {len(set(pairs.queries[:20]))}," in error and error.count("\n") == 1
+    assert not list(empty.glob("*.parquet"))
+
+
+def blank_anchor(folder: Path) -> str:
+    """Pairs whose second anchor is white space, which training refuses."""
+    path = folder / "blank.jsonl"
+    path.write_text("".join(json.dumps({"query": q, "answer": "an answer"}) + "\n" for q in ("a question", " ")))
+    return str(path)
+
 
 @pytest.mark.parametrize(
     "change, message",
@@ -201,8 +222,9 @@ def test_mine_writes_parquet_shards_and_a_rerun_resumes(local_ray, tiny_model_di
         (lambda cmd, tmp: cmd + ["--corpus", str(tmp / "missing.parquet")], "missing.parquet: no such file"),
         (lambda cmd, tmp: cmd + ["--range-min", "4", "--range-max", "5"], "fewer than num_negatives=3"),
         (lambda cmd, tmp: cmd[:6] + [str(tmp)] + cmd[7:], "is not a mining output of sbert-ray"),
+        (lambda cmd, tmp: cmd[:4] + [blank_anchor(tmp)] + cmd[5:], "blank.jsonl, row 2: column 'query' is empty"),
     ],
-    ids=["column", "corpus", "range", "output"],
+    ids=["column", "corpus", "range", "output", "blank"],
 )
 def test_bad_input_is_one_line_before_ray(tiny_model_dir, pairs_file, tmp_path, capsys, change, message):
     (tmp_path / "notes.txt").write_text("someone's file\n")
@@ -235,6 +257,16 @@ def test_a_corpus_on_object_storage_streams_through_ray_data(
     expected = output_columns(pairs, mine(SentenceEncoder.load(str(tiny_model_dir)), pairs, settings), settings)
     assert pq.read_table(output / "part-00000.parquet").to_pydict() == expected
     assert set(expected["negative"]) & set(sentences)  # the corpus did supply negatives
+
+
+def test_an_anchor_is_never_its_own_negative_and_is_counted(tiny_model_dir, stsb_pairs):
+    """A corpus that holds the anchors: each anchor's best candidate is itself (score 1), dropped and counted."""
+    anchors, positives = stsb_pairs[0][:30], stsb_pairs[1][:30]
+    pairs = MiningPairs.build(anchors, positives, corpus=anchors)
+    negatives = mine(SentenceEncoder.load(str(tiny_model_dir)), pairs, MiningSettings(num_negatives=2))
+    assert negatives.dropped["anchor"] == len(pairs.queries)
+    for query, rows in zip(pairs.queries, negatives.rows, strict=True):
+        assert len(rows) == 2 and query not in [pairs.corpus[row] for row in rows]
 
 
 def test_approximate_search_finds_most_of_the_exact_negatives(tiny_model_dir, stsb_pairs, dev_sentences):

@@ -17,7 +17,7 @@ def test_the_switch_that_keeps_a_local_cluster_on_loopback_is_still_there():
     from ray._private import ray_constants
 
     assert isinstance(ray_constants.ENABLE_RAY_CLUSTER, bool)
-    assert "_node_ip_address" in inspect.getsource(ray._private.worker.init)  # a keyword ray.init takes through **kwargs
+    assert "_node_ip_address" in inspect.getsource(ray._private.worker.init)  # taken through ray.init's **kwargs
 
 
 def test_the_train_callback_hook_has_the_arguments_progress_lines_take():

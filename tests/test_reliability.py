@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 
 import local_cluster
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import ray
 import yaml
@@ -123,6 +125,7 @@ def ray_logs() -> Path:
         ("mysql+pymysql://u:S3@h/db?password=zz", "mysql+pymysql://u:***@h/db?password=***"),
         ("sqlite:////tmp/mlflow.db", "sqlite:////tmp/mlflow.db"),
         ("http://u@127.0.0.1:5000", "http://u@127.0.0.1:5000"),
+        ("https://u:Zq#x9/Kv?w@host:8443", "https://u:***@host:8443"),  # unencoded #, / and ? in the password
     ],
 )
 def test_redact_uri_masks_passwords_and_secret_query_values(uri, shown):
@@ -433,3 +436,119 @@ def test_every_tracking_command_masks_the_password_and_checks_the_store_first(
         texts |= run_texts(client, experiment, tmp_path / "downloads")
     assert len(client.search_runs([client.get_experiment_by_name("secrets-bench").experiment_id])) == 2
     assert leaks(texts, [tmp_path]) == []
+
+
+# ------------------------------------------------- bad input as the user meets it: the command, one line
+
+
+def one_line_error(capsys, command: str) -> str:
+    """The command's error, checked to be one line and no traceback; its text after ``error: ``."""
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith(f"sbert-ray {command}: error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0].removeprefix(f"sbert-ray {command}: error: ")
+
+
+@pytest.mark.parametrize(
+    "text, overrides, message",
+    [
+        ("{}\n", [], "the config is empty"),
+        (None, ["seed=1", "seed=2"], "override 'seed' is given twice ('seed=1', 'seed=2')"),
+        (None, ["model.name=''"], "model.name: empty"),
+    ],
+    ids=["empty-mapping", "override-twice", "empty-model-name"],
+)
+def test_configs_that_trained_silently_are_refused(tiny_train_config, text, overrides, message, capsys):
+    """`{}` trained every default, a repeated override took the last value, an empty model name loaded the working
+    directory: each is now one line naming the file and key."""
+    config = tiny_train_config()
+    if text is not None:
+        config.write_text(text)
+    assert main(["train", str(config), *overrides]) == 2
+    assert one_line_error(capsys, "train").startswith(f"{config}: {message}")
+
+
+def test_a_dataset_folder_trains_on_no_file_under_a_hidden_or_underscore_folder(tiny_train_config, tmp_path, capsys):
+    """Spark's `_temporary/` task attempts and a `.staging/` copy hold partial and duplicate rows: skipped, as for a
+    corpus. Alone they leave no data; beside a shard, a bad file there is never read (the run goes on to the next
+    check, here an output_dir that is the run's own folder)."""
+    folder, config = tmp_path / "shards", tiny_train_config()
+    rows = {"sentence1": ["a", "b"], "sentence2": ["c", "d"], "score": [1.0, 2.0]}
+    for hidden in ("_temporary/0/task-1/part-0.parquet", ".staging/part-0.parquet"):
+        (folder / hidden).parent.mkdir(parents=True)
+        pq.write_table(pa.table({"other": ["no sentence columns"]}), folder / hidden)
+    assert main(["train", str(config), f"stages.0.dataset={folder}"]) == 2
+    assert one_line_error(capsys, "train") == f"stages.0.dataset: {folder} holds no .csv/.tsv/.jsonl/.parquet files"
+    pq.write_table(pa.table(rows), folder / "part-0.parquet")
+    run = tmp_path / "runs" / "tiny"
+    assert main(["train", str(config), f"stages.0.dataset={folder}", f"output_dir={run}"]) == 2
+    assert one_line_error(capsys, "train").startswith(f"output_dir: {run} is this run's folder")
+
+
+def test_an_output_dir_over_the_run_folder_is_refused_before_training(tiny_train_config, tmp_path, capsys):
+    """The run folder, a folder above it or a checkpoint in it as output_dir: refused in preflight (it used to pass,
+    train, and then be refused with advice to remove the folder that holds the checkpoints)."""
+    config, run = tiny_train_config(), tmp_path / "runs" / "tiny"
+    for output_dir, where in [
+        (run, "this run's folder or a folder above it"),
+        (tmp_path / "runs", "this run's folder or a folder above it"),
+        (run / "checkpoint_2026-12-02_06-00-00.000000" / "model", "inside one of this run's checkpoints"),
+    ]:
+        assert main(["train", str(config), f"output_dir={output_dir}"]) == 2
+        error = one_line_error(capsys, "train")
+        assert (
+            error.startswith(f"output_dir: {output_dir} is {where} ({run} holds the checkpoints")
+            and "remove" not in error
+        )
+    assert not run.exists()  # refused before anything was written there
+
+
+def test_two_tasks_with_one_entry_name_are_refused_naming_both(tiny_train_config, tmp_path, capsys):
+    """Results are keyed by entry: retrieval:v1/scifact and retrieval:v2/scifact (or two pairs: files with one stem)
+    would overwrite each other's numbers. Refused before any model, data or Ray work."""
+    v1, v2 = tmp_path / "v1" / "scifact", tmp_path / "v2" / "scifact"
+    assert main(["eval", "--model", str(tmp_path / "no-model"), "--tasks", f"retrieval:{v1},retrieval:{v2}"]) == 2
+    assert one_line_error(capsys, "eval") == (
+        f"--tasks: tasks 'retrieval:{v1}' and 'retrieval:{v2}' both give results named 'scifact' (one would "
+        "overwrite the other): name each once, or rename a file or folder so that the names differ"
+    )
+    a, b = tmp_path / "a" / "pairs.tsv", tmp_path / "b" / "pairs.jsonl"
+    config = tiny_train_config()
+    assert main(["train", str(config), f"evaluation.final_tasks=[stsb, 'pairs:{a}', 'pairs:{b}']"]) == 2
+    error = one_line_error(capsys, "train")
+    assert f"evaluation.final_tasks: tasks 'pairs:{a}' and 'pairs:{b}' both give results named 'pairs'" in error
+
+
+def test_a_password_with_unencoded_delimiters_is_one_line_never_shown(tiny_train_config, tmp_path, capsys, caplog):
+    """`#`, `/` and `?` in a password end the URI's host part early; urllib then took its start for the port and
+    its ValueError quoted it. Now one line, the password masked everywhere, before any work."""
+    uri = "http://sbert:Zq#x9/Kv?w@127.0.0.1:5000"
+    assert main(["train", str(tiny_train_config()), f"tracking.tracking_uri={uri}"]) == 2
+    train_error = one_line_error(capsys, "train")
+    assert main(["report", "--run", "abc", "--tracking-uri", uri, "--out", str(tmp_path / "report")]) == 2
+    report_error = one_line_error(capsys, "report")
+    for error in (train_error, report_error):
+        assert "http://sbert:***@127.0.0.1:5000 cannot be read: its password holds a '/', '?' or '#'" in error
+    shown = train_error + report_error + capsys.readouterr().out + caplog.text
+    assert not [piece for piece in ("Zq", "x9", "Kv", "?w") if piece in shown]
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl"])
+def test_a_bad_row_under_train_is_one_line_naming_file_and_line(suffix, local_ray, tiny_train_config, tmp_path, capfd):
+    """The row is found by the count on the cluster (a Ray Data task): the command prints our one line, not Ray's
+    traceback around it (its RayTaskError is also a DataError, whose message is the remote traceback)."""
+    path = tmp_path / f"pairs{suffix}"
+    rows = [(f"a man {i} walks", f"a person {i} goes", "2.5") for i in range(30)]
+    rows[20] = ("a bad row", "its score", "not-a-number")
+    if suffix == ".jsonl":
+        keys = ("sentence1", "sentence2", "score")
+        path.write_text("".join(json.dumps(dict(zip(keys, row, strict=True))) + "\n" for row in rows))
+    else:
+        separator = "," if suffix == ".csv" else "\t"
+        path.write_text("".join(separator.join(row) + "\n" for row in [("sentence1", "sentence2", "score"), *rows]))
+    line = 21 if suffix == ".jsonl" else 22  # after a header line
+    capfd.readouterr()
+    assert main(["train", str(tiny_train_config()), f"stages.0.dataset={path}"]) == 2
+    err = capfd.readouterr().err
+    error = f"sbert-ray train: error: stages.0.dataset: {path}, line {line}: unparsable score 'not-a-number'"
+    assert err.endswith(error + "\n") and "Traceback" not in err and "Failed to apply" not in err, err

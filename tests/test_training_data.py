@@ -17,13 +17,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from sbert_ray.config import ConfigError, DatasetSource, ScalingConfig, StageConfig, TrainConfig, load_config
+from sbert_ray.cli import main
+from sbert_ray.config import ConfigError, DatasetSource, ScalingConfig, StageConfig, TrainConfig
 from sbert_ray.data import DataError
 from sbert_ray.losses.registry import OBJECTIVES
 from sbert_ray.models import load_encoder
 from sbert_ray.models.load import load_tokenizer
 from sbert_ray.models.random_bert import random_bert
-from sbert_ray.runs.train_run import prepare
 from sbert_ray.training.batches import split_batch, tokenize_table, truncated_rows
 from sbert_ray.training.loop import MicroBatch
 from sbert_ray.training.sources import known_rows, list_files, read_tables, stage_sources
@@ -246,29 +246,38 @@ def test_a_hub_dataset_streams_from_its_files_or_a_local_mirror_of_them(tmp_path
     assert table.column("text_2").to_pylist() == ["x", "y"] and table.num_rows == 2
 
 
-def test_bad_parquet_shards_are_refused_from_their_footers_before_ray(tmp_path, tiny_train_config) -> None:
-    """What parquet footers tell is checked before Ray: a shard without a column the objective needs, and a
-    missing or blank text (row-group statistics point at the row group; only that column of it is read), each
-    named with the key, the file and the row. Shards whose statistics show no such text are not read."""
+def test_bad_parquet_shards_are_refused_from_their_footers_before_ray(tmp_path, tiny_train_config, capsys) -> None:
+    """What parquet footers tell is checked before Ray, by `sbert-ray train` as the user runs it: a shard without a
+    column the objective needs, a missing or blank text (row-group statistics point at the row group; only that
+    column of it is read), an empty or corrupt file, each one line naming the key, the file and the row. Shards
+    whose statistics show no such text are not read."""
     ones, twos = [f"a {i}" for i in range(40)], [f"b {i}" for i in range(40)]
     folder = tmp_path / "shards"
     folder.mkdir()
     pq.write_table(pa.table({"sentence1": ones, "sentence2": twos, "score": [2.5] * 40}), folder / "part-0.parquet")
     bad = folder / "part-1.parquet"
+    blank, null = twos[:23] + ["  "] + twos[24:], ones[:31] + [None] + ones[32:]
     cases = [
-        ({"sentence1": ones, "sentence2": twos[:23] + ["  "] + twos[24:]}, r", row 24: column 'sentence2' is empty"),
-        ({"sentence1": ones[:31] + [None] + ones[32:], "sentence2": twos}, r", row 32: column 'sentence1' is empty"),
-        ({"sentence1": ones, "text": twos}, r": no column 'sentence2'"),
+        (lambda: write_scored({"sentence1": ones, "sentence2": blank}, bad), ", row 24: column 'sentence2' is empty"),
+        (lambda: write_scored({"sentence1": null, "sentence2": twos}, bad), ", row 32: column 'sentence1' is empty"),
+        (lambda: write_scored({"sentence1": ones, "text": twos}, bad), ": no column 'sentence2'"),
+        (lambda: bad.write_bytes(b""), ": not a readable parquet file (Parquet file size is 0 bytes)"),
+        (lambda: bad.write_bytes(b"PAR1" + b"x" * 64), ": not a readable parquet file (Parquet magic bytes not found"),
     ]
-    for columns, message in cases:
-        pq.write_table(pa.table({**columns, "score": [2.5] * 40}), bad, row_group_size=10)
-        config = load_config(tiny_train_config(), [f"stages.0.dataset={folder}", "stages.0.limit=null"])
-        with pytest.raises(ConfigError, match=rf"^stages\.0\.dataset: {bad}{message}"):
-            prepare(config)
+    config = tiny_train_config()
+    for write, message in cases:
+        write()
+        assert main(["train", str(config), f"stages.0.dataset={folder}", "stages.0.limit=null"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"sbert-ray train: error: stages.0.dataset: {bad}{message}") and err.count("\n") == 1
     bad.unlink()
     stage = StageConfig(dataset=str(folder))
     (source,) = stage_sources(stage, 0)
     assert known_rows(source, stage, None) == 40
+
+
+def write_scored(columns: dict[str, list], path) -> None:
+    pq.write_table(pa.table({**columns, "score": [2.5] * 40}), path, row_group_size=10)
 
 
 @pytest.mark.parametrize("name", ["random:tiny", "sentence-transformers/all-MiniLM-L6-v2"])

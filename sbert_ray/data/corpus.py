@@ -31,6 +31,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 from pyarrow import fs
 
+from sbert_ray.data.listing import is_hidden
 from sbert_ray.data.readers import check_available, load_records
 from sbert_ray.data.records import TEXT_FIELDS, DataError
 
@@ -132,8 +133,8 @@ def _corpus_files(spec: str, column: str | None) -> list[CorpusFile]:
         for entry in listed
         if entry.type == fs.FileType.File
         and (wildcard is None or fnmatch.fnmatchcase(entry.path, path))
-        and not any(part.startswith((".", "_")) for part in posixpath.relpath(entry.path, base).split("/"))
-    )  # hidden files (.crc, _SUCCESS) are not data, as for Spark and Ray Data
+        and not is_hidden(entry.path, base)
+    )
     if not found:
         raise DataError(f"{spec}: no files found")
     files = [CorpusFile(f"{scheme}{found_path}", posixpath.relpath(found_path, base), None) for found_path in found]

@@ -153,8 +153,14 @@ def average_folds(per_fold: dict[str, dict]) -> dict:
 def protocols(name: str, records: Sequence[TopicPair]) -> dict[str, list[Fold]]:
     """{result entry: folds}: ``ukp-aspect`` / ``bws`` cross-topic; AFS both of the paper's protocols."""
     if name == "afs":
-        return {"afs-cross-topic": cross_topic_folds(name, records), "afs-10fold": kfold_folds(records)}
+        cross_topic, ten_fold = entry_names(name)
+        return {cross_topic: cross_topic_folds(name, records), ten_fold: kfold_folds(records)}
     return {name: cross_topic_folds(name, records)}
+
+
+def entry_names(name: str) -> tuple[str, ...]:
+    """The result entries of ``name``'s protocols (``protocols``): AFS has two."""
+    return ("afs-cross-topic", "afs-10fold") if name == "afs" else (name,)
 
 
 def evaluate_folds(model, folds: Sequence[Fold], batch_size: int = 64) -> dict:

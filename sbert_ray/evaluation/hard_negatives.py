@@ -10,9 +10,11 @@ The semantics, read off sentence-transformers 5.x/6.x (``util/hard_negatives.py`
 - Each anchor's candidates are its ``range_max + max_positives`` best corpus rows (``max_positives``: the most rows
   any one anchor has, repeats counted). ``range_max`` defaults to ``range_min + num_negatives + max_positives``,
   or ``range_min + 10 * num_negatives + max_positives`` when a margin or ``max_score`` may drop candidates.
-- Candidates are dropped when they are a positive of the anchor; with ``margin`` when ``score + margin`` exceeds
-  the anchor's lowest positive score; with ``relative_margin`` when ``score`` exceeds ``p - |p| * relative_margin``
-  (``p`` that lowest positive score); with ``max_score`` when above it, with ``min_score`` when below it.
+- Candidates are dropped when they are the anchor's own text (sentence-transformers keeps it, as the anchor's
+  best negative, when a corpus holds it) or a positive of the anchor; with ``margin`` when ``score + margin``
+  exceeds the anchor's lowest positive score; with ``relative_margin`` when ``score`` exceeds
+  ``p - |p| * relative_margin`` (``p`` that lowest positive score); with ``max_score`` when above it, with
+  ``min_score`` when below it.
 - What remains, best first, is cut to ranks ``[range_min, range_max)``: ``range_min`` skips the best *remaining*
   candidates, not ranks of the raw search. ``top`` keeps the first ``num_negatives``; ``random`` draws
   ``num_negatives`` of them (fewer when fewer remain), kept in score order.
@@ -101,6 +103,7 @@ class MiningPairs:
     positives: list[list[int]]
     corpus: list[str]
     max_positives: int
+    anchor_rows: list[int]  # each anchor's own row in the corpus, -1 where the corpus does not hold it
 
     @classmethod
     def build(cls, anchors: Sequence[str], positives: Sequence[str], corpus: Sequence[str] = ()) -> MiningPairs:
@@ -112,11 +115,19 @@ class MiningPairs:
         for anchor, positive in zip(anchors, positives, strict=True):
             rows_of.setdefault(anchor, []).append(corpus_row[positive])
         max_positives = max(map(len, rows_of.values()), default=0)
-        return cls(list(rows_of), [list(dict.fromkeys(rows)) for rows in rows_of.values()], corpus, max_positives)
+        positive_rows = [list(dict.fromkeys(rows)) for rows in rows_of.values()]
+        anchor_rows = [corpus_row.get(anchor, -1) for anchor in rows_of]
+        return cls(list(rows_of), positive_rows, corpus, max_positives, anchor_rows)
 
     def slice(self, start: int, stop: int) -> MiningPairs:
         """Anchors [start, stop) with the same corpus and ``max_positives`` (a shard mines as the whole would)."""
-        return MiningPairs(self.queries[start:stop], self.positives[start:stop], self.corpus, self.max_positives)
+        return MiningPairs(
+            self.queries[start:stop],
+            self.positives[start:stop],
+            self.corpus,
+            self.max_positives,
+            self.anchor_rows[start:stop],
+        )
 
     def pair_rows(self) -> Tensor:
         """(anchor index, corpus row) of every positive, [n, 2], anchors in order."""
@@ -146,6 +157,7 @@ def choose_negatives(
         dropped[name] = int(where.sum())
         scores[where] = -math.inf
 
+    drop("anchor", rows == torch.tensor(pairs.anchor_rows, dtype=rows.dtype)[:, None])  # scores ~1: never a negative
     is_positive = torch.zeros_like(rows, dtype=torch.bool)
     for query, positive_rows in enumerate(pairs.positives):
         is_positive[query] = torch.isin(rows[query], torch.tensor(positive_rows))

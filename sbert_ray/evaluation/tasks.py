@@ -53,6 +53,10 @@ class EvalTask(ABC):
     def metric_names(self) -> tuple[str, ...]:
         """The metrics each entry's results carry at their top level (what ``evaluation.dev_metric`` may name)."""
 
+    @abstractmethod
+    def entries(self) -> tuple[str, ...]:
+        """The entries its results will have (the first part of each key), known before any data is read."""
+
     def entry_scores(self, results: Results, metric: str) -> dict[str, float]:
         """{entry: its value of ``metric``} for the entries of ``results`` that have it."""
         return {
@@ -96,6 +100,9 @@ class StsTask(EvalTask):
     def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
         return _flat(sts.run_sts_suite(model, data_dir, self.datasets, batch_size, self.similarities))
 
+    def entries(self) -> tuple[str, ...]:
+        return self.datasets
+
     def metric_names(self) -> tuple[str, ...]:
         return correlation_names(self.similarities)
 
@@ -121,6 +128,9 @@ class ScoredPairsTask(EvalTask):
         pairs = read_user_file(self.path, "scored")
         return _flat({self.path.stem: sts.evaluate_pairs(model, pairs, batch_size)})
 
+    def entries(self) -> tuple[str, ...]:
+        return (self.path.stem,)
+
     def metric_names(self) -> tuple[str, ...]:
         return correlation_names(("cosine",))
 
@@ -142,6 +152,9 @@ class ArgsimTask(EvalTask):
 
     def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
         return _flat(argsim.evaluate_argsim(model, self.name, data_dir, batch_size, self.path))
+
+    def entries(self) -> tuple[str, ...]:
+        return argsim.entry_names(self.name)
 
     def metric_names(self) -> tuple[str, ...]:
         return correlation_names(("cosine",))
@@ -165,6 +178,9 @@ class TripletTask(EvalTask):
     def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
         data = triplets.load_triplets(self.name, data_dir, self.path)
         return _flat({self.name: triplets.evaluate_triplets(model, data, batch_size)})
+
+    def entries(self) -> tuple[str, ...]:
+        return (self.name,)
 
     def metric_names(self) -> tuple[str, ...]:
         return tuple(f"accuracy_{name}" for name in triplets.DISTANCES)
@@ -195,6 +211,9 @@ class SentEvalTask(EvalTask):
     def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
         return _flat(senteval.run_senteval(model, data_dir, self.tasks, batch_size))
 
+    def entries(self) -> tuple[str, ...]:
+        return self.tasks
+
     def metric_names(self) -> tuple[str, ...]:
         return ("accuracy",)
 
@@ -224,6 +243,9 @@ class RetrievalTask(EvalTask):
         from sbert_ray.evaluation.retrieval import metric_names
 
         return metric_names()
+
+    def entries(self) -> tuple[str, ...]:
+        return tuple(self.loaders())
 
     def entry_scores(self, results: Results, metric: str) -> dict[str, float]:
         """As for any task; a ``_dot`` metric of a model whose embeddings are unit length is its ``_cosine`` twin:
@@ -361,7 +383,22 @@ def parse_tasks(
             tasks.append(TASKS[name.partition(":")[0]](name, name.partition(":")[2], similarities))
         except ConfigError as err:
             raise ConfigError(f"{key}: task {name!r}: {err}") from None
+    _refuse_shared_entries(tasks, key)
     return tasks
+
+
+def _refuse_shared_entries(tasks: Sequence[EvalTask], key: str) -> None:
+    """Results are keyed by entry: two tasks with one entry name (``retrieval:v1/scifact,retrieval:v2/scifact``,
+    two ``pairs:`` files with one stem) would overwrite each other's numbers, so they are refused before any work."""
+    owner: dict[str, EvalTask] = {}
+    for task in tasks:
+        for entry in task.entries():
+            first = owner.setdefault(entry, task)
+            if first is not task:
+                raise ConfigError(
+                    f"{key}: tasks {first.spec!r} and {task.spec!r} both give results named {entry!r} (one "
+                    "would overwrite the other): name each once, or rename a file or folder so that the names differ"
+                )
 
 
 def primary_scores(tasks: Sequence[EvalTask], results: Results) -> dict[str, tuple[str, float]]:

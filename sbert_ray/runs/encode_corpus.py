@@ -12,7 +12,8 @@ input file, in a local folder or under an object storage prefix.
       -> each encoded block written as a part file in a hidden staging folder inside the output
       -> once every row of an input file is written, its parts are joined into one file in staging and moved to
          ``OUTPUT/KEY.parquet`` (a rename on disk, one copy on object storage): a file under the output's names is
-         always complete; the staging folder is removed at the end, whatever happened
+         always complete; the staging folder is removed at the end, whatever happened (one a killed run left
+         is removed by the next run into that output)
 
 Local input and output stay on the driver's node (where the paths were checked; other nodes need not see them);
 object storage is read and written from any node. A row is ``(file, id)``: the input file's key (its path under the
@@ -24,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import re
 import time
 import uuid
 from collections import Counter
@@ -53,6 +55,8 @@ from sbert_ray.runs.cluster import input_errors_unwrapped, refuse_impossible_act
 BLOCK_BYTES = 1 << 20  # rows read into one block (~10k sentences), encoded (cut by the token budget) in one call
 ROWS_PER_READ = 1024  # rows the read task turns into one table at a time
 READ_SCHEMA = pa.schema([("file", pa.string()), ("id", pa.int64()), ("text", pa.string()), ("last", pa.bool_())])
+STAGING_PREFIX = ".partial-"  # + 12 hex digits: a run's staging folder inside the output
+STAGING_NAME = re.compile(re.escape(STAGING_PREFIX) + "[0-9a-f]{12}")
 ENCODE_MARKER = "_sbert_ray_encode.json"  # marks an output folder as ours, with the settings its vectors were made with
 PARTS, JOINED = "parts", "joined"  # staging subfolders: encoded blocks, and whole files waiting to be moved
 
@@ -133,6 +137,7 @@ def encode_corpus(request: EncodeRequest) -> EncodeResult:
     except ValueError as error:
         raise ConfigError(f"--prompt-name: {error}") from None
     _claim(output, _settings(request))
+    _remove_left_staging(output)
     pending = _not_written(sources, output)
 
     start = time.perf_counter()
@@ -142,7 +147,7 @@ def encode_corpus(request: EncodeRequest) -> EncodeResult:
     refuse_impossible_actors(replica, request.workers, f"--workers {request.workers} encoder replicas")
     rows = 0
     if pending:
-        staging = f"{output.uri}/.partial-{uuid.uuid4().hex[:12]}"
+        staging = f"{output.uri}/{STAGING_PREFIX}{uuid.uuid4().hex[:12]}"
         rows = _encode(request, pending, encoder, prompt, use_gpu, output, staging)
     seconds = time.perf_counter() - start
     return EncodeResult(output.uri, rows, encoder.embedding_dim, seconds, len(pending), len(sources) - len(pending))
@@ -177,6 +182,15 @@ def _claim(output: _Output, settings: dict[str, str | None]) -> None:
     _make_parent(filesystem, marker)
     with filesystem.open_output_stream(marker) as stream:
         stream.write(json.dumps(settings).encode())
+
+
+def _remove_left_staging(output: _Output) -> None:
+    """Staging folders a killed run left in the output (a run removes its own however it ends, unless killed).
+    Only names this module makes are removed; two runs into one output at once are not supported."""
+    filesystem, root = _filesystem(output.uri)
+    for info in filesystem.get_file_info(fs.FileSelector(root, allow_not_found=True)):
+        if info.type == fs.FileType.Directory and STAGING_NAME.fullmatch(info.base_name):
+            filesystem.delete_dir(info.path)
 
 
 def _not_written(sources: list[CorpusSource], output: _Output) -> list[CorpusSource]:

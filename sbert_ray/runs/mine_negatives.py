@@ -155,6 +155,13 @@ def _mine_shard(pool: RayEncoder, pairs: MiningPairs, request: MineRequest, path
             request.approximate,
         )
     table = pa.table(output_columns(pairs, negatives, request.settings), schema=_schema(request.settings))
+    if table.num_rows == 0:  # training would refuse the shard; say why here, with what the filters dropped
+        dropped = ", ".join(f"{name} {count}" for name, count in negatives.dropped.items() if count) or "none"
+        raise DataError(
+            f"{path.name}: none of its {len(pairs.queries)} anchors has {request.settings.num_negatives} negatives "
+            f"left (candidates dropped: {dropped}); ask for fewer (--num-negatives), widen --range-max or loosen "
+            "the filters"
+        )
     partial = path.with_name(f".{path.name}.partial")
     pq.write_table(table, partial)
     os.replace(partial, path)  # a file under the shard's name is always complete
@@ -190,8 +197,10 @@ def read_pairs(request: MineRequest) -> tuple[list[str], list[str]]:
         if path.suffix.lower() not in TABLE_SUFFIXES:
             raise DataError(f"{path}: pairs are read from {', '.join(TABLE_SUFFIXES)} files")
         anchors, positives = (
-            [text for source in open_corpus(str(path), column) for _, text in source.rows()] for column in columns
+            [_text(path, row, text, column) for row, text in _rows(path, column)] for column in columns
         )
+        if not anchors:
+            raise DataError(f"{path}: no pairs")
         return anchors, positives
     if request.anchor_column or request.positive_column:
         raise DataError(f"{request.pairs}: --anchor-column/--positive-column apply to files, not datasets")
@@ -202,6 +211,17 @@ def read_pairs(request: MineRequest) -> tuple[list[str], list[str]]:
         raise DataError(f"{request.pairs}: no records")
     anchor, positive = TEXT_FIELDS[type(records[0])][:2]
     return [getattr(r, anchor) for r in records], [getattr(r, positive) for r in records]
+
+
+def _rows(path: Path, column: str):
+    return (row for source in open_corpus(str(path), column) for row in source.rows())
+
+
+def _text(path: Path, row: int, text: str, column: str) -> str:
+    """A pair's text; a blank one is refused as training refuses it, naming the file and row."""
+    if not (text or "").strip():
+        raise DataError(f"{path}, row {row + 1}: column {column!r} is empty")
+    return text
 
 
 def _check_corpus(request: MineRequest) -> list[str] | RemoteCorpus | None:

@@ -74,6 +74,23 @@ def check_model_folder(output_dir: str, key: str = "output_dir", leaving: str | 
     )
 
 
+def refuse_model_folder_over_run(output_dir: str, run_dir: str, key: str = "output_dir") -> None:
+    """Preflight: the final model's folder is not the run folder, a folder above it, or inside one of its
+    checkpoints; the swap at the end would refuse it only after training (the run folder then holds checkpoints) or
+    replace what the run needs to resume. A folder of its own inside the run folder (the default
+    ``<run>/final-model``) is fine."""
+    if is_remote(output_dir) or is_remote(run_dir):
+        return
+    model, run = Path(output_dir).expanduser().resolve(), Path(run_dir).expanduser().resolve()
+    inside = model.relative_to(run).parts if model.is_relative_to(run) else None
+    if model == run or run.is_relative_to(model) or (inside and inside[0].startswith(("checkpoint_", "."))):
+        where = "this run's folder or a folder above it" if not inside else "inside one of this run's checkpoints"
+        raise ConfigError(
+            f"{key}: {model} is {where} ({run} holds the checkpoints the run resumes from); the final model needs a "
+            f"folder of its own: leave {key} out ({run}/final-model) or choose a path outside {run}"
+        )
+
+
 def write_model_marker(folder: Path, **run: str) -> None:
     """Mark ``folder`` as a final model of ours, naming the run that wrote it (run name, run folder, MLflow run)."""
     manifest = {"written_by": f"sbert-ray {metadata.version('sbert-ray')}", **run, "written": _now()}

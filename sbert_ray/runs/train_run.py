@@ -47,7 +47,7 @@ from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_ca
 from sbert_ray.progress import quiet
 from sbert_ray.ray_compat import connect_ray
 from sbert_ray.runs import owned_paths, record
-from sbert_ray.runs.cluster import check_resources, refuse_unshared_paths
+from sbert_ray.runs.cluster import check_resources, input_errors_unwrapped, refuse_unshared_paths
 from sbert_ray.runs.progress_lines import TrainingProgress
 from sbert_ray.runs.run_lease import run_lease
 from sbert_ray.runs.scoring import ModelSource, evaluate_on_worker_resources
@@ -354,12 +354,14 @@ def preflight(config: TrainConfig, run_dir: str, previous: record.RunRecord | No
     before_tasks, final_tasks, dev = evaluation_tasks(config)  # parsed once for the whole run
     config, sources = _checked(config, before_tasks, final_tasks, dev)
     # Here, not in prepare: a sweep checks its base config there, whose output_dir holds one model per trial.
+    owned_paths.refuse_model_folder_over_run(config.output_dir, run_dir)
     owned_paths.check_model_folder(config.output_dir, leaving=run_dir if restart else None)
     if restart:
         _replace_previous(run_dir, previous, config.tracking.tracking_uri)
         previous = None
     connect_ray()
-    rows = count_stages(config, sources)
+    with input_errors_unwrapped():  # a bad row found by a read task: our one line, not Ray Data's traceback too
+        rows = count_stages(config, sources)
     check_resources(config.scaling)  # workers the cluster cannot hold: refused before the MLflow run and record
     refuse_unshared_paths(worker_paths(config), config.scaling)
     steps = tuple(planned_steps(config, i, n)[1] for i, n in enumerate(rows))

@@ -49,6 +49,10 @@ T = TypeVar("T")
 def redact_uri(uri: str) -> str:
     """``uri`` with its password and secret query values replaced by ``***``:
     ``postgresql://user:***@host/db``, ``https://host/?token=***``; any other URI as it is."""
+    userinfo = _unencoded_userinfo(uri)
+    if userinfo is not None:
+        scheme, _, rest = uri.partition("://")
+        return redact_uri(f"{scheme}://{userinfo.partition(':')[0]}:{MASK}@{rest.partition('@')[2]}")
     if not _secrets(uri):
         return uri
     parts = urlsplit(uri)
@@ -106,9 +110,21 @@ def _warn_password(shown: str) -> None:
     )
 
 
+def _unencoded_userinfo(uri: str) -> str | None:
+    """The ``user:password`` of a URI whose password holds a ``/``, ``?`` or ``#`` that is not percent-encoded, else
+    None. Such a character ends the host part early (``https://user:pa/ss@host``: host ``user``, port ``pa``, no
+    password at all), so the password is read here as everything up to the ``@`` after it."""
+    scheme, sep, rest = uri.partition("://")
+    netloc = urlsplit(uri).netloc
+    if not sep or "@" in netloc or "@" not in rest[len(netloc) :] or ":" not in netloc:
+        return None
+    return rest.partition("@")[0]
+
+
 def _secrets(uri: str) -> list[str]:
     parts = urlsplit(uri)
     raw = [parts.netloc.rpartition("@")[0].partition(":")[2]] if parts.password is not None else []
+    raw += [userinfo.partition(":")[2]] if (userinfo := _unencoded_userinfo(uri)) is not None else []
     raw += [value for key, _, value in (item.partition("=") for item in parts.query.split("&")) if _secret(key)]
     found = {form for secret in raw if secret for form in (secret, unquote(secret))}
     return sorted(found, key=len, reverse=True)  # longest first: a secret containing another is masked whole
@@ -171,6 +187,20 @@ def mlflow_call(uri: str, call: Callable[..., T], *args: Any, timeout_s: float, 
             delay = min(2 * delay, 30.0)
 
 
+def _port(uri: str) -> int | None:
+    """The URI's port; a URI that cannot be read is a ``TrackingError`` that shows it masked (urllib's own
+    ValueError quotes what it took for the port: the start of a password holding an unencoded ``/``)."""
+    if _unencoded_userinfo(uri) is not None:
+        raise TrackingError(
+            f"the tracking URI {redact_uri(uri)} cannot be read: its password holds a '/', '?' or '#' that is not "
+            f"percent-encoded (urllib.parse.quote(password, safe='') encodes it); or {CREDENTIALS_HINT}"
+        )
+    try:
+        return urlsplit(uri).port
+    except ValueError:
+        raise TrackingError(f"the tracking URI {redact_uri(uri)} has a port that is not a number") from None
+
+
 def check_reachable(uri: str, timeout_s: float = CHECK_TIMEOUT_S) -> None:
     """Raise ``TrackingUnavailable`` (within about 2 x ``timeout_s``) when the store at ``uri`` is a server that does
     not answer: a TCP connection to its host and port, then, for an MLflow server, one API call (which also checks
@@ -180,7 +210,7 @@ def check_reachable(uri: str, timeout_s: float = CHECK_TIMEOUT_S) -> None:
     if scheme not in NETWORK_PORTS:
         return
     shown = redact_uri(uri)
-    address = (parts.hostname or "localhost", parts.port or NETWORK_PORTS[scheme])
+    address = (parts.hostname or "localhost", _port(uri) or NETWORK_PORTS[scheme])
     try:
         socket.create_connection(address, timeout=timeout_s).close()
     except OSError as err:

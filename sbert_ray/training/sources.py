@@ -14,6 +14,7 @@ group) or a csv/tsv/jsonl file's records (their readers check every row, naming 
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import itertools
 import os
@@ -31,6 +32,7 @@ import pyarrow.parquet as pq
 
 from sbert_ray.config import ConfigError, StageConfig
 from sbert_ray.data.hub import HUB_MIRROR_ENV
+from sbert_ray.data.listing import is_hidden
 from sbert_ray.data.readers import load_records, read_user_file, user_file_columns
 from sbert_ray.data.records import (
     NLI_LABEL_IDS,
@@ -150,7 +152,7 @@ def _files_under(filesystem: pafs.FileSystem, folder: str, key: str) -> list[str
         infos = filesystem.get_file_info(pafs.FileSelector(folder.rstrip("/"), recursive=True))
     except (FileNotFoundError, OSError) as err:
         raise ConfigError(f"{key}: cannot list {folder}: {err}") from None
-    return [i.path for i in infos if i.type == pafs.FileType.File and not Path(i.path).name.startswith((".", "_"))]
+    return [i.path for i in infos if i.type == pafs.FileType.File and not is_hidden(i.path, folder)]
 
 
 def read_tables(source: Source, file: str | None, stage: StageConfig, data_dir) -> Iterator[pa.Table]:
@@ -211,7 +213,8 @@ def _parquet_tables(file: str, source: Source, stage: StageConfig) -> Iterator[p
     parquet = _parquet_file(file, source.key)
     texts, label = _parquet_columns(parquet, file, source, stage)
     first_row = 0
-    for batch in parquet.iter_batches(batch_size=ROWS_PER_TABLE, columns=[*texts, *([label] if label else [])]):
+    batches = parquet.iter_batches(batch_size=ROWS_PER_TABLE, columns=[*texts, *([label] if label else [])])
+    while (batch := _next_batch(batches, file)) is not None:
         table = {f"text_{i}": _texts(batch.column(name), file, name, first_row) for i, name in enumerate(texts)}
         if label:
             table["label"] = _labels(batch.column(label), file, label, first_row, stage)
@@ -219,9 +222,27 @@ def _parquet_tables(file: str, source: Source, stage: StageConfig) -> Iterator[p
         yield pa.table(table)
 
 
+def _next_batch(batches: Iterator[pa.RecordBatch], file: str) -> pa.RecordBatch | None:
+    """The next batch of a parquet file (None at its end); a corrupt page is a DataError naming the file."""
+    with _unreadable_parquet(file):
+        return next(batches, None)
+
+
 def _parquet_file(file: str, key: str) -> pq.ParquetFile:
+    """The file opened and its footer read; a corrupt, truncated or empty file is a DataError naming it."""
     filesystem, path = _filesystem(file, key)
-    return pq.ParquetFile(filesystem.open_input_file(path))
+    with _unreadable_parquet(file):
+        return pq.ParquetFile(filesystem.open_input_file(path))
+
+
+@contextlib.contextmanager
+def _unreadable_parquet(file: str) -> Iterator[None]:
+    """pyarrow's errors about a file's bytes (its message names no file) as a DataError naming ``file``."""
+    try:
+        yield
+    except (pa.ArrowException, OSError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise DataError(f"{file}: not a readable parquet file ({reason})") from None
 
 
 def _parquet_columns(parquet: pq.ParquetFile, file: str, source: Source, stage: StageConfig) -> tuple[list, str]:
@@ -252,7 +273,9 @@ def _checked_footer(file: str, source: Source, stage: StageConfig) -> int:
     for group in range(metadata.num_row_groups):
         for name in texts:
             if _may_hold_blanks(metadata.row_group(group).column(positions[name]).statistics):
-                _texts(parquet.read_row_group(group, columns=[name]).column(0), file, name, first_row)
+                with _unreadable_parquet(file):
+                    column = parquet.read_row_group(group, columns=[name]).column(0)
+                _texts(column, file, name, first_row)
         first_row += metadata.row_group(group).num_rows
     return metadata.num_rows
 

@@ -43,13 +43,14 @@ def count_rows(source: Source, stage: StageConfig, data_dir) -> int:
         rows = source.rows if source.rows is not None else known_rows(source, stage, data_dir)
         if rows is None:
             rows = _read(source, stage, data_dir).count()
+    except ray.exceptions.RayTaskError as err:  # first: it is also an instance of the remote error's class
+        cause = err.cause  # the read task's own error; Ray's message is the remote traceback
+        if isinstance(cause, DataError | ValueError):
+            first_line = str(cause).partition("\n")[0]  # Ray Data adds its retry advice as further lines
+            raise ConfigError(f"{source.key}: {first_line}") from None
+        raise
     except DataError as err:
         raise ConfigError(f"{source.key}: {err}") from None
-    except ray.exceptions.RayTaskError as err:
-        cause = err.as_instanceof_cause()
-        if isinstance(cause, DataError | ValueError):
-            raise ConfigError(f"{source.key}: {str(cause).splitlines()[-1]}") from None
-        raise
     return min(rows, stage.limit) if stage.limit else rows
 
 

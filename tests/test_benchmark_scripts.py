@@ -1,0 +1,42 @@
+"""The GPU benchmark scripts' dry runs on CPUs: the scripts themselves (arguments, the commands and benchmark files
+they call, the JSON they print) are checked here, so they do not rot where no GPU runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def dry_run(script: str, data_dir: Path) -> list[dict]:
+    """``benchmarks/<script> --dry-run DATA_DIR`` from the repository root; the JSON list it prints."""
+    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # this venv's tools
+    done = subprocess.run(
+        ["bash", f"benchmarks/{script}", "--dry-run", str(data_dir)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.slow
+def test_gpu_sh_dry_run_benchmarks_beside_sentence_transformers(data_dir):
+    records = dry_run("gpu.sh", data_dir)
+    assert {r["model"] for r in records} == {"random:tiny"}
+    assert {r["impl"] for r in records} == {"sbert-ray", "sentence-transformers"}
+    assert all(r["sentences_per_s"] > 0 for r in records)
+
+
+@pytest.mark.slow
+def test_gpu_train_sh_dry_run_trains_one_process_and_resumes_two_on_its_curve(data_dir):
+    records = dry_run("gpu_train.sh", data_dir)
+    ddp = next(r for r in records if r.get("check") == "ddp_resume")
+    assert ddp["backend"] == "gloo" and ddp["workers"] == 2 and ddp["losses_resumed"]
+    assert ddp["losses_resumed"] == ddp["losses_uninterrupted"] and ddp["max_weight_difference"] == 0  # CPUs: exact
+    assert any(r.get("impl") == "sbert-ray" and r["pairs_per_s"] > 0 for r in records)
