@@ -34,6 +34,7 @@ RAY_ALLOWED = (
     "runs",
     "training.worker",
     "training.trainer",
+    "training.faults",  # on Ray Train's controller: which worker errors end the run
     "tuning",
     "bench.train_speed_on_ray",
     "bench.ingest_speed",  # its cluster mode: the stream through Ray Data

@@ -36,6 +36,7 @@ from sbert_ray.evaluation.dev_score import DEV_SCORE, DevScorer
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.models.model_card import describe_hardware
 from sbert_ray.tracking.mlflow_run import RunLogger
+from sbert_ray.training.faults import WorkerFaults
 from sbert_ray.training.loop import CheckpointWriter, Diverged
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.precision import resolve_precision
@@ -67,7 +68,8 @@ def train_loop_per_worker(loop_config: dict) -> dict:
     ddp = functools.partial(_ddp, bf16_gradients=bf16_gradients)
     worker = Worker(device, precision, context.get_world_rank(), world_size, distribute=ddp)
     tracking = loop_config["tracking"]  # run id, URI, file for metrics in outages; None: no MLflow run (benchmarks)
-    with tempfile.TemporaryDirectory(prefix="sbert-ray-resume-") as resume_dir:
+    faults = WorkerFaults(config)  # an error a restart would meet again ends the run (``training.faults``)
+    with faults, tempfile.TemporaryDirectory(prefix="sbert-ray-resume-") as resume_dir:
         checkpoint = resume_checkpoint()
         restored = None if checkpoint is None else Path(checkpoint.to_directory(resume_dir))
         encoder, state = start_worker(config, worker, restored)
@@ -76,7 +78,8 @@ def train_loop_per_worker(loop_config: dict) -> dict:
         run_logger = RunLogger(**tracking) if worker.rank == 0 and tracking else None
         reporter = RayReporter(config, worker, encoder, run_logger)
         try:
-            train_stages(config, encoder, state, restored, _stage_data(loop_config), worker, reporter, meter)
+            stage_data = faults.opened(_stage_data(loop_config))
+            train_stages(config, encoder, state, restored, stage_data, worker, reporter, meter)
         except Diverged as diverged:
             return _summary(worker, meter, diverged)
         finally:
