@@ -168,7 +168,7 @@ def test_sigterm_to_one_worker_checkpoints_every_rank_at_the_next_loss_read_and_
     outcome: dict = {}
     driver = threading.Thread(target=lambda: outcome.update(result=run_training(config, progress=False)))
     driver.start()
-    client, deadline = MlflowClient(config.tracking.tracking_uri), time.time() + 600
+    client, deadline = MlflowClient(config.tracking.tracking_uri), time.time() + 900  # a hang guard (a loaded host)
     while True:  # until rank 0 has logged 50 steps (well inside the stage)
         experiment = client.get_experiment_by_name("sbert-ray")
         runs = experiment and client.search_runs([experiment.experiment_id])
