@@ -26,6 +26,7 @@ from pathlib import Path
 
 import ray
 import ray.train
+import ray.train.collective
 import ray.train.torch
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
