@@ -37,6 +37,8 @@ RAY_ALLOWED = (
     "runs",
     "training.worker",
     "training.trainer",
+    "training.faults",  # on Ray Train's controller: which worker errors end the run
+    "training.preemption",  # SIGTERM on a Ray Train worker
     "tuning",
     "bench.train_speed_on_ray",
     "bench.ingest_speed",  # its cluster mode: the stream through Ray Data

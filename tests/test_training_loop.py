@@ -20,7 +20,15 @@ import torch
 from sbert_ray.config import EvalConfig, ModelConfig, ScalingConfig, StageConfig, TrainConfig
 from sbert_ray.losses import CosineSimilarityLoss, MultipleNegativesRankingLoss
 from sbert_ray.models import SentenceEncoder
-from sbert_ray.training.loop import LOG_EVERY, Diverged, LocalReporter, MicroBatch, StepSettings, train_stage
+from sbert_ray.training.loop import (
+    LOG_EVERY,
+    Diverged,
+    LocalReporter,
+    MicroBatch,
+    StepSettings,
+    Stopped,
+    train_stage,
+)
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.optimization import Optimization, prepare_optimization
 from sbert_ray.training.stages import Worker, start_worker, train_stages
@@ -138,6 +146,19 @@ def test_a_nan_loss_stops_training_at_the_next_read_naming_its_step(tiny_model_d
     assert (stopped.value.stage, stopped.value.global_step) == (0, 3) and math.isnan(stopped.value.loss)
     assert reporter.reports == []
     assert [step for step, metrics in reporter.logged if "train/loss" in metrics] == []
+
+
+def test_a_stop_request_checkpoints_the_full_state_at_the_next_loss_read_then_stops(tiny_model_dir, tmp_path):
+    """Asked to stop between the loss reads of steps 10 and 20 (a SIGTERM; no report point before the end): the
+    read of step 20 reports a full-state checkpoint of step 20 and training stops there (``Stopped``)."""
+    objective = CosineSimilarityLoss(SentenceEncoder.load(str(tiny_model_dir)))
+    reporter, asked = LocalReporter(tmp_path), iter([False, True])
+    with pytest.raises(Stopped) as stopped:
+        run(objective, float32_batches(objective.encoder, 30), sgd(objective, 1e-3), reporter,
+            total_steps=30, stop_requested=lambda: next(asked))  # fmt: skip
+    assert stopped.value.global_step == 20
+    assert [report["global_step"] for report in reporter.reports] == [20]
+    assert is_full_state(tmp_path / "step-20")
 
 
 def test_losses_are_read_every_log_every_steps_and_at_report_points(tiny_model_dir):

@@ -28,12 +28,16 @@ def run(args: argparse.Namespace) -> int:
     from sbert_ray.evaluation.tasks import parse_tasks, primary_scores
     from sbert_ray.runs.train_run import TrainingDiverged, run_training
     from sbert_ray.tracking.store import redact_uri
+    from sbert_ray.training.faults import DeterministicError
 
     try:
         result = run_training(config, restart=args.restart)
     except TrainingDiverged as err:  # a result, not a crash: one clear line, no traceback
         print(f"sbert-ray train: {err}", file=sys.stderr)
         return 1
+    except DeterministicError as err:  # found on a worker; bad input exits as bad input found before training does
+        print(f"sbert-ray train: error: {err}", file=sys.stderr)
+        return 2 if err.bad_input else 1
     final = result.headlines
     if result.already_finished:
         print(f"run {config.name!r} already finished with this config: nothing to train (--restart trains it anew)")

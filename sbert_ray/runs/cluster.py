@@ -17,6 +17,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from sbert_ray.config import ConfigError, ScalingConfig, TrainConfig
 from sbert_ray.data.records import DataError
 from sbert_ray.ray_compat import autoscaler_node_groups, started_the_cluster
+from sbert_ray.training.faults import causes
 
 logger = logging.getLogger(__name__)
 INPUT_ERRORS = (ConfigError, DataError)  # bad input: the CLI prints these as one line
@@ -242,14 +243,10 @@ def refuse_unshared_paths(paths: dict[str, str], scaling: ScalingConfig) -> None
 
 
 def input_error(error: BaseException) -> ConfigError | DataError | None:
-    """Our bad-input error inside ``error``, else None. A Ray task's error holds the remote one in ``cause`` (and
-    is an instance of its class too, with Ray's traceback as its message)."""
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, INPUT_ERRORS) and not isinstance(seen, ray.exceptions.RayError):
-            return seen
-        seen = getattr(seen, "cause", None) or seen.__cause__
-    return None
+    """Our bad-input error inside ``error`` (``faults.causes``: a Ray task's error is an instance of its cause's
+    class too, with Ray's traceback as its message), else None."""
+    inside = (c for c in causes(error) if isinstance(c, INPUT_ERRORS) and not isinstance(c, ray.exceptions.RayError))
+    return next(inside, None)
 
 
 class _HideInputErrors(logging.Filter):

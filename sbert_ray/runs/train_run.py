@@ -62,6 +62,7 @@ from sbert_ray.tracking.mlflow_run import (
 )
 from sbert_ray.tracking.model_registry import log_sentence_transformer, model_uri
 from sbert_ray.tracking.store import check_reachable, redact_uri, warn_if_password
+from sbert_ray.training.faults import EndOnDeterministicError, raised_on_a_worker
 from sbert_ray.training.sources import Source, is_path, known_rows, stage_sources
 from sbert_ray.training.stage_data import StageData, count_stages, planned_steps, stage_datasets
 from sbert_ray.training.state import MODEL_DIR
@@ -272,7 +273,7 @@ def build_trainer(
             name=config.name,
             storage_path=config.checkpoint.storage_path,
             failure_config=ray.train.FailureConfig(max_failures=config.checkpoint.max_failures),
-            callbacks=callbacks,
+            callbacks=[EndOnDeterministicError(), *(callbacks or [])],  # these fail once, whatever max_failures
             checkpoint_config=ray.train.CheckpointConfig(
                 num_to_keep=config.checkpoint.keep_best,
                 checkpoint_score_attribute=DEV_SCORE,
@@ -448,10 +449,17 @@ def fit(
     callbacks: list,
 ) -> tuple[ray.train.Result, float]:
     """The ``TorchTrainer`` fitted (resuming from the run's latest checkpoint); a NaN/inf stop is recorded and
-    raised. Returns the result and the seconds ``fit`` took."""
+    raised, an error a restart would meet again (``training.faults``) raised as its one line. Returns the result
+    and the seconds ``fit`` took."""
     start = time.perf_counter()
     trainer = build_trainer(plan.config, data, plan.config.tracking.tracking_uri, tracker.run_id, callbacks)
-    result = trainer.fit()
+    try:
+        result = trainer.fit()
+    except ray.train.TrainingFailedError as err:
+        fault = raised_on_a_worker(err)
+        if fault is None:
+            raise
+        raise fault from None  # Ray's message around it is the worker's traceback, which Ray's logs keep
     train_seconds = time.perf_counter() - start
     try:
         check_diverged(result)

@@ -2,9 +2,11 @@
 
 The step never waits for the device: losses stay on it and are read once per ``LOG_EVERY`` steps (and at each
 report point), which is also where a NaN or infinite loss is caught (``Diverged``); every rank reads at the same
-steps, so all stop together, and no checkpoint is written from the broken weights. Metrics and checkpoints leave
-through a ``Reporter``: Ray's (``training.worker``) logs to MLflow and reports to Ray Train; ``LocalReporter`` keeps
-them in memory (tests, the in-process benchmark).
+steps, so all stop together, and no checkpoint is written from the broken weights. The same read carries whether
+any rank was asked to stop (a preemption notice: ``StepSettings.stop_requested``): then every rank writes a
+full-state checkpoint at that step and raises ``Stopped``. Metrics and checkpoints leave through a ``Reporter``:
+Ray's (``training.worker``) logs to MLflow and reports to Ray Train; ``LocalReporter`` keeps them in memory (tests,
+the in-process benchmark).
 """
 
 from __future__ import annotations
@@ -29,6 +31,18 @@ from sbert_ray.training.sparse_embeddings import densify, sparse_gradient_weight
 from sbert_ray.training.state import TrainState, rng_state, save_checkpoint, save_weights
 
 LOG_EVERY = 10  # optimizer steps between loss reads (and MLflow metric points)
+
+
+def never() -> bool:
+    return False
+
+
+class Stopped(Exception):
+    """A rank was asked to stop: every rank reported a full-state checkpoint at ``global_step`` and stops."""
+
+    def __init__(self, global_step: int):
+        super().__init__(f"asked to stop: full-state checkpoint at step {global_step}")
+        self.global_step = global_step
 
 
 class Diverged(Exception):
@@ -70,6 +84,10 @@ class StepSettings:
     max_grad_norm: float = 1.0
     eval_every: int = 0  # optimizer steps between report points; 0: only at the stage's last step
     full_every: int = 1  # report points between full-state checkpoints (the others hold weights only)
+    # Whether this rank was asked to stop (a preemption notice), asked at each loss read: every LOG_EVERY steps. A
+    # flag all-reduced each step would cost a host sync per step (the loop otherwise never waits for the device);
+    # carried in the loss read's all-reduce it costs nothing, and a notice waits at most LOG_EVERY steps.
+    stop_requested: Callable[[], bool] = never
 
     @classmethod
     def for_stage(
@@ -185,8 +203,9 @@ def train_stage(
             reporter.log({"train/time_to_first_step_s": first_step_s}, step=1)
         last = state.step == settings.total_steps
         report = last or (settings.eval_every and state.step % settings.eval_every == 0)
+        stop = False
         if report or window_steps == LOG_EVERY:
-            losses = read_losses(window_losses[:window_steps], state, world_size)
+            losses, stop = read_losses(window_losses[:window_steps], state, world_size, settings.stop_requested())
             window = {"train_loss": sum(losses) / len(losses), "pairs_per_s": meter.close_window()}
             metrics = {
                 "train/loss": window["train_loss"],
@@ -200,15 +219,18 @@ def train_stage(
             reporter.log(metrics | data_metrics(), step=state.global_step)
             window_losses.zero_()
             window_masked, window_steps = None, 0
-        if report:
+        if report or stop:
             state.stage_done = last
             save = checkpoint_writer(
-                state, objective, optimization, device, world_size, settings.full_state_at(state.step)
+                state, objective, optimization, device, world_size, stop or settings.full_state_at(state.step)
             )
+            save = dataclasses.replace(save, stopping=stop)
             with meter.reporting():  # not training time: evaluation, checkpoint, upload, waiting for the others
                 reporter.report(state, save, window)
             # What the report point cost this rank's training (scoring, writing, handing the checkpoint over).
             reporter.log({"train/report_s": meter.last_report_s}, step=state.global_step)
+        if stop:
+            raise Stopped(state.global_step)
         if last:
             break
     return state
@@ -239,17 +261,22 @@ def optimizer_step(
     optimizer.zero_grad(set_to_none=world_size == 1)  # DDP's gradients are views into its buckets
 
 
-def read_losses(losses: torch.Tensor, state: TrainState, world_size: int) -> list[float]:
+def read_losses(
+    losses: torch.Tensor, state: TrainState, world_size: int, stop: bool = False
+) -> tuple[list[float], bool]:
     """The one host sync per window: every rank's step losses summed (so all ranks see a NaN anywhere and stop
-    together), as the mean over workers; raises ``Diverged`` at the first step whose loss is not finite."""
+    together), as the mean over workers, and whether any rank asked to ``stop`` (summed in the same all-reduce);
+    raises ``Diverged`` at the first step whose loss is not finite."""
+    read = torch.cat([losses, losses.new_full((1,), float(stop))])
     if world_size > 1:
-        dist.all_reduce(losses)
-    values = [value / world_size for value in losses.tolist()]
+        dist.all_reduce(read)
+    *values, stops = read.tolist()
+    values = [value / world_size for value in values]
     first_step = state.global_step - len(values) + 1
     for offset, value in enumerate(values):
         if not math.isfinite(value):
             raise Diverged(state.stage, first_step + offset, value)
-    return values
+    return values, stops > 0
 
 
 def read_count(count: torch.Tensor, world_size: int) -> int:
@@ -262,10 +289,12 @@ def read_count(count: torch.Tensor, world_size: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointWriter:
-    """``save(folder)`` of a report point: a full-state checkpoint when ``full_state``, else the weights only."""
+    """``save(folder)`` of a report point: a full-state checkpoint when ``full_state``, else the weights only;
+    ``stopping``: the last before the workers stop (``Stopped``), whose report waits for its upload."""
 
     full_state: bool
     write: Callable[[Path], None]
+    stopping: bool = False
 
     def __call__(self, folder: Path) -> None:
         self.write(folder)

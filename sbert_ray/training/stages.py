@@ -20,7 +20,7 @@ import torch
 from sbert_ray.config import StageConfig, TrainConfig
 from sbert_ray.losses.registry import build_loss
 from sbert_ray.models import SentenceEncoder, load_encoder
-from sbert_ray.training.loop import Reporter, StepSettings, train_stage
+from sbert_ray.training.loop import Reporter, StepSettings, never, train_stage
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.optimization import prepare_optimization
 from sbert_ray.training.sparse_embeddings import sparse_embedding_gradients
@@ -37,13 +37,15 @@ def _alone(objective: torch.nn.Module) -> torch.nn.Module:
 @dataclasses.dataclass(frozen=True)
 class Worker:
     """This training process: its device and arithmetic (a resolved precision), its rank among ``world_size``
-    workers, and how its objective joins theirs (``distribute``: DDP from the Ray adapter; as it is alone)."""
+    workers, how its objective joins theirs (``distribute``: DDP from the Ray adapter; as it is alone), and whether
+    it was asked to stop (``stop_requested``: a preemption notice, ``training.preemption``)."""
 
     device: torch.device
     precision: str = "fp32"
     rank: int = 0
     world_size: int = 1
     distribute: Callable[[torch.nn.Module], torch.nn.Module] = _alone
+    stop_requested: Callable[[], bool] = never
 
 
 def seed_everything(seed: int) -> None:
@@ -123,6 +125,7 @@ def _train_stage(
     settings = StepSettings.for_stage(
         stage, steps, config.evaluation.eval_every, device, worker.precision, config.checkpoint.full_every, plan.chunks
     )
+    settings = dataclasses.replace(settings, stop_requested=worker.stop_requested)
     meter.data_ready()
     # A head restored from the checkpoint must not advance the random stream restored with it.
     rng_devices = [device.index or 0] if device.type == "cuda" else []

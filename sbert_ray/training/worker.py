@@ -26,6 +26,7 @@ from pathlib import Path
 
 import ray
 import ray.train
+import ray.train.collective
 import ray.train.torch
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -36,9 +37,11 @@ from sbert_ray.evaluation.dev_score import DEV_SCORE, DevScorer
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.models.model_card import describe_hardware
 from sbert_ray.tracking.mlflow_run import RunLogger
-from sbert_ray.training.loop import CheckpointWriter, Diverged
+from sbert_ray.training.faults import WorkerFaults
+from sbert_ray.training.loop import CheckpointWriter, Diverged, Stopped
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.precision import resolve_precision
+from sbert_ray.training.preemption import watch_sigterm
 from sbert_ray.training.stages import Worker, start_worker, train_stages
 from sbert_ray.training.state import TrainState
 from sbert_ray.training.stream import SourceStream
@@ -65,9 +68,10 @@ def train_loop_per_worker(loop_config: dict) -> dict:
     # Gradients travel as bf16 (half the bytes) and are averaged back into fp32.
     bf16_gradients = world_size > 1 and device.type == "cuda" and precision == "bf16"
     ddp = functools.partial(_ddp, bf16_gradients=bf16_gradients)
-    worker = Worker(device, precision, context.get_world_rank(), world_size, distribute=ddp)
+    worker = Worker(device, precision, context.get_world_rank(), world_size, ddp, stop_requested=watch_sigterm())
     tracking = loop_config["tracking"]  # run id, URI, file for metrics in outages; None: no MLflow run (benchmarks)
-    with tempfile.TemporaryDirectory(prefix="sbert-ray-resume-") as resume_dir:
+    faults = WorkerFaults(config)  # an error a restart would meet again ends the run (``training.faults``)
+    with faults, tempfile.TemporaryDirectory(prefix="sbert-ray-resume-") as resume_dir:
         checkpoint = resume_checkpoint()
         restored = None if checkpoint is None else Path(checkpoint.to_directory(resume_dir))
         encoder, state = start_worker(config, worker, restored)
@@ -76,9 +80,13 @@ def train_loop_per_worker(loop_config: dict) -> dict:
         run_logger = RunLogger(**tracking) if worker.rank == 0 and tracking else None
         reporter = RayReporter(config, worker, encoder, run_logger)
         try:
-            train_stages(config, encoder, state, restored, _stage_data(loop_config), worker, reporter, meter)
+            stage_data = faults.opened(_stage_data(loop_config))
+            train_stages(config, encoder, state, restored, stage_data, worker, reporter, meter)
         except Diverged as diverged:
             return _summary(worker, meter, diverged)
+        except Stopped:  # a SIGTERM: every rank reported a full-state checkpoint (``training.preemption``)
+            ray.train.collective.barrier()  # every rank's report is queued before one fails and Ray stops them all
+            raise
         finally:
             if run_logger:
                 run_logger.drain()  # the metrics thread dies with this process: hand its queue on first
@@ -161,7 +169,7 @@ class RayReporter:
         ray.train.report(
             metrics,
             checkpoint=ray.train.Checkpoint.from_directory(directory),
-            checkpoint_upload_mode=self.upload,
+            checkpoint_upload_mode=ray.train.CheckpointUploadMode.SYNC if save.stopping else self.upload,
             validation=validation,
         )
 
