@@ -11,19 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import ray
-from ray.train.v2.api.callback import UserCallback
 from ray.util.placement_group import PlacementGroup
 
 NODE_IP_ENV = "SBERT_RAY_NODE_IP"  # the address a local cluster we start listens on (default: loopback only)
 LOOPBACK = "127.0.0.1"
-
-# Ray Train v2's callback base class for the driver side (``after_report`` on the controller). Train v2 exports it
-# from no public module in 2.60 (``ray.train.UserCallback`` appears only in later releases).
-TrainCallback = UserCallback
 
 
 def connect_ray() -> None:
@@ -116,3 +111,11 @@ def actor_created_placement_groups() -> list[ActorPlacementGroup]:
         and record.creator_actor_id
         and not ray.ActorID(record.creator_actor_id).is_nil()
     ]
+
+
+def run_on_train_worker_main_thread(function: Callable[[], None]) -> None:
+    """Run ``function`` on the main thread of the Ray Train worker actor this code trains in (where Python lets a
+    signal handler be installed; training runs on another thread). Train v2's worker actor has an ``execute``
+    method for its controller; no public API runs code on that thread. Raises AttributeError or a RayError where
+    this is no Train v2 worker."""
+    ray.get(ray.get_runtime_context().current_actor.execute.remote(function))

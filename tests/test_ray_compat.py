@@ -20,10 +20,12 @@ def test_the_switch_that_keeps_a_local_cluster_on_loopback_is_still_there():
     assert "_node_ip_address" in inspect.getsource(ray._private.worker.init)  # taken through ray.init's **kwargs
 
 
-def test_the_train_callback_hook_has_the_arguments_progress_lines_take():
-    """``runs.progress_lines.TrainingProgress.after_report`` overrides this hook; the controller calls it so."""
-    hook = inspect.signature(ray_compat.TrainCallback.after_report)
-    assert list(hook.parameters) == ["self", "run_context", "metrics", "checkpoint"]
+def test_a_train_worker_actor_runs_code_on_its_main_thread():
+    """``run_on_train_worker_main_thread`` calls the worker actor's ``execute`` (what Train v2's controller uses):
+    it must still exist and take a function. Its effect on a real worker is tests/test_faults.py's SIGTERM test."""
+    from ray.train.v2._internal.execution.worker_group.worker import RayTrainWorker
+
+    assert list(inspect.signature(RayTrainWorker.execute).parameters)[:2] == ["self", "fn"]
 
 
 @ray.remote(num_cpus=0)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import ray.train
 from ray.tune import Callback
 
 from sbert_ray.progress import progress_bar
-from sbert_ray.ray_compat import TrainCallback
 
 
 def duration(seconds: float) -> str:
@@ -18,7 +18,7 @@ def duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
 
 
-class TrainingProgress(TrainCallback):
+class TrainingProgress(ray.train.UserCallback):
     """``stage 1/1  step 120/360  loss 0.0213  dev 84.91  31.2 pairs/s  elapsed 1m05s  ETA 2m10s`` at every report
     (each dev evaluation and the end of each stage). ``stage_steps``: the optimizer steps of each stage."""
 

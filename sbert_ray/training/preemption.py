@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import ray
 
+from sbert_ray.ray_compat import run_on_train_worker_main_thread
 from sbert_ray.training.loop import never
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ def watch_sigterm() -> Callable[[], bool]:
     """Install the handler in this Ray Train worker; returns whether a SIGTERM asked it to stop (``Worker
     .stop_requested``). Where the actor cannot run it (not a Ray Train worker), SIGTERM stays Ray's."""
     try:
-        ray.get(ray.get_runtime_context().current_actor.execute.remote(install_handler))
+        run_on_train_worker_main_thread(install_handler)
     except (AttributeError, RuntimeError, ray.exceptions.RayError) as err:
         log.warning("no checkpoint on SIGTERM in this worker (%s): a preemption loses the steps since the last", err)
         return never
