@@ -218,14 +218,16 @@ def test_multiple_negatives_ranking_loss_matches_sentence_transformers(
     _assert_matches_reference_and_trains_encoder(ours, theirs, _features(encoder, *columns), None)
 
 
+@pytest.mark.parametrize("symmetric", [False, True])  # symmetric: each worker's positives rank all anchors too
 def test_gathered_loss_and_gradients_equal_the_global_batch(
-    encoder: SentenceEncoder, tiny_model_dir: Path, tmp_path: Path
+    encoder: SentenceEncoder, tiny_model_dir: Path, tmp_path: Path, symmetric: bool
 ) -> None:
     splits = [(2, 2), (3, 1)]  # equal shards, and a smaller last batch on one worker
     columns = [ANCHORS, POSITIVES, NEGATIVES]
-    mp.spawn(gathered_mnrl, args=(2, str(tiny_model_dir), str(tmp_path), splits, columns), nprocs=2, join=True)
+    arguments = (2, str(tiny_model_dir), str(tmp_path), splits, columns, symmetric)
+    mp.spawn(gathered_mnrl, args=arguments, nprocs=2, join=True)
 
-    single = MultipleNegativesRankingLoss(SentenceEncoder.load(tiny_model_dir).double())
+    single = MultipleNegativesRankingLoss(SentenceEncoder.load(tiny_model_dir).double(), symmetric=symmetric)
     expected_loss = single(_features(encoder, ANCHORS, POSITIVES, NEGATIVES))
     expected_loss.backward()
     expected_grads = trainable_grads(single.encoder)
