@@ -84,7 +84,7 @@ class MultipleNegativesRankingLoss(EncoderLoss):
         # would blur the differences between candidates that the ranking is about (float64 stays float64).
         dtype = torch.promote_types(anchors.dtype, torch.float32)
         with torch.autocast(anchors.device.type, enabled=False):
-            rows = F.normalize(rows.to(dtype), dim=-1)
+            rows = rows.to(dtype)
             targets = torch.arange(offset, offset + len(anchors), device=anchors.device)
             # All positives first, then all negatives, so anchor i's positive is candidate offset + i.
             candidates = rows[:, ranked].transpose(0, 1).flatten(0, 1)
@@ -110,10 +110,10 @@ class MultipleNegativesRankingLoss(EncoderLoss):
         target_hashes: Tensor | None,
         candidate_hashes: Tensor | None,
     ) -> tuple[Tensor, Tensor | None]:
-        """Cross-entropy of each query's scaled cosines to the (normalised) candidates, the target candidate being
+        """Cross-entropy of each query's scaled cosines to the candidates, the target candidate being
         the right one; with hashes, a candidate other than the target whose text is the target's (the hash of row
         i's target text: ``target_hashes``) is left out of row i's softmax, and how many were is the second value."""
-        scores = self.scale * F.normalize(queries, dim=-1) @ candidates.T
+        scores = self.scale * F.normalize(queries, dim=-1) @ F.normalize(candidates, dim=-1).T
         if candidate_hashes is None:
             return F.cross_entropy(scores, targets), None
         candidate = torch.arange(len(candidate_hashes), device=scores.device)
