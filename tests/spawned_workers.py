@@ -23,13 +23,19 @@ def trainable_grads(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def gathered_mnrl(
-    rank: int, world_size: int, model_dir: str, tmp: str, splits: list[tuple[int, ...]], columns: list[list[str]]
+    rank: int,
+    world_size: int,
+    model_dir: str,
+    tmp: str,
+    splits: list[tuple[int, ...]],
+    columns: list[list[str]],
+    symmetric: bool = False,
 ) -> None:
     """One data-parallel worker: its shard of each batch, gathered loss, DDP-style gradient reduction."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world_size)
     encoder = SentenceEncoder.load(model_dir).double()  # exact math, compared in float64 (see the test)
-    loss_fn = MultipleNegativesRankingLoss(encoder)
+    loss_fn = MultipleNegativesRankingLoss(encoder, symmetric=symmetric)
     for index, sizes in enumerate(splits):
         start, total = sum(sizes[:rank]), sum(sizes)
         shard = [column[start : start + sizes[rank]] for column in columns]

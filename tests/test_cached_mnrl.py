@@ -72,11 +72,15 @@ def encoder(tiny_model_dir: Path) -> SentenceEncoder:
     return SentenceEncoder.load(tiny_model_dir).double()  # eval mode: no dropout
 
 
-@pytest.mark.parametrize(("with_hard_negatives", "mini_batch_size"), [(False, 1), (True, 3)])  # 3: a short last one
-def test_gradients_equal_uncached_loss(encoder: SentenceEncoder, with_hard_negatives: bool, mini_batch_size: int):
+@pytest.mark.parametrize(
+    ("with_hard_negatives", "mini_batch_size", "symmetric"), [(False, 1, False), (True, 3, False), (True, 3, True)]
+)  # 3: a short last one
+def test_gradients_equal_uncached_loss(
+    encoder: SentenceEncoder, with_hard_negatives: bool, mini_batch_size: int, symmetric: bool
+):
     features = [encoder.tokenize(column) for column in _columns(with_hard_negatives)]
-    loss, grads = _loss_and_grads(MultipleNegativesRankingLoss(encoder), encoder, features)
-    cached = CachedMultipleNegativesRankingLoss(encoder, mini_batch_size=mini_batch_size)
+    loss, grads = _loss_and_grads(MultipleNegativesRankingLoss(encoder, symmetric=symmetric), encoder, features)
+    cached = CachedMultipleNegativesRankingLoss(encoder, mini_batch_size=mini_batch_size, symmetric=symmetric)
     # Scaled like the worker's gradient accumulation: the scale must reach every re-forwarded mini-batch.
     cached_loss, cached_grads = _loss_and_grads(cached, encoder, features, scale=0.5)
     torch.testing.assert_close(cached_loss, loss * 0.5, **GRAD_TOLERANCE)  # float64 too

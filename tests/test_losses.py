@@ -18,8 +18,12 @@ from sbert_ray.config import StageConfig
 from sbert_ray.data.records import NLI_LABELS, LabelledPair, ScoredPair
 from sbert_ray.losses import (
     OBJECTIVES,
+    AnglELoss,
+    CoSENTLoss,
     CosineSimilarityLoss,
+    DistillKLDivLoss,
     EncoderLoss,
+    MarginMSELoss,
     MultipleNegativesRankingLoss,
     SoftmaxLoss,
     TripletLoss,
@@ -145,7 +149,7 @@ def test_mnrl_keeps_entailed_pairs_and_objectives_refuse_other_records() -> None
 def test_every_registered_objective_declares_what_it_trains_on() -> None:
     for name, loss in OBJECTIVES.items():
         assert loss.record_types and loss.user_file_kind in ("scored", "labelled", "triplet"), name
-        assert loss.label_field in (None, "label", "score"), name
+        assert loss.label_field in (None, "label", "score", "scores"), name
 
 
 # --- TripletLoss ---------------------------------------------------------------------------------------
@@ -214,14 +218,16 @@ def test_multiple_negatives_ranking_loss_matches_sentence_transformers(
     _assert_matches_reference_and_trains_encoder(ours, theirs, _features(encoder, *columns), None)
 
 
+@pytest.mark.parametrize("symmetric", [False, True])  # symmetric: each worker's positives rank all anchors too
 def test_gathered_loss_and_gradients_equal_the_global_batch(
-    encoder: SentenceEncoder, tiny_model_dir: Path, tmp_path: Path
+    encoder: SentenceEncoder, tiny_model_dir: Path, tmp_path: Path, symmetric: bool
 ) -> None:
     splits = [(2, 2), (3, 1)]  # equal shards, and a smaller last batch on one worker
     columns = [ANCHORS, POSITIVES, NEGATIVES]
-    mp.spawn(gathered_mnrl, args=(2, str(tiny_model_dir), str(tmp_path), splits, columns), nprocs=2, join=True)
+    arguments = (2, str(tiny_model_dir), str(tmp_path), splits, columns, symmetric)
+    mp.spawn(gathered_mnrl, args=arguments, nprocs=2, join=True)
 
-    single = MultipleNegativesRankingLoss(SentenceEncoder.load(tiny_model_dir).double())
+    single = MultipleNegativesRankingLoss(SentenceEncoder.load(tiny_model_dir).double(), symmetric=symmetric)
     expected_loss = single(_features(encoder, ANCHORS, POSITIVES, NEGATIVES))
     expected_loss.backward()
     expected_grads = trainable_grads(single.encoder)
@@ -242,3 +248,81 @@ def test_one_forward_embeds_every_column_as_separate_forwards_would(encoder: Sen
     for joint, separate in zip(loss.embed(features), [encoder(column) for column in features], strict=True):
         # The same float32 math on a wider padded batch (other kernel blocking): a few ulps of values below ~4.
         torch.testing.assert_close(joint, separate, atol=1e-5, rtol=1e-5)
+
+
+# --- Losses on scored pairs and a teacher's scores, against sentence-transformers in float64 -----------------------
+
+
+def _random_columns(columns: int, rows: int = 8, dim: int = 16) -> list[Tensor]:
+    generator = torch.Generator().manual_seed(columns * 1000 + dim)
+    return [torch.randn(rows, dim, dtype=torch.float64, generator=generator) for _ in range(columns)]
+
+
+def _assert_equals_reference_in_float64(
+    ours: EncoderLoss, theirs: torch.nn.Module, columns: list[Tensor], labels: Tensor | None, terms: int, size: float
+) -> None:
+    """The same loss and the same gradient w.r.t. every embedding, from the same float64 embeddings and labels.
+
+    The two implementations add up the same ``terms`` values, each at most ``size``, in other orders (one sorts and
+    takes cumulative log-sum-exps, the other masks a matrix, ...). Reordering a sum of n terms moves it by at most
+    (n - 1) * eps * (the sum of their absolute values), so the two differ by at most 2 * terms * eps * terms * size
+    (1e-10 to 1e-5 of losses of order 1 to 100 here), while a wrong term or factor moves them by 1e-2 at least."""
+    tolerance = 2 * terms * torch.finfo(torch.float64).eps * terms * size
+    results = []
+    for loss in (ours, theirs):
+        leaves = [column.clone().requires_grad_() for column in columns]
+        value = loss.compute_loss_from_embeddings(leaves, labels)
+        results.append((value.detach(), torch.autograd.grad(value, leaves)))
+    (our_loss, our_grads), (their_loss, their_grads) = results
+    assert our_loss.dtype == torch.float64 and our_loss.abs() > 1e-3  # a loss that could differ
+    torch.testing.assert_close(our_loss, their_loss, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(our_grads, their_grads, atol=tolerance, rtol=tolerance)
+
+
+# Scores with ties: tied pairs are not ordered, so they add no term.
+STS_SCORES = torch.tensor([0.9, 0.2, 0.6, 0.0, 0.6, 1.0, 0.4, 0.2], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("dim", [16, 15])  # 15: AnglE pads an odd embedding to split it into halves
+@pytest.mark.parametrize(("ours", "theirs"), [(CoSENTLoss, st_losses.CoSENTLoss), (AnglELoss, st_losses.AnglELoss)])
+def test_cosent_and_angle_equal_sentence_transformers(reference, encoder, ours, theirs, dim: int) -> None:
+    for scale in (20.0, 7.5):
+        mine, reference_loss = ours(encoder, scale=scale), theirs(reference, scale=scale)
+        # 64 ordered-or-not pairs of scaled similarity differences, each at most 2 * scale
+        columns = _random_columns(2, dim=dim)
+        _assert_equals_reference_in_float64(mine, reference_loss, columns, STS_SCORES, 64, 2 * scale)
+
+
+@pytest.mark.parametrize("with_hard_negatives", [False, True])
+def test_symmetric_mnrl_equals_sentence_transformers(reference, encoder, with_hard_negatives: bool) -> None:
+    columns = _random_columns(3 if with_hard_negatives else 2)
+    theirs = st_losses.MultipleNegativesSymmetricRankingLoss(reference, scale=12.0)
+    ours = MultipleNegativesRankingLoss(encoder, scale=12.0, symmetric=True)
+    _assert_equals_reference_in_float64(ours, theirs, columns, None, 8 * 8 * len(columns), 12.0)
+
+
+@pytest.mark.parametrize("negatives", [1, 3])
+def test_margin_mse_equals_sentence_transformers(reference, encoder, negatives: int) -> None:
+    """Teacher scores per row [positive, negative_1..n], as the sources give them; ST turns them into margins too."""
+    columns = _random_columns(2 + negatives)
+    teacher = torch.randn(8, 1 + negatives, dtype=torch.float64, generator=torch.Generator().manual_seed(3)) * 5
+    # 8 * n squared differences of margins of dot products of 16 terms each (|x| < 5: dot products < 400)
+    _assert_equals_reference_in_float64(
+        MarginMSELoss(encoder), st_losses.MarginMSELoss(reference), columns, teacher, 8 * negatives * 16, 400.0**2
+    )
+
+
+@pytest.mark.parametrize(("negatives", "temperature"), [(1, 1.0), (3, 1.0), (3, 4.0)])
+def test_distill_kl_equals_sentence_transformers(reference, encoder, negatives: int, temperature: float) -> None:
+    columns = _random_columns(2 + negatives)
+    teacher = torch.randn(8, 1 + negatives, dtype=torch.float64, generator=torch.Generator().manual_seed(4)) * 5
+    theirs = st_losses.DistillKLDivLoss(reference, temperature=temperature)
+    ours = DistillKLDivLoss(encoder, temperature=temperature)
+    # 8 rows of log-softmaxes over 1 + n dot products of 16 terms each, each below 400
+    _assert_equals_reference_in_float64(ours, theirs, columns, teacher, 8 * (1 + negatives) * 16, 400.0)
+
+
+def test_teacher_score_losses_refuse_rows_without_a_negative(encoder) -> None:
+    for loss in (MarginMSELoss(encoder), DistillKLDivLoss(encoder)):
+        with pytest.raises(ValueError, match="expects a query, a positive and negatives, got 2 columns"):
+            loss.compute_loss_from_embeddings(_random_columns(2), torch.zeros(8, 1))

@@ -24,7 +24,7 @@ from sbert_ray.losses.registry import OBJECTIVES
 from sbert_ray.models import load_encoder
 from sbert_ray.models.load import load_tokenizer
 from sbert_ray.models.random_bert import random_bert
-from sbert_ray.training.batches import split_batch, tokenize_table, truncated_rows
+from sbert_ray.training.batches import TokenizedRows, split_batch, tokenize_table, truncated_rows
 from sbert_ray.training.loop import MicroBatch
 from sbert_ray.training.sources import known_rows, list_files, read_tables, stage_sources
 from sbert_ray.training.stream import (
@@ -380,3 +380,42 @@ def test_an_uneven_split_gives_every_step_the_global_batch_and_resumes_after_a_r
     assert all(sum(b.size for rank in before for b in rank if b.position == p) == 16 for p in range(1, 18))
     counts = [stream.counts[0] for stream in streams]
     assert counts[0].repeated > 0 and counts[0].repeated <= 50 and all(c.unseen <= 50 for c in counts[1:])
+
+
+def test_a_teachers_scores_are_read_beside_the_negatives_and_a_missing_one_is_refused_before_ray(
+    tmp_path, tiny_train_config, capsys, tokenizer
+) -> None:
+    """margin_mse / distill_kl read ``score_positive`` and ``score_<negative column>`` as each row's label, in the
+    order of the texts; a source without one, a missing score, or a csv are refused naming the column, row or file,
+    as one line of ``sbert-ray train`` before Ray."""
+    from sbert_ray.cli import main
+
+    rows = {"anchor": ["q1", "q2"], "positive": ["p1", "p2"], "negative_1": ["n1", "n2"], "negative_2": ["m1", "m2"]}
+    scores = {"score_negative_2": [-3, -4], "score_positive": [9.5, 8.0], "score_negative_1": [1.0, 2.5]}
+    path = tmp_path / "mined.parquet"
+    pq.write_table(pa.table(rows | scores), path)
+    stage = StageConfig(dataset=str(path), objective="margin_mse")
+    (source,) = stage_sources(stage, 0)
+    (table,) = read_tables(source, source.files[0], stage, None)
+    assert table.column("label").to_pylist() == [[9.5, 1.0, -3.0], [8.0, 2.5, -4.0]]
+    assert table.column("text_3").to_pylist() == ["m1", "m2"]
+    tokens = tokenize_table(table, SimpleNamespace(tokenizer=tokenizer, max_seq_length=8, prompts={}))
+    assert TokenizedRows.from_arrow(tokens).labels.tolist() == [[9.5, 1.0, -3.0], [8.0, 2.5, -4.0]]
+
+    pq.write_table(pa.table(rows | scores | {"score_negative_1": [1.0, None]}), path)
+    with pytest.raises(DataError, match=rf"^{path}, row 2: column 'score_negative_1' is not a finite number$"):
+        list(read_tables(source, source.files[0], stage, None))
+
+    triplets = {"anchor": ["q1"], "positive": ["p1"], "negative": ["n1"], "score_positive": [9.0]}
+    pq.write_table(pa.table(triplets), path)
+    csv = tmp_path / "mined.csv"
+    csv.write_text("anchor,positive,negative,score_positive,score_negative\nq1,p1,n1,9,1\n")
+    for dataset, message in [
+        (path, "no column 'score_negative'"),
+        (csv, "trains on a teacher's scores, read from parquet"),
+    ]:
+        overrides = [f"stages.0.dataset={dataset}", "stages.0.objective=margin_mse", "stages.0.limit=null"]
+        code = main(["train", str(tiny_train_config()), *overrides])
+        err = capsys.readouterr().err
+        assert code == 2 and err.startswith("sbert-ray train: error: ") and err.count("\n") == 1, err
+        assert f"{dataset}: " in err and message in err, err

@@ -33,7 +33,9 @@ class EncoderLoss(nn.Module, ABC):
 
     record_types: ClassVar[tuple[type[Record], ...]]
     user_file_kind: ClassVar[Kind]
-    label_field: ClassVar[str | None] = None  # "label" (class index) or "score" (scaled to [0, 1] by score_max)
+    # "label" (class index), "score" (scaled to [0, 1] by score_max) or "scores" (a teacher's, as they are: per row
+    # [score_positive, score_negative_1..n], from a parquet source's columns of those names)
+    label_field: ClassVar[str | None] = None
     in_batch_negatives: ClassVar[bool] = False  # the batch's other examples are negatives: duplicates hurt
     # Candidates the last forward left out of the negatives as duplicates of an anchor's positive (a tensor on the
     # device, so reading it is the reader's host sync); None where that forward masked nothing.

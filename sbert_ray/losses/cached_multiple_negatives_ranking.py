@@ -27,7 +27,8 @@ class CachedMultipleNegativesRankingLoss(MultipleNegativesRankingLoss):
 
     Because this is one ordinary backward pass, each parameter's gradient is summed over the mini-batches before
     its gradient hook fires, once: DDP synchronises exactly as for the uncached loss, and the training loop's
-    plain `loss.backward()`, `no_sync` accumulation and loss scaling all work unchanged.
+    plain `loss.backward()`, `no_sync` accumulation and loss scaling all work unchanged. The same holds for the
+    `symmetric` loss (sentence-transformers' CachedMultipleNegativesSymmetricRankingLoss): only the formula differs.
     """
 
     def __init__(
@@ -37,9 +38,14 @@ class CachedMultipleNegativesRankingLoss(MultipleNegativesRankingLoss):
         gather_across_workers: bool = True,
         mini_batch_size: int = 32,
         mask_duplicates: bool = True,
+        symmetric: bool = False,
     ) -> None:
         super().__init__(
-            encoder, scale=scale, gather_across_workers=gather_across_workers, mask_duplicates=mask_duplicates
+            encoder,
+            scale=scale,
+            gather_across_workers=gather_across_workers,
+            mask_duplicates=mask_duplicates,
+            symmetric=symmetric,
         )
         if mini_batch_size < 1:
             raise ValueError(f"mini_batch_size must be >= 1, got {mini_batch_size}")

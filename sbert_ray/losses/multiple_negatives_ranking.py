@@ -29,6 +29,11 @@ class MultipleNegativesRankingLoss(EncoderLoss):
     whose text is anchor i's positive, other than that positive itself (the same text as another row's positive
     or hard negative, on any worker), is left out of anchor i's softmax: it is the right answer, not a negative.
     `masked_duplicates` counts those left out in the last forward.
+
+    With `symmetric` (sentence-transformers' MultipleNegativesSymmetricRankingLoss), each positive must also pick
+    its own anchor among all anchors, and the loss is the mean of the two directions' cross-entropies; an anchor
+    with the text of positive i's anchor is then masked the same way. `scale` is the inverse of the softmax's
+    temperature (scale 20: temperature 0.05).
     """
 
     record_types = (Triplet, Pair, LabelledPair)  # (anchor, positive[, negative]), or NLI pairs
@@ -41,11 +46,13 @@ class MultipleNegativesRankingLoss(EncoderLoss):
         scale: float = 20.0,
         gather_across_workers: bool = True,
         mask_duplicates: bool = True,
+        symmetric: bool = False,
     ) -> None:
         super().__init__(encoder)
         self.scale = scale
         self.gather_across_workers = gather_across_workers
         self.mask_duplicates = mask_duplicates
+        self.symmetric = symmetric
 
     @classmethod
     def keeps(cls, record: Record) -> bool:
@@ -60,36 +67,56 @@ class MultipleNegativesRankingLoss(EncoderLoss):
     ) -> Tensor:
         if len(embeddings) < 2:
             raise ValueError(f"MultipleNegativesRankingLoss expects at least 2 columns, got {len(embeddings)}")
-        anchors, *columns = embeddings
-        candidates = torch.stack(columns, dim=1)  # [batch, columns, dim]: each row's positive and negatives
         masks = self.mask_duplicates and text_hashes is not None
         if masks and len(text_hashes) != len(embeddings):
             raise ValueError(f"text_hashes has {len(text_hashes)} columns for {len(embeddings)} columns of embeddings")
-        hashes = torch.stack(list(text_hashes[1:]), dim=1) if masks else None  # [batch, columns], like candidates
+        anchors, positives = embeddings[:2]
+        # The columns other rows rank, [batch, columns, dim], gathered across workers as one tensor: each row's
+        # positive and negatives, and for the symmetric loss first its anchor. Their hashes alike, [batch, columns].
+        first = 0 if self.symmetric else 1
+        rows = torch.stack(list(embeddings[first:]), dim=1)
+        hashes = torch.stack(list(text_hashes[first:]), dim=1) if masks else None
+        ranked = slice(1 - first, None)  # of those, the positive and negatives
         offset = 0
         if self.gather_across_workers:
-            candidates, hashes, offset = gather_across_workers(candidates, hashes)
-        # All positives first, then all negatives, so anchor i's positive is candidate offset + i.
-        candidates = candidates.transpose(0, 1).flatten(0, 1)
+            rows, hashes, offset = gather_across_workers(rows, hashes)
         # Similarities and softmax in fp32 even under bf16/fp16 autocast: scaled by 20, bf16's 8-bit mantissa
         # would blur the differences between candidates that the ranking is about (float64 stays float64).
         dtype = torch.promote_types(anchors.dtype, torch.float32)
         with torch.autocast(anchors.device.type, enabled=False):
-            scores = self.scale * F.normalize(anchors.to(dtype), dim=-1) @ F.normalize(candidates.to(dtype), dim=-1).T
+            rows = rows.to(dtype)
             targets = torch.arange(offset, offset + len(anchors), device=anchors.device)
-            self.masked_duplicates = None
-            if hashes is not None:
-                scores, self.masked_duplicates = _without_duplicates(
-                    scores, targets, text_hashes[1], hashes.T.flatten()
-                )
-            return F.cross_entropy(scores, targets)
+            # All positives first, then all negatives, so anchor i's positive is candidate offset + i.
+            candidates = rows[:, ranked].transpose(0, 1).flatten(0, 1)
+            candidate_hashes = None if hashes is None else hashes[:, ranked].T.flatten()
+            positive_hashes = text_hashes[1] if masks else None
+            loss, self.masked_duplicates = self._ranking(
+                anchors.to(dtype), candidates, targets, positive_hashes, candidate_hashes
+            )
+            if not self.symmetric:
+                return loss
+            # Positive i among every anchor, its own (offset + i) the target.
+            own_anchor_hashes, anchor_hashes = (text_hashes[0], hashes[:, 0]) if masks else (None, None)
+            backward, masked = self._ranking(positives.to(dtype), rows[:, 0], targets, own_anchor_hashes, anchor_hashes)
+            if masked is not None:
+                self.masked_duplicates = self.masked_duplicates + masked
+            return (loss + backward) / 2
 
-
-def _without_duplicates(
-    scores: Tensor, targets: Tensor, positive_hashes: Tensor, candidate_hashes: Tensor
-) -> tuple[Tensor, Tensor]:
-    """`scores` with -inf where a candidate other than anchor i's target has the hash of anchor i's positive (the
-    softmax then gives it no weight and no gradient), and how many those are. On the device: no host sync."""
-    candidate = torch.arange(len(candidate_hashes), device=scores.device)
-    duplicates = (candidate_hashes == positive_hashes[:, None]) & (candidate != targets[:, None])
-    return scores.masked_fill(duplicates, float("-inf")), duplicates.sum()
+    def _ranking(
+        self,
+        queries: Tensor,
+        candidates: Tensor,
+        targets: Tensor,
+        target_hashes: Tensor | None,
+        candidate_hashes: Tensor | None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Cross-entropy of each query's scaled cosines to the candidates, the target candidate being
+        the right one; with hashes, a candidate other than the target whose text is the target's (the hash of row
+        i's target text: ``target_hashes``) is left out of row i's softmax, and how many were is the second value."""
+        scores = self.scale * F.normalize(queries, dim=-1) @ F.normalize(candidates, dim=-1).T
+        if candidate_hashes is None:
+            return F.cross_entropy(scores, targets), None
+        candidate = torch.arange(len(candidate_hashes), device=scores.device)
+        duplicates = (candidate_hashes == target_hashes[:, None]) & (candidate != targets[:, None])
+        # -inf: the softmax gives it no weight and no gradient. On the device: no host sync.
+        return F.cross_entropy(scores.masked_fill(duplicates, float("-inf")), targets), duplicates.sum()

@@ -13,9 +13,13 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sbert_ray.losses.angle import AnglELoss
 from sbert_ray.losses.base import EncoderLoss
 from sbert_ray.losses.cached_multiple_negatives_ranking import CachedMultipleNegativesRankingLoss
+from sbert_ray.losses.cosent import CoSENTLoss
 from sbert_ray.losses.cosine_similarity import CosineSimilarityLoss
+from sbert_ray.losses.distill_kl import DistillKLDivLoss
+from sbert_ray.losses.margin_mse import MarginMSELoss
 from sbert_ray.losses.matryoshka import MatryoshkaLoss
 from sbert_ray.losses.multiple_negatives_ranking import MultipleNegativesRankingLoss
 from sbert_ray.losses.softmax import SoftmaxLoss
@@ -28,6 +32,10 @@ OBJECTIVES: dict[str, type[EncoderLoss]] = {
     "triplet": TripletLoss,
     "mnrl": MultipleNegativesRankingLoss,
     "cached_mnrl": CachedMultipleNegativesRankingLoss,
+    "cosent": CoSENTLoss,
+    "angle": AnglELoss,
+    "margin_mse": MarginMSELoss,
+    "distill_kl": DistillKLDivLoss,
 }
 
 

@@ -142,7 +142,7 @@ class TokenizedRows:
     columns: list[TokenizedColumn]  # one per siamese branch
     hashes: list[np.ndarray]  # int64 per column: a hash of each text
     lengths: np.ndarray  # per example: its longest text
-    labels: np.ndarray | None  # int64 class labels, float32 scaled scores, or None
+    labels: np.ndarray | None  # int64 class labels, float32 scaled scores, float32 [rows, n] teacher scores, or None
 
     @classmethod
     def from_arrow(cls, table: pa.Table) -> TokenizedRows:
@@ -153,7 +153,7 @@ class TokenizedRows:
             columns=[TokenizedColumn.from_arrow(column(f"ids_{k}")) for k in range(width)],
             hashes=[table.column(f"hash_{k}").to_numpy() for k in range(width)],
             lengths=table.column("length").to_numpy(),
-            labels=table.column("label").to_numpy() if "label" in table.column_names else None,
+            labels=_labels(table.column("label")) if "label" in table.column_names else None,
         )
 
     def __len__(self) -> int:
@@ -177,6 +177,13 @@ class TokenizedRows:
         hashes = [_to(torch.from_numpy(h[index]), device, pin) for h in self.hashes]
         labels = None if self.labels is None else _to(torch.from_numpy(self.labels[index]), device, pin)
         return features, labels, hashes, used_widths
+
+
+def _labels(column: pa.ChunkedArray) -> np.ndarray:
+    """A label per row, or a teacher's scores per row (a fixed-size list column) as a [rows, n] array."""
+    if pa.types.is_fixed_size_list(column.type):
+        return column.combine_chunks().flatten().to_numpy().reshape(len(column), column.type.list_size)
+    return column.to_numpy()
 
 
 def _to(tensor: torch.Tensor, device: torch.device, pin: bool) -> torch.Tensor:

@@ -185,6 +185,8 @@ def _file_tables(path: str, name: str, source: Source, stage: StageConfig) -> It
 def record_tables(records: Records, stage: StageConfig, where: str) -> Iterator[pa.Table]:
     """Records as tables of the examples the stage's objective trains on (``where`` names them in errors)."""
     loss = _objective(stage)
+    if loss.label_field == "scores":
+        raise DataError(f"{where}: {_scores_only_in_parquet(stage)}")
     wrong = next((r for r in records if not isinstance(r, loss.record_types)), None)
     if wrong is not None:
         names = ", ".join(t.__name__ for t in loss.record_types)
@@ -211,13 +213,15 @@ def _records_table(records: list[Record], stage: StageConfig, where: str) -> pa.
 def _parquet_tables(file: str, source: Source, stage: StageConfig) -> Iterator[pa.Table]:
     """A parquet file by row group, as ``_parquet_columns`` names its columns."""
     parquet = _parquet_file(file, source.key)
-    texts, label = _parquet_columns(parquet, file, source, stage)
+    texts, labels = _parquet_columns(parquet, file, source, stage)
     first_row = 0
-    batches = parquet.iter_batches(batch_size=ROWS_PER_TABLE, columns=[*texts, *([label] if label else [])])
+    batches = parquet.iter_batches(batch_size=ROWS_PER_TABLE, columns=[*texts, *labels])
     while (batch := _next_batch(batches, file)) is not None:
         table = {f"text_{i}": _texts(batch.column(name), file, name, first_row) for i, name in enumerate(texts)}
-        if label:
-            table["label"] = _labels(batch.column(label), file, label, first_row, stage)
+        if _objective(stage).label_field == "scores":
+            table["label"] = _teacher_scores(batch, labels, file, first_row)
+        elif labels:
+            table["label"] = _labels(batch.column(labels[0]), file, labels[0], first_row, stage)
         first_row += batch.num_rows
         yield pa.table(table)
 
@@ -245,22 +249,27 @@ def _unreadable_parquet(file: str) -> Iterator[None]:
         raise DataError(f"{file}: not a readable parquet file ({reason})") from None
 
 
-def _parquet_columns(parquet: pq.ParquetFile, file: str, source: Source, stage: StageConfig) -> tuple[list, str]:
-    """The file's text columns in the objective's order and its label column (None without one): columns named as
-    a user file's (``columns`` maps field -> column); for in-batch-negative objectives every ``negative_<n>`` column
-    is a further hard negative (mined n-tuples)."""
+def _parquet_columns(parquet: pq.ParquetFile, file: str, source: Source, stage: StageConfig) -> tuple[list, list]:
+    """The file's text columns in the objective's order and its label columns: columns named as a user file's
+    (``columns`` maps field -> column); for in-batch-negative and teacher-score objectives every ``negative_<n>``
+    column is a further hard negative (mined n-tuples). Label columns: none, the label's, or a teacher's scores,
+    ``score_<field>`` for each text after the anchor (``score_positive``, ``score_negative[_<n>]``)."""
     loss = _objective(stage)
     record_type = RECORD_TYPES[loss.user_file_kind]
     names = parquet.schema_arrow.names
     mapping = source.columns or {}
-    texts = [mapping.get(f, f) for f in TEXT_FIELDS[record_type]]
+    fields = list(TEXT_FIELDS[record_type])
     if record_type.__name__ == "Triplet" and "negative" not in mapping and "negative" not in names:
-        texts = texts[:2] + sorted((n for n in names if n.startswith("negative_")), key=lambda n: int(n[9:]))
-    label = mapping.get(loss.label_field, loss.label_field) if loss.label_field else None
-    missing = [c for c in [*texts, label] if c and c not in names]
+        fields = fields[:2] + sorted((n for n in names if n.startswith("negative_")), key=lambda n: int(n[9:]))
+    texts = [mapping.get(f, f) for f in fields]
+    if loss.label_field == "scores":
+        labels = [mapping.get(f"score_{f}", f"score_{f}") for f in fields[1:]]
+    else:
+        labels = [mapping.get(loss.label_field, loss.label_field)] if loss.label_field else []
+    missing = [c for c in [*texts, *labels] if c not in names]
     if missing or len(texts) < 2:
         raise DataError(f"{file}: no column {missing[0] if missing else 'negative_1'!r} (its columns: {names})")
-    return texts, label
+    return texts, labels
 
 
 def _checked_footer(file: str, source: Source, stage: StageConfig) -> int:
@@ -324,6 +333,24 @@ def _labels(column: pa.Array, file: str, name: str, first_row: int, stage: Stage
     return pa.array(np.asarray(values, dtype=np.float32) / stage.score_max)
 
 
+def _teacher_scores(batch: pa.RecordBatch, columns: list[str], file: str, first_row: int) -> pa.Array:
+    """A teacher's scores of each row's texts after the anchor, as one list of float32 per row (the label); a
+    missing or non-finite score is refused, naming its row."""
+    scores = np.stack([batch.column(name).cast(pa.float64()).fill_null(np.nan).to_numpy() for name in columns], 1)
+    bad = ~np.isfinite(scores)
+    if bad.any():
+        row, column = np.argwhere(bad)[0]
+        raise DataError(f"{file}, row {first_row + row + 1}: column {columns[column]!r} is not a finite number")
+    return pa.FixedSizeListArray.from_arrays(pa.array(scores.astype(np.float32).ravel()), len(columns))
+
+
+def _scores_only_in_parquet(stage: StageConfig) -> str:
+    return (
+        f"objective {stage.objective!r} trains on a teacher's scores, read from parquet files with columns "
+        "score_positive and score_negative (or score_negative_1..n, one per negative_<n>)"
+    )
+
+
 class _local_copy:
     """A remote object copied to a local temporary file for the duration of a ``with``."""
 
@@ -346,11 +373,15 @@ def known_rows(source: Source, stage: StageConfig, data_dir) -> int | None:
     """The source's examples without the cluster: a registered dataset (small, local or from the Hub) read here,
     which also checks that its records suit the objective; user files from parquet footers when that is exact
     (parquet, an objective that keeps every row, no row skipped on errors), which also checks what footers tell
-    (``_checked_footer``). None: only reading every row tells."""
+    (``_checked_footer``). None: only reading every row tells. A teacher's scores come from parquet files only, so
+    an objective that trains on them refuses any other file here."""
     if not source.files:
         return sum(table.num_rows for table in read_tables(source, None, stage, data_dir))
+    not_parquet = next((f for f in source.files if not f.lower().endswith(".parquet")), None)
+    if _objective(stage).label_field == "scores" and not_parquet:
+        raise DataError(f"{not_parquet}: {_scores_only_in_parquet(stage)}")
     keeps_all = _objective(stage).keeps_every_record() and stage.errors == "raise"
-    if not keeps_all or not all(f.lower().endswith(".parquet") for f in source.files):
+    if not keeps_all or not_parquet:
         return None
     return sum(_checked_footer(file, source, stage) for file in source.files)
 
