@@ -1,5 +1,6 @@
 """Faults and bad input around a run: a password in the tracking URI, an unreachable or failing MLflow server,
-reruns of a finished run or of another config under the same name, and sweeps started from another directory.
+reruns of a finished run or of another config under the same name (started twice at once), and sweeps started from
+another directory.
 
 Against real `mlflow server`s on 127.0.0.1 running MLflow's basic-auth app, so the password in the URI is really
 used (a wrong one is refused), and everything a run writes is searched for it afterwards.
@@ -10,7 +11,10 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -311,18 +315,43 @@ def test_sweep_from_its_own_directory_with_relative_paths_and_a_password_uri(
 # ------------------------------------------------------------------------------------ reruns
 
 
+def first_of_two_trains_at_once(path: Path, local_ray: str) -> str:
+    """``sbert-ray train path`` twice at once, as two processes joining the session's cluster, on a fresh MLflow
+    store (its creation is serialised too): one trains, the other is refused at once naming the first's host and
+    pid (``runs.run_lease``); the metrics are logged once per step. Returns the output of the one that trained."""
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path), "RAY_ADDRESS": local_ray}
+    command = [str(local_cluster.BIN / "sbert-ray"), "train", str(path), "--quiet"]
+    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for _ in range(2)]  # fmt: skip
+    outputs = [run.communicate(timeout=600) for run in runs]
+    codes = [run.returncode for run in runs]
+    assert sorted(codes) == [0, 2], (codes, [err[-3000:] for _, err in outputs])
+    winner, loser = (0, 1) if codes[0] == 0 else (1, 0)
+    refused = outputs[loser][1]
+    run_dir = path.parent / "runs" / path.stem
+    assert f"sbert-ray train: error: {run_dir} is being trained by another process (host {socket.gethostname()}, " \
+           f"pid {runs[winner].pid}, started " in refused  # fmt: skip
+    assert "Traceback" not in refused
+
+    client = MlflowClient(f"sqlite:///{path.parent / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("sbert-ray").experiment_id])
+    steps = [metric.step for metric in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert run.info.status == "FINISHED" and steps and len(steps) == len(set(steps)), steps
+    return outputs[winner][0]
+
+
 def test_finished_run_is_not_retrained_another_config_is_refused_and_restart_trains_anew(
     local_ray, tiny_train_config, tmp_path, capsys
 ):
-    """Its final model goes to output_dir beside someone else's model: --restart swaps our own model for the new
-    one (sbert_ray.runs.owned_paths), and the neighbour's files survive both runs."""
+    """Started twice at once, one trains (``first_of_two_trains_at_once``: one fit for both claims). Its final
+    model goes to output_dir beside someone else's model: --restart swaps our own model for the new one
+    (sbert_ray.runs.owned_paths), and the neighbour's files survive both runs."""
     output, neighbour = tmp_path / "models" / "mine", tmp_path / "models" / "other-model" / "config.json"
     neighbour.parent.mkdir(parents=True)
     neighbour.write_text("someone else's model")
     path = tiny_train_config(name="rerun")
     path.write_text(path.read_text() + f"output_dir: {output}\n")
-    assert main(["train", str(path)]) == 0
-    first = capsys.readouterr().out
+    first = first_of_two_trains_at_once(path, local_ray)
     run_dir = path.parent / "runs" / "rerun"
     saved = json.loads((run_dir / record.RECORD_FILE).read_text())
     assert saved["status"] == "finished" and saved["mlflow_run_id"] in first
