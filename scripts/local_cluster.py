@@ -41,6 +41,10 @@ S3_CREDENTIALS = {
     "AWS_SECRET_ACCESS_KEY": "sbert-ray",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
+# Ray Train's PlacementGroupCleaner asks the state API whether its controller still lives. A test cluster has no
+# dashboard, and several clusters run on this machine, so the lookup would go to whichever one Ray finds first and
+# hang until it times out (12 s added to the end of every fit). Pointed at a closed port, it fails at once.
+NO_STATE_API = {"RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9"}
 
 
 def free_port() -> int:

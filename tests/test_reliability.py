@@ -1,5 +1,6 @@
 """Faults and bad input around a run: a password in the tracking URI, an unreachable or failing MLflow server,
-reruns of a finished run or of another config under the same name, and sweeps started from another directory.
+reruns of a finished run or of another config under the same name (started twice at once), and a sweep started
+from another directory, killed and resumed.
 
 Against real `mlflow server`s on 127.0.0.1 running MLflow's basic-auth app, so the password in the URI is really
 used (a wrong one is refused), and everything a run writes is searched for it afterwards.
@@ -10,7 +11,11 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -250,12 +255,47 @@ def test_training_survives_an_mlflow_outage_and_never_shows_the_password(
 # ------------------------------------------------------------------------------------ sweeps
 
 
-def test_sweep_from_its_own_directory_with_relative_paths_and_a_password_uri(
+def trial_statuses(sweep_dir: Path) -> list[str]:
+    """Trial statuses as Tune last saved them (what a resumed sweep starts from)."""
+    states = sorted(sweep_dir.glob("experiment_state-*.json"))
+    if not states:
+        return []
+    try:
+        trials = json.loads(states[-1].read_text())["trial_data"]
+    except json.JSONDecodeError:  # caught while Tune rewrites it
+        return []
+    return [json.loads(trial)["status"] for trial, _ in trials]
+
+
+def kill_after_the_first_trial(sweep: Path, sweep_dir: Path, local_ray: str, log: Path) -> None:
+    """``sbert-ray tune sweep`` as a driver of the session's cluster (Ray ends its job's actors and placement groups
+    when it dies), killed once its first trial has finished. Tune saves its state each second, so the kill right
+    after the first trial catches the second one in flight."""
+    first = subprocess.Popen(
+        [sys.executable, "-m", "sbert_ray.cli", "tune", str(sweep)],
+        env={**os.environ, "RAY_ADDRESS": local_ray, "TUNE_GLOBAL_CHECKPOINT_S": "1"},
+        start_new_session=True,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.time() + 300
+        while "TERMINATED" not in trial_statuses(sweep_dir):
+            assert time.time() < deadline and first.poll() is None, "the first trial did not finish"
+            time.sleep(0.5)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+
+
+def test_killed_sweep_from_its_own_directory_resumes_with_relative_paths_and_a_password_uri(
     local_ray, mlflow_server, tmp_path, data_dir, monkeypatch, capfd
 ):
     """A sweep config with relative paths (its training file, an evaluation file, output_dir), run from its
-    folder: Tune runs each trial in the trial's own folder, yet every trial reads the files and writes its model
-    to output_dir/<trial id>. The password of the tracking URI is in nothing the sweep writes or prints."""
+    folder, killed after its first trial and continued with --resume (one sweep for both claims: each sweep costs
+    two Train fits). Tune runs each trial in the trial's own folder, yet every trial reads the files and writes its
+    model to output_dir/<trial id>; the finished trial is not run again, the interrupted one runs to the end and the
+    sweep ends with its summary. The password of the tracking URI is in nothing the sweep writes or prints."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").mkdir()
     with (tmp_path / "data" / "pairs.csv").open("w", newline="") as f:
@@ -268,7 +308,7 @@ def test_sweep_from_its_own_directory_with_relative_paths_and_a_password_uri(
     sweep = {
         "name": "relative",
         "scheduler": "fifo",
-        "max_concurrent_trials": 2,
+        "max_concurrent_trials": 1,
         "search_space": {"stages.0.learning_rate": {"grid": [1.0e-4, 3.0e-4]}},
         "base": {
             "data_dir": str(data_dir),
@@ -282,11 +322,29 @@ def test_sweep_from_its_own_directory_with_relative_paths_and_a_password_uri(
         },
     }
     Path("sweep.yaml").write_text(yaml.safe_dump(sweep))
-    code = main(["tune", "sweep.yaml"])
+    sweep_dir = tmp_path / "runs" / "relative"
+    killed_log = tmp_path / "killed-driver.log"
+    kill_after_the_first_trial(Path("sweep.yaml"), sweep_dir, local_ray, killed_log)
+    client = MlflowClient(mlflow_server)
+    experiment_id = client.get_experiment_by_name("relative-sweep").experiment_id
+    (finished,) = client.search_runs([experiment_id], "attributes.status = 'FINISHED'")
+
+    # A second start never mixes two sweeps; refused before Ray starts.
+    assert main(["tune", "sweep.yaml"]) == 2 and "pass --resume" in capfd.readouterr().err
+    code = main(["tune", "sweep.yaml", "--resume"])  # from this process
     out, err = capfd.readouterr()
     assert code == 0, err[-3000:]
+    assert "(resumed)" in out
+    runs = client.search_runs([experiment_id])
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]  # the same parent run, continued
+    children = {r.info.run_name: r for r in runs if "mlflow.parentRunId" in r.data.tags}
+    assert parent.info.status == "FINISHED" and len(children) == 2
+    assert all("final/held-out/spearman_cosine" in run.data.metrics for run in children.values())
+    again_finished = children.pop(finished.info.run_name)
+    assert (again_finished.info.run_id, again_finished.info.end_time) == (finished.info.run_id, finished.info.end_time)
+    assert [r.info.status for r in children.values()] == ["FINISHED"]
+    assert trial_statuses(sweep_dir) == ["TERMINATED", "TERMINATED"]
 
-    sweep_dir = tmp_path / "runs" / "relative"
     table = list(csv.DictReader((sweep_dir / "summary" / "results.csv").open()))
     assert [row["status"] for row in table] == ["finished", "finished"]
     models = sorted((tmp_path / "models").iterdir())
@@ -298,14 +356,10 @@ def test_sweep_from_its_own_directory_with_relative_paths_and_a_password_uri(
     assert best["stages"][0]["dataset"] == str(tmp_path / "data" / "pairs.csv")
     assert best["evaluation"]["final_tasks"] == [f"pairs:{tmp_path / 'data' / 'held-out.jsonl'}"]
     assert best["tracking"]["tracking_uri"] == redact_uri(with_password(mlflow_server))
-    client = MlflowClient(mlflow_server)
-    runs = client.search_runs([client.get_experiment_by_name("relative-sweep").experiment_id])
-    trials = [run for run in runs if "mlflow.parentRunId" in run.data.tags]
-    assert len(trials) == 2 and all("final/held-out/spearman_cosine" in run.data.metrics for run in trials)
 
     texts = run_texts(client, "relative-sweep", tmp_path / "downloaded")
     found = leaks(  # every file the sweep wrote or logged (not our own sweep.yaml)
-        {"stdout": out, "stderr": err} | texts,
+        {"stdout": out, "stderr": err, "killed driver": killed_log.read_text()} | texts,
         [tmp_path / "runs", tmp_path / "models", tmp_path / "downloaded", ray_logs()],
     )
     assert found == []
@@ -314,18 +368,43 @@ def test_sweep_from_its_own_directory_with_relative_paths_and_a_password_uri(
 # ------------------------------------------------------------------------------------ reruns
 
 
+def first_of_two_trains_at_once(path: Path, local_ray: str) -> str:
+    """``sbert-ray train path`` twice at once, as two processes joining the session's cluster, on a fresh MLflow
+    store (its creation is serialised too): one trains, the other is refused at once naming the first's host and
+    pid (``runs.run_lease``); the metrics are logged once per step. Returns the output of the one that trained."""
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path), "RAY_ADDRESS": local_ray}
+    command = [str(local_cluster.BIN / "sbert-ray"), "train", str(path), "--quiet"]
+    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for _ in range(2)]  # fmt: skip
+    outputs = [run.communicate(timeout=600) for run in runs]
+    codes = [run.returncode for run in runs]
+    assert sorted(codes) == [0, 2], (codes, [err[-3000:] for _, err in outputs])
+    winner, loser = (0, 1) if codes[0] == 0 else (1, 0)
+    refused = outputs[loser][1]
+    run_dir = path.parent / "runs" / path.stem
+    assert f"sbert-ray train: error: {run_dir} is being trained by another process (host {socket.gethostname()}, " \
+           f"pid {runs[winner].pid}, started " in refused  # fmt: skip
+    assert "Traceback" not in refused
+
+    client = MlflowClient(f"sqlite:///{path.parent / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("sbert-ray").experiment_id])
+    steps = [metric.step for metric in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert run.info.status == "FINISHED" and steps and len(steps) == len(set(steps)), steps
+    return outputs[winner][0]
+
+
 def test_finished_run_is_not_retrained_another_config_is_refused_and_restart_trains_anew(
     local_ray, tiny_train_config, tmp_path, capsys
 ):
-    """Its final model goes to output_dir beside someone else's model: --restart swaps our own model for the new
-    one (sbert_ray.runs.owned_paths), and the neighbour's files survive both runs."""
+    """Started twice at once, one trains (``first_of_two_trains_at_once``: one fit for both claims). Its final
+    model goes to output_dir beside someone else's model: --restart swaps our own model for the new one
+    (sbert_ray.runs.owned_paths), and the neighbour's files survive both runs."""
     output, neighbour = tmp_path / "models" / "mine", tmp_path / "models" / "other-model" / "config.json"
     neighbour.parent.mkdir(parents=True)
     neighbour.write_text("someone else's model")
     path = tiny_train_config(name="rerun")
     path.write_text(path.read_text() + f"output_dir: {output}\n")
-    assert main(["train", str(path)]) == 0
-    first = capsys.readouterr().out
+    first = first_of_two_trains_at_once(path, local_ray)
     run_dir = path.parent / "runs" / "rerun"
     saved = json.loads((run_dir / record.RECORD_FILE).read_text())
     assert saved["status"] == "finished" and saved["mlflow_run_id"] in first

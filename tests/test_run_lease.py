@@ -96,30 +96,6 @@ def test_an_object_lease_on_s3(s3_server, monkeypatch):
     assert [o["Key"] for o in objects if not o["Key"].endswith("/")] == []  # released: deleted
 
 
-def test_two_trains_of_one_name_at_once_one_refused_naming_the_other(local_ray, tiny_train_config, tmp_path):
-    """Started together on a fresh MLflow store (its creation is serialised too): one trains, the other is refused
-    at once naming the first's host and pid; the metrics are logged once per step."""
-    config = tiny_train_config(name="twice")
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path), "RAY_ADDRESS": local_ray}  # the session's cluster
-    command = [str(local_cluster.BIN / "sbert-ray"), "train", str(config), "--quiet"]
-    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-            for _ in range(2)]  # fmt: skip
-    outputs = [run.communicate(timeout=600) for run in runs]
-    codes = [run.returncode for run in runs]
-    assert sorted(codes) == [0, 2], (codes, [err[-3000:] for _, err in outputs])
-    winner, loser = (runs[0], runs[1]) if codes[0] == 0 else (runs[1], runs[0])
-    refused = outputs[runs.index(loser)][1]
-    run_dir = config.parent / "runs" / "twice"
-    assert f"sbert-ray train: error: {run_dir} is being trained by another process (host {socket.gethostname()}, " \
-           f"pid {winner.pid}, started " in refused  # fmt: skip
-    assert "Traceback" not in refused
-
-    client = MlflowClient(f"sqlite:///{config.parent / 'mlflow.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name("sbert-ray").experiment_id])
-    steps = [metric.step for metric in client.get_metric_history(run.info.run_id, "train/loss")]
-    assert run.info.status == "FINISHED" and steps and len(steps) == len(set(steps)), steps
-
-
 OPEN_RUN = """
 import sys
 from sbert_ray.tracking.mlflow_run import RunTracker

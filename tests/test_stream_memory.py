@@ -1,224 +1,31 @@
 """Issue 19 item 6: training memory and the time to the first step do not grow with the corpus.
 
-A generated corpus of scored pairs (short random sentences, parquet shards of equal size in the session's S3
-server) is trained for a few dozen steps on 2 workers of a Ray cluster of our own with a small object store, at
-two corpus sizes. The driver (the ``sbert-ray train`` process) and every process of the cluster are sampled with
-psutil while the run goes. What the run holds is the shard being read, the blocks in the object store (bounded by
-its size and Ray Data's backpressure) and each worker's window, none of which depends on how many shards there
-are; the run counts the corpus from parquet footers, so nothing before the first step reads it either.
+scripts/stream_memory.py measures it (a generated corpus on S3, trained on a Ray cluster of its own, every process
+sampled): at two corpus sizes it is a benchmark, quoted with its command in docs/large-data.md. Here it runs at its
+smallest size, against the session's S3 server, and what it measured must stay within the absolute bounds.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import tempfile
-import threading
-import time
-from dataclasses import dataclass
-from pathlib import Path
+import json
 
-import local_cluster
-import mlflow
-import numpy as np
-import psutil
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 import pytest
-from cluster_fixtures import NO_STATE_API
+import stream_memory
 
 pytestmark = [pytest.mark.cluster, pytest.mark.servers, pytest.mark.slow]
 
-SHARD_ROWS = 125_000  # every shard the same size: a read task holds one shard's row group, whatever the corpus
-ROW_GROUP_ROWS = 8192
-OBJECT_STORE_BYTES = 300 * 1024**2
-STEPS = 30
-MB = 1024**2
 
-# The bounds. Measured here (2 cores, 2026-12-01, load ~40 from other jobs): driver 770 MB and workers 665-735 MB
-# at both sizes. A process of this project (torch, transformers, Ray, a tiny model) starts near 400-600 MB; what
-# the corpus could add is the slope the issue measured on the old path, ~500 MB per million pairs in the driver and
-# in each worker (~900 MB between 0.25 M and 2 M pairs).
-DRIVER_RSS_MAX = 1200 * MB  # the `sbert-ray train` process: config, file list, Ray driver, MLflow; no records
-WORKER_RSS_MAX = 1200 * MB  # a Train worker: model, optimizer, its window, Ray Data's prefetched blocks
-# 8x the pairs may add allocator noise, not data: a tenth of what the old path's slope would add.
-GROWTH_MAX = 150 * MB
-# The cluster's processes summed (~6.5 GB here: ~27 Ray processes). The sum counts object-store pages once per
-# process that maps them (up to the 300 MB store each) and Ray's pool of idle workers varies by a process or two
-# (~450 MB each). One read process per shard at once (the bug this test found: 16 shards, ~14 more processes of
-# ~400 MB) would add ~5 GB.
-CLUSTER_GROWTH_MAX = 1024 * MB
-
-
-def corpus_shard(rows: int, seed: int) -> pa.Table:
-    """``rows`` scored pairs of 4-10 random words from a 5,000-word vocabulary (vectorised: no Python per row)."""
-    rng = np.random.default_rng(seed)
-    vocab = pa.array([f"w{i}" for i in range(5000)])
-
-    def sentences() -> pa.Array:
-        lengths = rng.integers(4, 11, rows)
-        words = [pc.take(vocab, rng.integers(0, len(vocab), rows)) for _ in range(10)]
-        # a word past the sentence's length is null, and binary_join_element_wise skips nulls
-        words = [pc.if_else(pa.array(lengths > k), w, pa.nulls(rows, pa.string())) for k, w in enumerate(words)]
-        return pc.binary_join_element_wise(*words, " ", null_handling="skip")
-
-    return pa.table({"sentence1": sentences(), "sentence2": sentences(), "score": rng.uniform(0, 5, rows)})
-
-
-def write_corpus(prefix: str, shards: int, env: dict[str, str]) -> None:
-    s3 = pafs.S3FileSystem(
-        access_key=env["AWS_ACCESS_KEY_ID"],
-        secret_key=env["AWS_SECRET_ACCESS_KEY"],
-        endpoint_override=env["AWS_ENDPOINT_URL"],
-        region=env["AWS_DEFAULT_REGION"],
-    )
-    for i in range(shards):
-        pq.write_table(corpus_shard(SHARD_ROWS, seed=i), f"{prefix}/part-{i:04d}.parquet",
-                       filesystem=s3, row_group_size=ROW_GROUP_ROWS)  # fmt: skip
-
-
-CONFIG = """
-name: memory-{shards}
-data_dir: {data_dir}
-model:
-  name: random:tiny
-stages:
-  - dataset: s3://{bucket}/{prefix}/
-    objective: regression
-    batch_size: 32
-    learning_rate: 1.0e-4
-    max_steps: {steps}
-evaluation:
-  dev_limit: 50
-  final_tasks: []
-scaling:
-  num_workers: 2
-  cpus_per_worker: 0.5
-checkpoint:
-  storage_path: {storage}
-tracking:
-  tracking_uri: {tracking_uri}
-"""
-
-
-class Peaks:
-    """Peak RSS of every process under ``roots`` (and of their sum per root), sampled every ``interval_s`` while a
-    run goes; ``train_workers`` are those that were ever a Ray Train worker."""
-
-    def __init__(self, roots: list[int], interval_s: float = 0.2):
-        self.roots, self.interval_s = roots, interval_s
-        self.rss: dict[int, int] = {}
-        self.total: dict[int, int] = {}
-        self.train_workers: set[int] = set()
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._sample_until_done, daemon=True)
-        self.thread.start()
-
-    def _sample_until_done(self) -> None:
-        while not self.done.wait(self.interval_s):
-            for root in list(self.roots):
-                self.total[root] = max(self._sample(root), self.total.get(root, 0))
-
-    def _sample(self, root: int) -> int:
-        try:
-            processes = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return 0
-        summed = 0
-        for process in processes:
-            try:
-                rss, title = process.memory_info().rss, " ".join(process.cmdline())
-            except psutil.Error:
-                continue
-            self.rss[process.pid] = max(rss, self.rss.get(process.pid, 0))
-            summed += rss
-            if "RayTrainWorker" in title:
-                self.train_workers.add(process.pid)
-        return summed
-
-    def stop(self) -> None:
-        self.done.set()
-        self.thread.join()
-
-
-def test_memory_and_start_up_do_not_grow_with_the_corpus(s3_server, data_dir, tmp_path) -> None:
-    small, large = (train_on_corpus(shards, s3_server, data_dir, tmp_path) for shards in (2, 16))
-    for run in (small, large):
-        print(f"\n{run.pairs:,} pairs: {run}")  # the numbers docs/large-data.md quotes
-        assert run.driver < DRIVER_RSS_MAX, run
-        assert max(run.workers) < WORKER_RSS_MAX, run
-    assert large.driver <= small.driver + GROWTH_MAX, (small, large)
-    assert max(large.workers) <= max(small.workers) + GROWTH_MAX, (small, large)
-    assert large.cluster <= small.cluster + CLUSTER_GROWTH_MAX, (small, large)
-    # Start-up: listing and counting 16 footers instead of 2, nothing that reads the pairs.
-    assert large.first_step_s <= small.first_step_s * 1.5 + 10, (small, large)
-
-
-@dataclass(frozen=True)
-class Measured:
-    pairs: int
-    driver: int  # peak RSS of the `sbert-ray train` process
-    workers: list[int]  # peak RSS of each Ray Train worker
-    cluster: int  # peak of the summed RSS of all the cluster's processes
-    first_step_s: float  # MLflow's train/time_to_first_step_s: from fit() to the end of the first step
-    wall_s: float  # the whole `sbert-ray train` command
-
-    def __repr__(self) -> str:
-        workers = "/".join(f"{w / MB:.0f}" for w in self.workers)
-        return (
-            f"driver {self.driver / MB:.0f} MB, workers {workers} MB, cluster {self.cluster / MB:.0f} MB, "
-            f"first step {self.first_step_s:.0f} s, wall {self.wall_s:.0f} s"
-        )
-
-
-def train_on_corpus(shards: int, s3_server, data_dir: Path, tmp_path: Path) -> Measured:
-    """Write ``shards`` shards to S3 and train on them on a cluster of our own, sampling memory as it goes."""
-    prefix, root = f"corpus-{shards}", tmp_path / f"corpus-{shards}"
-    root.mkdir()
-    write_corpus(f"{local_cluster.BUCKET}/{prefix}", shards, s3_server.env)
-    config = root / "config.yaml"
-    tracking_uri = f"sqlite:///{root / 'mlflow.db'}"
-    config.write_text(
-        CONFIG.format(shards=shards, data_dir=data_dir, bucket=local_cluster.BUCKET, prefix=prefix, steps=STEPS,
-                      storage=root / "runs", tracking_uri=tracking_uri)
-    )  # fmt: skip
-    ray_tmp = tempfile.mkdtemp(prefix="sr-", dir="/tmp")  # short: Ray's socket paths live under it
-    # No token (a ~/.ray/auth_token of this machine would switch it on), S3 reachable from every process.
-    env = {**s3_server.env, **NO_STATE_API, "RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled"}
-    port = local_cluster.free_port()
-    head = local_cluster.start(
-        [str(local_cluster.BIN / "ray"), "start", "--head", "--block", "--port", str(port),
-         "--node-ip-address", "127.0.0.1", "--num-cpus", "2", "--object-store-memory", str(OBJECT_STORE_BYTES),
-         "--include-dashboard", "false", "--dashboard-agent-listen-port", str(local_cluster.free_port()),
-         "--ray-client-server-port", str(local_cluster.free_port()), "--disable-usage-stats", "--temp-dir", ray_tmp],
-        root / "head.log", env,
-    )  # fmt: skip
-    try:
-        peaks = Peaks([head.pid])
-        started = time.time()
-        driver = subprocess.Popen(
-            [str(local_cluster.BIN / "sbert-ray"), "train", str(config)],
-            env={**os.environ, **env, "RAY_ADDRESS": f"127.0.0.1:{port}"},
-            stdout=(root / "train.log").open("w"), stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        peaks.roots.append(driver.pid)
-        code = driver.wait(timeout=900)
-        wall = time.time() - started
-        peaks.stop()
-        assert code == 0, (root / "train.log").read_text()[-3000:]
-    finally:
-        local_cluster.stop(head)  # its process group: this cluster's processes, and nothing else
-        shutil.rmtree(ray_tmp, ignore_errors=True)
-    client = mlflow.MlflowClient(tracking_uri)
-    (run,) = client.search_runs([client.get_experiment_by_name("sbert-ray").experiment_id])
-    return Measured(
-        pairs=shards * SHARD_ROWS,
-        driver=peaks.rss[driver.pid],
-        workers=[peaks.rss[pid] for pid in sorted(peaks.train_workers)],
-        cluster=peaks.total[head.pid],
-        first_step_s=run.data.metrics["train/time_to_first_step_s"],
-        wall_s=wall,
-    )
+def test_the_smallest_corpus_trains_within_the_memory_bounds(s3_server, data_dir, tmp_path) -> None:
+    output = tmp_path / "stream-memory.json"
+    argv = ["--shards", "2", "--s3-endpoint", s3_server.endpoint, "--data-dir", str(data_dir)]
+    code = stream_memory.main([*argv, "--work-dir", str(tmp_path / "runs"), "--output", str(output)])
+    report = json.loads(output.read_text())
+    (run,) = report["runs"]
+    print(f"\n{stream_memory.Measured(**run)}")
+    assert code == 0 and report["broken_bounds"] == [], report
+    assert run["pairs"] == 2 * stream_memory.SHARD_ROWS
+    # The sampler saw what it measures: the driver, both Train workers, the cluster (all above an idle Python's RSS).
+    assert run["driver_mb"] < stream_memory.DRIVER_RSS_MAX / stream_memory.MB and run["driver_mb"] > 100, run
+    assert len(run["workers_mb"]) == 2 and 100 < min(run["workers_mb"]), run
+    assert max(run["workers_mb"]) < stream_memory.WORKER_RSS_MAX / stream_memory.MB, run
+    assert run["cluster_mb"] > sum(run["workers_mb"]) and run["first_step_s"] > 0, run

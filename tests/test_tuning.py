@@ -1,22 +1,14 @@
-"""Sweeps: search-space parsing, and real sweeps of tiny models on a local Ray cluster tracked in MLflow."""
+"""Sweeps: search-space parsing and trial sizing (the sweeps themselves run in test_reliability.py and
+test_cluster_sweep.py)."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import yaml
-from mlflow.tracking import MlflowClient
 from ray.tune.search.optuna import OptunaSearch
 
-from sbert_ray.cli import main
 from sbert_ray.config import ConfigError, TrainConfig, load_config
 from sbert_ray.runs.sweep import max_concurrent_trials
 from sbert_ray.tuning import SearchSpace, SweepConfig
@@ -26,21 +18,6 @@ STAGE_OPTIONS = {
     "regression-stsb": {"dataset": "stsb", "objective": "regression"},
     "softmax-nli": {"dataset": "nli-offline", "objective": "softmax", "loss": {"concat": ["u", "v"]}, "limit": 100},
 }
-
-
-@pytest.fixture
-def write_sweep(tmp_path: Path, tiny_train_config):
-    """A sweep over the shared tiny training config, with one 0.5-CPU worker per trial."""
-
-    def write(name: str, **settings) -> Path:
-        base = yaml.safe_load(tiny_train_config(name="base").read_text())
-        base["scaling"] = {"num_workers": 1, "cpus_per_worker": 0.5}
-        base["checkpoint"]["max_failures"] = 0  # a broken trial fails at once instead of restarting
-        path = tmp_path / f"{name}.yaml"
-        path.write_text(yaml.safe_dump({"name": name, "base": base, **settings}, sort_keys=False))
-        return path
-
-    return write
 
 
 # ------------------------------------------------------------------------------------ the search space
@@ -129,66 +106,3 @@ def test_concurrency_follows_cluster_and_trial_size(connect):  # the session's 2
 
     assert max_concurrent_trials(extremes([1])) == 3  # 2 CPUs / (0.5 + the trial's token 0.01)
     assert max_concurrent_trials(extremes([1, 2])) == 1  # sized by the largest trial
-
-
-# ---------------------------------------------------------------------------------- sweeps on Ray
-
-
-def trial_statuses(sweep_dir: Path) -> list[str]:
-    """Trial statuses as Tune last saved them (what a resumed sweep starts from)."""
-    states = sorted(sweep_dir.glob("experiment_state-*.json"))
-    if not states:
-        return []
-    try:
-        trials = json.loads(states[-1].read_text())["trial_data"]
-    except json.JSONDecodeError:  # caught while Tune rewrites it
-        return []
-    return [json.loads(trial)["status"] for trial, _ in trials]
-
-
-def test_killed_sweep_resumes_without_rerunning_finished_trials(local_ray, write_sweep, capsys):
-    """Killed after its first trial, the sweep continues with --resume: the finished trial is not run again, the
-    interrupted one runs to the end and the sweep ends with its summary."""
-    path = write_sweep(
-        "resume",
-        search_space={"model": {"grid": {"mean": {"pooling": "mean"}, "cls": {"pooling": "cls"}}}},
-        scheduler="fifo",
-        max_concurrent_trials=1,
-    )
-    sweep = load_config(path, cls=SweepConfig)
-    sweep_dir = Path(sweep.base.checkpoint.storage_path) / "resume"
-    # The killed driver joins the session's cluster (Ray ends its job's actors and placement groups when it dies).
-    # Tune saves its state each second, so the kill right after the first trial catches the second one in flight.
-    first = subprocess.Popen(
-        [sys.executable, "-m", "sbert_ray.cli", "tune", str(path)],
-        env={**os.environ, "RAY_ADDRESS": local_ray, "TUNE_GLOBAL_CHECKPOINT_S": "1"},
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.time() + 300
-        while "TERMINATED" not in trial_statuses(sweep_dir):
-            assert time.time() < deadline and first.poll() is None, "the first trial did not finish"
-            time.sleep(0.5)
-    finally:
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait()
-    client = MlflowClient(sweep.base.tracking.tracking_uri)
-    experiment_id = client.get_experiment_by_name(sweep.base.tracking.experiment).experiment_id
-    (finished,) = client.search_runs([experiment_id], "attributes.status = 'FINISHED'")
-
-    # A second start never mixes two sweeps; refused before Ray starts.
-    assert main(["tune", str(path)]) == 2 and "pass --resume" in capsys.readouterr().err
-    assert main(["tune", str(path), "--resume"]) == 0, capsys.readouterr().err[-3000:]  # from this process
-    assert "(resumed)" in capsys.readouterr().out
-
-    runs = client.search_runs([experiment_id])
-    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]  # the same parent run, continued
-    children = {r.info.run_name: r for r in runs if "mlflow.parentRunId" in r.data.tags}
-    assert parent.info.status == "FINISHED" and len(children) == 2
-    again_finished = children.pop(finished.info.run_name)
-    assert (again_finished.info.run_id, again_finished.info.end_time) == (finished.info.run_id, finished.info.end_time)
-    assert [r.info.status for r in children.values()] == ["FINISHED"]
-    assert trial_statuses(sweep_dir) == ["TERMINATED", "TERMINATED"]
-    assert (sweep_dir / "summary" / "best_config.yaml").exists()
