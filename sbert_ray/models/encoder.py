@@ -64,6 +64,8 @@ class SentenceEncoder(nn.Module):
         self.normalize = normalize
         self.truncate_dim = truncate_dim
         self._compiled_forward = None  # the transformer's forward compiled for training (compile_for_training)
+        # A decoder (Qwen, Llama, Mistral) attends causally, as its attention layers say: it keeps the 2-D mask.
+        self.causal = any(getattr(module, "is_causal", False) is True for module in transformer.modules())
         # BERT-style models carry a [CLS] pooler head that sentence pooling never uses. Frozen, it is still
         # saved (so reloading warns about nothing) but DDP does not wait for gradients it never gets.
         pooler = getattr(transformer, "pooler", None)
@@ -248,9 +250,11 @@ class SentenceEncoder(nn.Module):
         Given the 2-D one it first asks whether any token is padding (``padding_mask.all()`` in
         ``masking_utils``), a device-to-host sync in every forward, only to drop the mask when none is. The
         4-D mask broadcasts to the one it would build, so the arithmetic is the same. Other attention
-        implementations (eager adds a float mask) and models with their own mask code keep the 2-D mask."""
+        implementations (eager adds a float mask), models with their own mask code and causal models (decoders:
+        a 4-D mask is taken as the whole mask, so their causal part would be lost) keep the 2-D mask."""
         transformer = self.transformer
-        if transformer.config._attn_implementation == "sdpa" and transformer.is_backend_compatible():
+        sdpa = transformer.config._attn_implementation == "sdpa" and transformer.is_backend_compatible()
+        if sdpa and not self.causal:
             return padding.bool()[:, None, None, :]
         return padding
 
