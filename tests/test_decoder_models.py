@@ -1,10 +1,12 @@
-"""Decoder embedders (Qwen3-shaped, built offline): last-token and position-weighted pooling, left and right
-padding and instruction prompts give sentence-transformers' embeddings; such a model trains and its saved folder
-reloads in sentence-transformers with the same embeddings."""
+"""Decoder embedders (Qwen3, Qwen2, Llama, Mistral shapes, built offline): last-token and position-weighted pooling,
+left and right padding and instruction prompts give sentence-transformers' embeddings; such a model trains and its
+saved folder reloads in sentence-transformers with the same embeddings. RoBERTa and ModernBERT encoders load too;
+the attention kernels and gradient checkpointing leave the arithmetic as it was."""
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import time
 
 import numpy as np
@@ -12,10 +14,14 @@ import pytest
 import torch
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Pooling as StPooling
+from transformers import AutoModel
 
-from sbert_ray.config import EvalConfig, ModelConfig, ScalingConfig, StageConfig, TrainConfig
-from sbert_ray.models import SentenceEncoder, build_random_qwen3
+from sbert_ray.config import ConfigError, EvalConfig, ModelConfig, ScalingConfig, StageConfig, TrainConfig, load_config
+from sbert_ray.models import ModelError, SentenceEncoder, build_random_decoder, load_encoder
 from sbert_ray.models.pooling import Pooling
+from sbert_ray.models.random_bert import bert_tokenizer
+from sbert_ray.models.random_decoder import tiny_config
+from sbert_ray.runs.train_run import run_training
 from sbert_ray.training.loop import LocalReporter
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.stages import Worker, start_worker, train_stages
@@ -48,13 +54,24 @@ def test_pooling_equals_sentence_transformers_on_left_right_and_mixed_padding(mo
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("padding_side", ["left", "right"])
-@pytest.mark.parametrize("pooling", ["lasttoken", "weightedmean"])
-def test_a_decoder_folder_encodes_as_sentence_transformers_does(tmp_path, padding_side, pooling):
-    """A Qwen3 with an instruction prompt for queries, saved by us: its queries (with the instruction) and
+@pytest.mark.parametrize(
+    "model_type, pooling, padding_side",
+    [
+        ("qwen3", "lasttoken", "left"),
+        ("qwen3", "lasttoken", "right"),
+        ("qwen3", "weightedmean", "left"),
+        ("qwen2", "weightedmean", "right"),
+        ("llama", "lasttoken", "left"),
+        ("mistral", "lasttoken", "left"),
+    ],
+)
+def test_a_decoder_folder_encodes_as_sentence_transformers_does(tmp_path, model_type, pooling, padding_side):
+    """A decoder with an instruction prompt for queries, saved by us: its queries (with the instruction) and
     documents (without) encode as sentence-transformers encodes them, and so does the folder sentence-transformers
     saves again (its newer pooling config: one ``pooling_mode`` key)."""
-    path = build_random_qwen3(tmp_path / "ours", pooling=pooling, padding_side=padding_side, prompts=INSTRUCTION)
+    path = build_random_decoder(
+        tmp_path / "ours", model_type=model_type, pooling=pooling, padding_side=padding_side, prompts=INSTRUCTION
+    )
     theirs = SentenceTransformer(str(path), device="cpu")
     assert theirs.tokenizer.padding_side == padding_side
     theirs.save(str(tmp_path / "theirs"))
@@ -69,10 +86,61 @@ def test_a_decoder_folder_encodes_as_sentence_transformers_does(tmp_path, paddin
     assert np.abs(with_instruction - without).max() > 1e-3  # the instruction is in the input, not dropped
 
 
+@pytest.mark.parametrize(
+    "model_type, shape",
+    [("xlm-roberta", {"max_position_embeddings": 514, "type_vocab_size": 1}), ("modernbert", {})],
+)
+def test_roberta_and_modernbert_encoders_encode_as_sentence_transformers_does(tmp_path, model_type, shape):
+    """Encoders of other families than BERT (random, with the BERT vocabulary), saved by us and loaded offline:
+    bidirectional (the 4-D padding mask stays theirs), mean-pooled as in sentence-transformers."""
+    tokenizer = bert_tokenizer()
+    config = tiny_config(model_type, tokenizer, num_attention_heads=2, **shape)
+    torch.manual_seed(0)
+    SentenceEncoder(AutoModel.from_config(config), tokenizer, max_seq_length=64).save(tmp_path)
+    ours = SentenceEncoder.load(str(tmp_path))
+    assert not ours.causal
+    expected = SentenceTransformer(str(tmp_path), device="cpu").encode(SENTENCES, batch_size=3)
+    np.testing.assert_allclose(ours.encode(SENTENCES, batch_size=3), expected, rtol=0, atol=CLOSE)
+
+
+def test_eager_attention_and_gradient_checkpointing_leave_the_arithmetic_alone(tmp_path):
+    """``model.attn_implementation: eager`` encodes as sdpa does, and ``model.gradient_checkpointing`` gives the
+    gradients of the run that keeps its activations (left padding, last-token pooling)."""
+    path = str(build_random_decoder(tmp_path, prompts=INSTRUCTION))
+    sdpa, eager = (load_encoder(path, attn_implementation=kernel) for kernel in ("sdpa", "eager"))
+    assert eager.transformer.config._attn_implementation == "eager"
+    np.testing.assert_allclose(eager.encode(SENTENCES), sdpa.encode(SENTENCES), rtol=0, atol=CLOSE)
+
+    def gradients(encoder: SentenceEncoder) -> list[torch.Tensor]:
+        encoder.train()
+        encoder(encoder.tokenize(SENTENCES)).square().sum().backward()
+        return [parameter.grad for parameter in encoder.parameters()]
+
+    checkpointed = load_encoder(path, gradient_checkpointing=True)
+    assert checkpointed.transformer.is_activation_checkpointing and not sdpa.transformer.is_activation_checkpointing
+    for kept, recomputed in zip(gradients(sdpa), gradients(checkpointed), strict=True):
+        torch.testing.assert_close(recomputed, kept, rtol=0, atol=1e-6)
+
+
+def test_flash_attention_without_flash_attn_is_refused_before_training(tiny_train_config, tmp_path):
+    """On a machine without the flash-attn package: one line naming the key, before MLflow or Ray; and a model
+    loaded with it where it cannot run is refused in the same words, not transformers' ImportError."""
+    if importlib.util.find_spec("flash_attn"):
+        pytest.skip("flash-attn is installed here")
+    config = load_config(tiny_train_config(), ["model.attn_implementation=flash_attention_2"])
+    with pytest.raises(ModelError, match="^model.attn_implementation: flash_attention_2 needs the flash-attn"):
+        run_training(config)
+    assert not (tmp_path / "mlflow.db").exists()
+    with pytest.raises(ModelError, match="^model.attn_implementation: flash_attention_2 needs the flash-attn"):
+        load_encoder("random:tiny", attn_implementation="flash_attention_2")
+    with pytest.raises(ConfigError, match="model.attn_implementation"):
+        load_config(tiny_train_config(), ["model.attn_implementation=flash"])
+
+
 def test_a_left_padded_decoder_trains_and_reloads_in_sentence_transformers(tmp_path, data_dir):
     """Regression on 24 STSb pairs, 4 epochs, the anchors after the instruction: the loss falls, and the saved
     model (left padding, last-token pooling, the prompt) encodes in sentence-transformers as in sbert-ray."""
-    path = build_random_qwen3(tmp_path / "start", prompts=INSTRUCTION)
+    path = build_random_decoder(tmp_path / "start", prompts=INSTRUCTION)
     config = TrainConfig(
         seed=3,
         data_dir=str(data_dir),

@@ -14,7 +14,7 @@ _EXPORTS = {
     "sbert_ray.models.pooling_mode": ("POOLING_MODES",),
     # Not the function random_bert: its module's name shadows it once imported (sbert_ray.models.random_bert).
     "sbert_ray.models.random_bert": ("BERT_SHAPES", "build_random_bert"),
-    "sbert_ray.models.random_decoder": ("build_random_qwen3",),
+    "sbert_ray.models.random_decoder": ("build_random_decoder",),
     "sbert_ray.models.resolve": ("resolve_model_ref",),
     "sbert_ray.models.st_layout": ("ModelError",),
 }

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from sbert_ray.models.attention import ATTENTION_IMPLEMENTATIONS
 from sbert_ray.models.pooling import Pooling, PoolingMode
 from sbert_ray.models.prompts import check_prompts, resolve_prompt
 from sbert_ray.models.resolve import ModelFiles, resolve_model_ref
@@ -83,8 +84,10 @@ class SentenceEncoder(nn.Module):
         truncate_dim: int | None = None,
         prompts: Mapping[str, str] | None = None,
         default_prompt_name: str | None = None,
+        attn_implementation: str = "sdpa",
     ) -> SentenceEncoder:
-        """Load a sentence-transformers folder, a plain Hugging Face model (mean pooling) or a Hub id.
+        """Load a sentence-transformers folder, a plain Hugging Face model (mean pooling) or a Hub id, with
+        transformers' ``attn_implementation`` (``check_attention``).
 
         Arguments that are not None override what the saved model says (``prompts`` replace the saved prompts and
         their default). Like `from_pretrained`, the result is in eval mode; call `.train()` before training. Weights
@@ -103,6 +106,7 @@ class SentenceEncoder(nn.Module):
             dtype=torch.float32,
             use_safetensors=None if allow_unsafe_weights else True,
             trust_remote_code=False,
+            attn_implementation=check_attention(attn_implementation),
         )
         tokenizer, layout = files.tokenizer(), files.layout
         if max_seq_length is None:
@@ -474,6 +478,24 @@ def smart_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | Non
 
 def input_order_batches(count: int, batch_size: int) -> list[list[int]]:
     return [list(range(start, min(start + batch_size, count))) for start in range(0, count, batch_size)]
+
+
+def check_attention(attn_implementation: str) -> str:
+    """``attn_implementation`` if transformers can run it here: ``sdpa`` (PyTorch's fused attention, the default),
+    ``eager`` (plain matrix products) and ``flash_attention_2``, which needs the flash-attn package and a CUDA GPU
+    (a ModelError naming ``model.attn_implementation`` otherwise, rather than transformers' ImportError)."""
+    from transformers.utils import is_flash_attn_2_available  # here: importing the package must not load model code
+
+    if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
+        raise ModelError(
+            f"model.attn_implementation: {attn_implementation!r} is not one of {ATTENTION_IMPLEMENTATIONS}"
+        )
+    if attn_implementation == "flash_attention_2" and not is_flash_attn_2_available():
+        raise ModelError(
+            "model.attn_implementation: flash_attention_2 needs the flash-attn package (>= 2.3.3) and a CUDA GPU, "
+            "and this process has not both; use sdpa"
+        )
+    return attn_implementation
 
 
 def half_dtype(device: torch.device) -> torch.dtype:

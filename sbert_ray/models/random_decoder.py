@@ -1,5 +1,5 @@
-"""Randomly initialised Qwen3-shaped decoder embedders, built offline, for tests of decoder models (last-token
-pooling, left padding, instruction prompts) where no Hub model can be fetched."""
+"""Randomly initialised decoder embedders (Qwen3, Qwen2, Llama, Mistral shapes), built offline, for tests of decoder
+models (last-token pooling, left padding, instruction prompts) where no Hub model can be fetched."""
 
 from __future__ import annotations
 
@@ -45,39 +45,56 @@ def decoder_tokenizer(padding_side: str = "left", vocab_size: int = 400):
     )
 
 
-def random_qwen3(
+# transformers model types of the decoder families embedders are built on (Qwen3-Embedding, gte-Qwen2, E5-Mistral,
+# Llama-based ones); each with the same small shape.
+DECODER_TYPES = ("qwen3", "qwen2", "llama", "mistral")
+
+
+def random_decoder(
+    model_type: str = "qwen3",
     seed: int = 0,
     pooling: PoolingMode = "lasttoken",
     padding_side: str = "left",
     max_seq_length: int = 64,
     prompts: Mapping[str, str] | None = None,
 ) -> SentenceEncoder:
-    """A 2-layer Qwen3 (hidden 32, grouped-query attention: 4 query heads over 2 key/value heads) with
-    ``decoder_tokenizer``'s vocabulary; ``prompts`` as sentence-transformers' (e.g. a ``query`` instruction)."""
-    from transformers import Qwen3Config, Qwen3Model  # here: importing the package must not load model code
+    """A 2-layer decoder of ``model_type`` (one of DECODER_TYPES; hidden 32, grouped-query attention: 4 query heads
+    over 2 key/value heads) with ``decoder_tokenizer``'s vocabulary; ``prompts`` as sentence-transformers' (e.g. a
+    ``query`` instruction)."""
+    from transformers import AutoModel  # here: importing the package must not load model code
 
+    if model_type not in DECODER_TYPES:
+        raise ValueError(f"unknown decoder type {model_type!r}; expected one of {DECODER_TYPES}")
     tokenizer = decoder_tokenizer(padding_side)
     eos_id = tokenizer.eos_token_id
-    config = Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
+    config = tiny_config(
+        model_type,
+        tokenizer,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=512,
-        pad_token_id=eos_id,
+        head_dim=8,  # Qwen3's default is 128 whatever the hidden size
         bos_token_id=eos_id,
         eos_token_id=eos_id,
     )
     with torch.random.fork_rng(devices=[]):  # seeded weights without disturbing the caller's RNG stream
         torch.manual_seed(seed)
-        transformer = Qwen3Model(config)
+        transformer = AutoModel.from_config(config)
     return SentenceEncoder(transformer, tokenizer, pooling, max_seq_length, prompts=prompts)
 
 
-def build_random_qwen3(out_dir: str | os.PathLike[str], **options) -> Path:
-    """Save ``random_qwen3(**options)`` in the sentence-transformers layout at ``out_dir``."""
-    random_qwen3(**options).save(out_dir)
+def build_random_decoder(out_dir: str | os.PathLike[str], **options) -> Path:
+    """Save ``random_decoder(**options)`` in the sentence-transformers layout at ``out_dir``."""
+    random_decoder(**options).save(out_dir)
     return Path(out_dir)
+
+
+def tiny_config(model_type: str, tokenizer, **options):
+    """A transformers config of ``model_type`` (any family: qwen3, llama, xlm-roberta, modernbert, ...) in the tests'
+    tiny shape (2 layers, hidden 32, feed-forward 64, 512 positions) over ``tokenizer``'s vocabulary; ``options`` add
+    to it or replace it."""
+    from transformers import AutoConfig
+
+    shape = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "max_position_embeddings": 512}
+    return AutoConfig.for_model(
+        model_type, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **(shape | options)
+    )
