@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import yaml
 
+from sbert_ray.models.attention import AttentionImplementation
 from sbert_ray.models.pooling_mode import PoolingMode
 
 
@@ -46,6 +47,12 @@ class ModelConfig:
     # The prompt of an input that names none (sentence-transformers' default_prompt_name); a key of prompts.
     # None: the model's own when prompts is None, else no default.
     default_prompt_name: str | None = None
+    # transformers' attention kernels: sdpa (PyTorch's fused attention), eager, or flash_attention_2 (needs the
+    # flash-attn package and CUDA GPUs on the workers; refused before training where the package is missing)
+    attn_implementation: AttentionImplementation = "sdpa"
+    # Recompute each layer's activations in the backward pass instead of keeping them: less memory for long inputs
+    # and large models, about a third more compute per step
+    gradient_checkpointing: bool = False
 
 
 @dataclass

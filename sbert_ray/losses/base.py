@@ -76,10 +76,16 @@ class EncoderLoss(nn.Module, ABC):
             return [self.encoder(features[0])]
         width = max(column["input_ids"].shape[1] for column in features)
         pad_id = self.encoder.tokenizer.pad_token_id or 0
+        # On the tokenizer's padding side: a left-padded row (a decoder's) keeps its last token in the last column.
+        sides = (1, 0) if self.encoder.tokenizer.padding_side == "left" else (0, 1)
         stacked = {
             name: torch.cat(
                 [
-                    F.pad(column[name], (0, width - column[name].shape[1]), value=pad_id if name == "input_ids" else 0)
+                    F.pad(
+                        column[name],
+                        tuple(side * (width - column[name].shape[1]) for side in sides),
+                        value=pad_id if name == "input_ids" else 0,
+                    )
                     for column in features
                 ]
             )

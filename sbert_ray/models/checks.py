@@ -4,6 +4,8 @@ embeddings. Reads configs and file headers only."""
 
 from __future__ import annotations
 
+import importlib.util
+
 from transformers import AutoConfig, BertConfig
 
 from sbert_ray.models.encoder import max_seq_length_problem
@@ -20,6 +22,7 @@ def check_model(
     allow_unsafe_weights: bool = False,
     prompts: dict[str, str] | None = None,
     default_prompt_name: str | None = None,
+    attn_implementation: str = "sdpa",
 ) -> int:
     """A ModelError naming ``model.name`` or ``model.max_seq_length`` (and the file at fault) for a model a
     training config names that could not be trained; else the model's embedding size.
@@ -27,7 +30,14 @@ def check_model(
     ``name`` as in ``model.name``: a local folder, a Hub id or ``random:<shape>``. A missing local folder or an
     unknown offline id stays a FileNotFoundError (as ``resolve_model_ref`` raises it). ``prompts`` and
     ``default_prompt_name`` as in the config: a default must name one of the prompts the model will have.
+    ``attn_implementation``: flash_attention_2 needs the flash-attn package, which the workers' image shares with
+    this process; whether their GPUs run it is checked where they load the model (``check_attention``).
     """
+    if attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise ModelError(
+            "model.attn_implementation: flash_attention_2 needs the flash-attn package (pip install flash-attn), "
+            "which is not installed; use sdpa"
+        )
     layout = None
     if name.startswith(RANDOM_PREFIX):
         shape = name.removeprefix(RANDOM_PREFIX)

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from sbert_ray.models.attention import ATTENTION_IMPLEMENTATIONS
 from sbert_ray.models.pooling import Pooling, PoolingMode
 from sbert_ray.models.prompts import check_prompts, resolve_prompt
 from sbert_ray.models.resolve import ModelFiles, resolve_model_ref
@@ -64,6 +65,8 @@ class SentenceEncoder(nn.Module):
         self.normalize = normalize
         self.truncate_dim = truncate_dim
         self._compiled_forward = None  # the transformer's forward compiled for training (compile_for_training)
+        # A decoder (Qwen, Llama, Mistral) attends causally, as its attention layers say: it keeps the 2-D mask.
+        self.causal = any(getattr(module, "is_causal", False) is True for module in transformer.modules())
         # BERT-style models carry a [CLS] pooler head that sentence pooling never uses. Frozen, it is still
         # saved (so reloading warns about nothing) but DDP does not wait for gradients it never gets.
         pooler = getattr(transformer, "pooler", None)
@@ -81,8 +84,10 @@ class SentenceEncoder(nn.Module):
         truncate_dim: int | None = None,
         prompts: Mapping[str, str] | None = None,
         default_prompt_name: str | None = None,
+        attn_implementation: str = "sdpa",
     ) -> SentenceEncoder:
-        """Load a sentence-transformers folder, a plain Hugging Face model (mean pooling) or a Hub id.
+        """Load a sentence-transformers folder, a plain Hugging Face model (mean pooling) or a Hub id, with
+        transformers' ``attn_implementation`` (``check_attention``).
 
         Arguments that are not None override what the saved model says (``prompts`` replace the saved prompts and
         their default). Like `from_pretrained`, the result is in eval mode; call `.train()` before training. Weights
@@ -101,6 +106,7 @@ class SentenceEncoder(nn.Module):
             dtype=torch.float32,
             use_safetensors=None if allow_unsafe_weights else True,
             trust_remote_code=False,
+            attn_implementation=check_attention(attn_implementation),
         )
         tokenizer, layout = files.tokenizer(), files.layout
         if max_seq_length is None:
@@ -248,9 +254,11 @@ class SentenceEncoder(nn.Module):
         Given the 2-D one it first asks whether any token is padding (``padding_mask.all()`` in
         ``masking_utils``), a device-to-host sync in every forward, only to drop the mask when none is. The
         4-D mask broadcasts to the one it would build, so the arithmetic is the same. Other attention
-        implementations (eager adds a float mask) and models with their own mask code keep the 2-D mask."""
+        implementations (eager adds a float mask), models with their own mask code and causal models (decoders:
+        a 4-D mask is taken as the whole mask, so their causal part would be lost) keep the 2-D mask."""
         transformer = self.transformer
-        if transformer.config._attn_implementation == "sdpa" and transformer.is_backend_compatible():
+        sdpa = transformer.config._attn_implementation == "sdpa" and transformer.is_backend_compatible()
+        if sdpa and not self.causal:
             return padding.bool()[:, None, None, :]
         return padding
 
@@ -470,6 +478,24 @@ def smart_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | Non
 
 def input_order_batches(count: int, batch_size: int) -> list[list[int]]:
     return [list(range(start, min(start + batch_size, count))) for start in range(0, count, batch_size)]
+
+
+def check_attention(attn_implementation: str) -> str:
+    """``attn_implementation`` if transformers can run it here: ``sdpa`` (PyTorch's fused attention, the default),
+    ``eager`` (plain matrix products) and ``flash_attention_2``, which needs the flash-attn package and a CUDA GPU
+    (a ModelError naming ``model.attn_implementation`` otherwise, rather than transformers' ImportError)."""
+    from transformers.utils import is_flash_attn_2_available  # here: importing the package must not load model code
+
+    if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
+        raise ModelError(
+            f"model.attn_implementation: {attn_implementation!r} is not one of {ATTENTION_IMPLEMENTATIONS}"
+        )
+    if attn_implementation == "flash_attention_2" and not is_flash_attn_2_available():
+        raise ModelError(
+            "model.attn_implementation: flash_attention_2 needs the flash-attn package (>= 2.3.3) and a CUDA GPU, "
+            "and this process has not both; use sdpa"
+        )
+    return attn_implementation
 
 
 def half_dtype(device: torch.device) -> torch.dtype:

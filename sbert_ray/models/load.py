@@ -25,11 +25,15 @@ def load_encoder(
     allow_unsafe_weights: bool = False,
     prompts: Mapping[str, str] | None = None,
     default_prompt_name: str | None = None,
+    attn_implementation: str = "sdpa",
+    gradient_checkpointing: bool = False,
 ) -> SentenceEncoder:
     """``name`` as ``SentenceEncoder.load`` reads it, or for ``random:<shape>`` a freshly initialised BERT (the
     same weights for the same seed, so every data-parallel worker starts equal). Arguments that are not None
     override what a saved model says (``prompts`` replace the saved prompts and their default);
-    ``allow_unsafe_weights`` also loads pickled PyTorch weights."""
+    ``allow_unsafe_weights`` also loads pickled PyTorch weights. ``attn_implementation``: transformers' attention
+    kernels (``model.attn_implementation``); ``gradient_checkpointing``: training recomputes each layer's
+    activations in the backward pass instead of keeping them (``model.gradient_checkpointing``)."""
     if name.startswith(RANDOM_PREFIX):
         encoder = random_bert(
             name.removeprefix(RANDOM_PREFIX),
@@ -37,21 +41,27 @@ def load_encoder(
             pooling=pooling or "mean",
             max_seq_length=max_seq_length or DEFAULT_MAX_SEQ_LENGTH,
             normalize=bool(normalize),
+            attn_implementation=attn_implementation,
         )
         problem = check_prompts(prompts or {}, default_prompt_name)
         if problem:
             raise ModelError(f"{name}: {problem}")
         encoder.prompts, encoder.default_prompt_name = dict(prompts or {}), default_prompt_name
-        return encoder
-    return SentenceEncoder.load(
-        name,
-        pooling=pooling,
-        max_seq_length=max_seq_length,
-        normalize=normalize,
-        allow_unsafe_weights=allow_unsafe_weights,
-        prompts=prompts,
-        default_prompt_name=default_prompt_name,
-    )
+    else:
+        encoder = SentenceEncoder.load(
+            name,
+            pooling=pooling,
+            max_seq_length=max_seq_length,
+            normalize=normalize,
+            allow_unsafe_weights=allow_unsafe_weights,
+            prompts=prompts,
+            default_prompt_name=default_prompt_name,
+            attn_implementation=attn_implementation,
+        )
+    if gradient_checkpointing:
+        # Non-reentrant: the one that works under DDP and inside cached MNRL's own checkpoints.
+        encoder.transformer.activation_checkpointing_enable({"use_reentrant": False})
+    return encoder
 
 
 @dataclass(frozen=True)

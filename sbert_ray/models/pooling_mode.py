@@ -2,5 +2,7 @@
 
 from typing import Literal, get_args
 
-PoolingMode = Literal["mean", "max", "cls"]
+# weightedmean and lasttoken: the modes of decoder embedders (SGPT's position-weighted mean; Qwen3-Embedding's and
+# E5-Mistral's last token), as sentence-transformers computes them.
+PoolingMode = Literal["mean", "max", "cls", "weightedmean", "lasttoken"]
 POOLING_MODES: tuple[str, ...] = get_args(PoolingMode)

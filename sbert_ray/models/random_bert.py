@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import BertConfig
 
-from sbert_ray.models.encoder import DEFAULT_MAX_SEQ_LENGTH, SentenceEncoder
+from sbert_ray.models.encoder import DEFAULT_MAX_SEQ_LENGTH, SentenceEncoder, check_attention
 from sbert_ray.models.pooling import PoolingMode
 from sbert_ray.models.resolve import packaged_model_dir
 
@@ -56,6 +56,7 @@ def random_bert(
     pooling: PoolingMode = "mean",
     max_seq_length: int = DEFAULT_MAX_SEQ_LENGTH,
     normalize: bool = False,
+    attn_implementation: str = "sdpa",
 ) -> SentenceEncoder:
     """A randomly initialised BERT encoder, built in memory (Train workers other than rank 0 cannot save one:
     transformers writes files only on the main process of a distributed group).
@@ -76,6 +77,7 @@ def random_bert(
         num_attention_heads=heads,
         intermediate_size=intermediate,
         pad_token_id=tokenizer.pad_token_id,
+        attn_implementation=check_attention(attn_implementation),
     )
     with torch.random.fork_rng(devices=[]):  # seeded weights without disturbing the caller's RNG stream
         torch.manual_seed(seed)

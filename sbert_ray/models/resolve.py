@@ -81,7 +81,12 @@ class ModelFiles:
             check_weights(Path(self.path) / self.subfolder, allow_pickle=allow_pickle)
 
     def tokenizer(self) -> PreTrainedTokenizerBase:
-        """The transformer's tokenizer (never the model's own code)."""
+        """The transformer's tokenizer (never the model's own code), with its saved padding side (left for
+        Qwen3-Embedding). A decoder's tokenizer may have no pad token: it pads with its end-of-text token then, as
+        decoder embedders do (padding is masked out, so which token fills it does not change an embedding)."""
         from transformers import AutoTokenizer  # here: importing the package must not load model code
 
-        return AutoTokenizer.from_pretrained(self.path, subfolder=self.subfolder, trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(self.path, subfolder=self.subfolder, trust_remote_code=False)
+        if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+            tokenizer.pad_token = tokenizer.eos_token
+        return tokenizer

@@ -40,8 +40,10 @@ _POOLING_FLAGS: dict[str, PoolingMode] = {
     "pooling_mode_mean_tokens": "mean",
     "pooling_mode_max_tokens": "max",
     "pooling_mode_cls_token": "cls",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
 }
-_POOLING_NAMES: dict[str, PoolingMode] = {"mean": "mean", "max": "max", "cls": "cls"}
+_POOLING_NAMES: dict[str, PoolingMode] = {mode: mode for mode in _POOLING_FLAGS.values()}
 
 
 @dataclass(frozen=True)
@@ -133,14 +135,16 @@ def write_st_layout(path: Path, layout: StLayout, embedding_dim: int) -> None:
 def _pooling_mode(ref: str, config: dict[str, Any]) -> PoolingMode:
     if "pooling_mode" in config:
         name = config["pooling_mode"]
-        modes = [_POOLING_NAMES[name]] if name in _POOLING_NAMES else []
+        modes = [_POOLING_NAMES[name]] if isinstance(name, str) and name in _POOLING_NAMES else []
     else:
         modes = [mode for flag, mode in _POOLING_FLAGS.items() if config.get(flag)]
-        # Any other true flag (mean_sqrt_len, weightedmean, lasttoken) is a mode we cannot reproduce.
+        # Any other true flag (mean_sqrt_len_tokens) is a mode we cannot reproduce.
         if any(value for key, value in config.items() if key.startswith("pooling_mode_") and key not in _POOLING_FLAGS):
             modes = []
     if len(modes) != 1:
-        raise ModelError(f"{ref}: unsupported pooling config {config}; expected exactly one of mean, max, cls")
+        raise ModelError(
+            f"{ref}: unsupported pooling config {config}; expected exactly one of {', '.join(_POOLING_NAMES)}"
+        )
     return modes[0]
 
 

@@ -219,7 +219,12 @@ def _counted(source: Source, stage: StageConfig, data_dir: str) -> Source:
 def _check_model(config: TrainConfig) -> None:
     model = config.model
     model_size = check_model(
-        model.name, model.max_seq_length, model.allow_unsafe_weights, model.prompts, model.default_prompt_name
+        model.name,
+        model.max_seq_length,
+        model.allow_unsafe_weights,
+        model.prompts,
+        model.default_prompt_name,
+        model.attn_implementation,
     )
     for i, stage in enumerate(config.stages):
         if stage.matryoshka_dims and max(stage.matryoshka_dims) > model_size:
