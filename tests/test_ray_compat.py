@@ -17,7 +17,8 @@ def test_the_switch_that_keeps_a_local_cluster_on_loopback_is_still_there():
     from ray._private import ray_constants
 
     assert isinstance(ray_constants.ENABLE_RAY_CLUSTER, bool)
-    assert "_node_ip_address" in inspect.getsource(ray._private.worker.init)  # a keyword ray.init takes through **kwargs
+    # a keyword ray.init takes through **kwargs
+    assert "_node_ip_address" in inspect.getsource(ray._private.worker.init)
 
 
 def test_the_train_callback_hook_has_the_arguments_progress_lines_take():
@@ -57,3 +58,19 @@ def test_what_the_cluster_and_its_placement_groups_say(local_ray):
             remove_placement_group(held.group)
         remove_placement_group(driver_group)
     assert ray_compat.actor_created_placement_groups() == []
+
+
+def test_a_train_runs_storage_context_still_names_its_filesystem_and_folder(tmp_path):
+    """``run_storage`` reads these two off the context's ``get_storage()`` inside a worker (there on a cluster:
+    ``test_training.py::test_a_killed_run_resumes_on_the_curve_of_an_uninterrupted_one``)."""
+    import pyarrow.fs
+    from ray.train.v2._internal.execution.context import TrainContext
+    from ray.train.v2._internal.execution.storage import StorageContext
+
+    class Context:
+        def get_storage(self):
+            return StorageContext(storage_path=str(tmp_path), experiment_dir_name="run")
+
+    assert callable(TrainContext.get_storage)
+    filesystem, folder = ray_compat.run_storage(Context())
+    assert isinstance(filesystem, pyarrow.fs.LocalFileSystem) and folder == f"{tmp_path}/run"

@@ -36,6 +36,7 @@ from sbert_ray.data.readers import resolve_data_dir
 from sbert_ray.evaluation.dev_score import DEV_SCORE, DevScorer
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.models.model_card import describe_hardware
+from sbert_ray.ray_compat import run_storage
 from sbert_ray.tracking.mlflow_run import RunLogger
 from sbert_ray.training.loop import CheckpointWriter, Diverged
 from sbert_ray.training.meter import StepMeter
@@ -111,10 +112,9 @@ def _restore(context, worker: Worker) -> tuple[ResumePoints, ResumePoint | None,
 
 
 def _resume_points(context) -> ResumePoints:
-    """The run's resume points, beside Ray Train's checkpoints in its run folder on its storage filesystem
-    (``get_storage``: a DeveloperAPI of Ray Train, used here only)."""
-    storage = context.get_storage()
-    return ResumePoints(storage.storage_filesystem, f"{storage.experiment_fs_path}/{RESUME_FOLDER}")
+    """The run's resume points, beside Ray Train's checkpoints in its run folder on its storage filesystem."""
+    filesystem, run_folder = run_storage(context)
+    return ResumePoints(filesystem, f"{run_folder}/{RESUME_FOLDER}")
 
 
 def _agreed_resume_point(points: ResumePoints, worker: Worker) -> ResumePoint | None:
