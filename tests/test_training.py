@@ -274,7 +274,10 @@ def test_a_killed_run_resumes_on_the_curve_of_an_uninterrupted_one(local_ray, ti
     wait_for_registered_checkpoint(run_dir, global_step=50)
     half_uploaded = run_dir / RESUME_FOLDER / "step-000000090"  # newer than any complete point, no marker
     shutil.copytree(run_dir / RESUME_FOLDER / "step-000000030" / "model", half_uploaded / "model")
-    workers = [p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
+    # This test's own cluster (its raylet is a child of this process): other Ray Train workers on the machine are
+    # another test's or another user's.
+    ours = psutil.Process().children(recursive=True)
+    workers = [p for p in ours if "RayTrainWorker" in " ".join(p.cmdline())]
     assert workers, "no Ray Train worker process found"
     workers[0].kill()
     complete_at_kill = complete_resume_points(run_dir)
