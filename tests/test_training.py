@@ -276,8 +276,9 @@ def test_a_killed_run_resumes_on_the_curve_of_an_uninterrupted_one(local_ray, ti
     shutil.copytree(run_dir / RESUME_FOLDER / "step-000000030" / "model", half_uploaded / "model")
     # This test's own cluster (its raylet is a child of this process): other Ray Train workers on the machine are
     # another test's or another user's.
-    ours = psutil.Process().children(recursive=True)
-    workers = [p for p in ours if "RayTrainWorker" in " ".join(p.cmdline())]
+    ours = {p.pid for p in psutil.Process().children(recursive=True)}
+    processes = psutil.process_iter(["cmdline"])  # a process gone meanwhile reads as None, not an error
+    workers = [p for p in processes if p.pid in ours and "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
     assert workers, "no Ray Train worker process found"
     workers[0].kill()
     complete_at_kill = complete_resume_points(run_dir)
