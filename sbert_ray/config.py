@@ -185,11 +185,12 @@ class ScalingConfig:
 @dataclass
 class CheckpointConfig:
     storage_path: str = "~/sbert-ray/runs"  # stable across jobs so a resubmitted run resumes
-    keep_best: int = 2  # checkpoints kept by the dev score (evaluation.dev_metric), besides the latest
-    max_failures: int = 2  # worker restarts from the latest full-state checkpoint; -1 = no limit (Ray's meaning)
-    # Report points between full-state checkpoints (weights, optimizer, scheduler, stream position, random state),
-    # which a restarted or resubmitted run resumes from; the report points between them write the weights only
-    # (about a third of the bytes with AdamW) for keep_best. The end of every stage is always full. 1: all full.
+    keep_best: int = 2  # models kept by the dev score (evaluation.dev_metric), besides the latest
+    max_failures: int = 2  # worker restarts from the latest resume point; -1 = no limit (Ray's meaning)
+    # Report points between full-state checkpoints (weights, optimizer, scheduler, stream position, random state):
+    # resume points, the two newest kept in the run folder's resume_points/ apart from keep_best, which a restarted
+    # or resubmitted run resumes from. Every report point's model is kept by keep_best. The end of every stage is
+    # always full. 1: all full.
     full_every: int = 1
     # How a checkpoint reaches storage_path. async: uploaded in the background while training goes on (one upload at
     # a time, committed in report order); sync: the report point waits until it is stored (what `sbert-ray bench

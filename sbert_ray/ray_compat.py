@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import pyarrow.fs
 import ray
 from ray.util.placement_group import PlacementGroup
 
@@ -50,6 +51,15 @@ def _loopback_node() -> Iterator[None]:
         yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = enabled
+
+
+def run_storage(context) -> tuple[pyarrow.fs.FileSystem, str]:
+    """The filesystem and folder of the Ray Train run a worker's ``context`` (``ray.train.get_context()``) belongs to:
+    where Ray Train keeps its checkpoints, so that what we store beside them (``training.resume_points``) lives on
+    the same storage, reached the same way. ``get_storage`` is a DeveloperAPI (its ``StorageContext`` may change
+    between minor versions); the public API names no run folder."""
+    storage = context.get_storage()
+    return storage.storage_filesystem, storage.experiment_fs_path
 
 
 def started_the_cluster() -> bool:

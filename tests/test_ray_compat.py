@@ -59,3 +59,19 @@ def test_what_the_cluster_and_its_placement_groups_say(local_ray):
             remove_placement_group(held.group)
         remove_placement_group(driver_group)
     assert ray_compat.actor_created_placement_groups() == []
+
+
+def test_a_train_runs_storage_context_still_names_its_filesystem_and_folder(tmp_path):
+    """``run_storage`` reads these two off the context's ``get_storage()`` inside a worker (there on a cluster:
+    ``test_training.py::test_a_killed_run_resumes_on_the_curve_of_an_uninterrupted_one``)."""
+    import pyarrow.fs
+    from ray.train.v2._internal.execution.context import TrainContext
+    from ray.train.v2._internal.execution.storage import StorageContext
+
+    class Context:
+        def get_storage(self):
+            return StorageContext(storage_path=str(tmp_path), experiment_dir_name="run")
+
+    assert callable(TrainContext.get_storage)
+    filesystem, folder = ray_compat.run_storage(Context())
+    assert isinstance(filesystem, pyarrow.fs.LocalFileSystem) and folder == f"{tmp_path}/run"

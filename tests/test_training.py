@@ -6,6 +6,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,8 +32,10 @@ from sbert_ray.evaluation.sts import evaluate_pairs
 from sbert_ray.models import load_encoder
 from sbert_ray.models.encoder import SentenceEncoder
 from sbert_ray.runs.train_run import TrainingDiverged, count_stages, prepare, run_training
+from sbert_ray.training.resume_points import RESUME_FOLDER
 from sbert_ray.training.sources import read_tables
 from sbert_ray.training.stage_data import stage_datasets
+from sbert_ray.training.state import TRAINING_FILE
 
 
 def only_run(tracking_uri: str):
@@ -52,6 +55,16 @@ def wait_for_registered_checkpoint(run_dir: Path, global_step: int = 1, timeout:
     while not (snapshot.exists() and _latest_step(snapshot.read_text()) >= global_step):
         assert time.time() < deadline, f"no checkpoint of step {global_step} or later was registered"
         time.sleep(0.2)
+
+
+def snapshot_now(run_dir: Path) -> dict:
+    """Ray Train's checkpoint manager snapshot of the run, read again if caught while Ray rewrites it."""
+    for _ in range(50):
+        try:
+            return json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())
+        except json.JSONDecodeError:
+            time.sleep(0.05)
+    raise AssertionError(f"no readable checkpoint manager snapshot in {run_dir}")
 
 
 def _latest_step(snapshot: str) -> int:
@@ -122,7 +135,9 @@ def assert_dev_scores_land_on_their_own_checkpoints(config, run_id: str, data_di
     snapshot = json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())
     kept = {c["metrics"]["global_step"]: c for c in snapshot["checkpoint_results"]}
     assert logged.keys() == kept.keys() == {4, 8, 12} and len(set(logged.values())) == 3
-    assert {step: c["metrics"]["weights_only"] for step, c in kept.items()} == {4: True, 8: False, 12: False}
+    # Ray Train keeps models; the full state of every other report point and the stage's end are resume points
+    assert not any((run_dir / c["checkpoint_dir_name"] / TRAINING_FILE).exists() for c in kept.values())
+    assert complete_resume_points(run_dir) == [8, 12]
     dev_pairs = load_records("stsb", "dev", data_dir)[:100]
     for step, checkpoint in kept.items():
         model = SentenceEncoder.load(str(run_dir / checkpoint["checkpoint_dir_name"] / "model"))
@@ -230,41 +245,68 @@ def loss_curve(tracking_uri: str, run_id: str) -> dict[int, list[float]]:
     return curve
 
 
-RESUME_STEPS = 120  # global batch 8: a checkpoint every 20 steps, full state every 40; the kill comes after 60
+RESUME_STEPS = 120  # global batch 8: a report point every 10 steps, full state every 30; the kill comes after 50
+
+
+def complete_resume_points(run_dir: Path) -> list[int]:
+    """The steps of the run's complete resume points (those whose marker is written)."""
+    return sorted(int(marker.stem.removeprefix("step-")) for marker in (run_dir / RESUME_FOLDER).glob("step-*.json"))
 
 
 def test_a_killed_run_resumes_on_the_curve_of_an_uninterrupted_one(local_ray, tiny_train_config):
     """Checkpoints hold every rank's random state (dropout), optimizer, scheduler and stream position, so a run
     whose worker is killed retrains from its checkpoint along the very curve of an uninterrupted run with the same
     seed and ends with its weights: the steps before the kill show that one seed gives one curve, those after it
-    that resuming is exact. With full state every other checkpoint, the run killed after the weights-only one of
-    step 60 resumes from the full one before it (all checkpoints kept: keep_best may otherwise drop it)."""
+    that resuming is exact.
+
+    Faults at scale on the way: with full state every third report point and keep_best 1, Ray Train keeps one
+    model and the latest, which once deleted the last full-state checkpoint; the run is killed after the second
+    weights-only report past a full one (step 50), while the dev score of that report is computed in its Ray task
+    (evaluation.async_dev), and with a half-uploaded newer resume point in the run folder (what a kill during an
+    upload leaves): it resumes from the newest complete resume point (step 30, or 60 if training got there before
+    the kill), which the two workers of this one node download once."""
     overrides = ["evaluation.final_tasks=[]", "evaluation.dev_limit=20"]
-    config = load_config(tiny_train_config(name="straight", limit=RESUME_STEPS * 8, eval_every=20), overrides)
+    config = load_config(tiny_train_config(name="straight", limit=RESUME_STEPS * 8, eval_every=10), overrides)
     uninterrupted = run_training(config)
     straight = {
         step: values[-1] for step, values in loss_curve(uninterrupted.tracking_uri, uninterrupted.run_id).items()
     }
     assert len(straight) == RESUME_STEPS // 10 and len(set(straight.values())) > 1
 
-    full_every = ["checkpoint.full_every=2", "checkpoint.keep_best=6"]  # checkpoint kinds do not change training
-    path = tiny_train_config(name="killed", limit=RESUME_STEPS * 8, eval_every=20)
-    config = load_config(path, overrides + full_every)
+    # Checkpoint kinds, their retention and where dev scores are computed do not change training.
+    faults = ["checkpoint.full_every=3", "checkpoint.keep_best=1", "evaluation.async_dev=true"]
+    path = tiny_train_config(name="killed", limit=RESUME_STEPS * 8, eval_every=10)
+    config = load_config(path, overrides + faults)
+    run_dir = Path(config.checkpoint.storage_path) / config.name
     outcome: dict = {}
     thread = threading.Thread(target=lambda: outcome.update(result=run_training(config)))
     thread.start()
-    wait_for_registered_checkpoint(Path(config.checkpoint.storage_path) / config.name, global_step=60)
-    workers = [p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
+    wait_for_registered_checkpoint(run_dir, global_step=50)
+    half_uploaded = run_dir / RESUME_FOLDER / "step-000000090"  # newer than any complete point, no marker
+    shutil.copytree(run_dir / RESUME_FOLDER / "step-000000030" / "model", half_uploaded / "model")
+    # This test's own cluster (its raylet is a child of this process): other Ray Train workers on the machine are
+    # another test's or another user's.
+    ours = {p.pid for p in psutil.Process().children(recursive=True)}
+    processes = psutil.process_iter(["cmdline"])  # a process gone meanwhile reads as None, not an error
+    workers = [p for p in processes if p.pid in ours and "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
     assert workers, "no Ray Train worker process found"
     workers[0].kill()
+    complete_at_kill = complete_resume_points(run_dir)
+    snapshot = snapshot_now(run_dir)
+    validating = [r["metrics"]["global_step"] for r in snapshot["pending_training_results"]]
     thread.join(timeout=300)
     assert "result" in outcome, "training did not finish after the worker was killed"
+    assert validating, "no dev score was being computed when the worker was killed"
     run_id = outcome["result"].run_id
     client = MlflowClient(config.tracking.tracking_uri)
     assert client.get_run(run_id).info.status == "FINISHED"
     resumed_from = client.get_metric_history(run_id, "train/resumed_from_step")
-    # From a full-state checkpoint (steps 40, 80), not the weights-only one of step 60 (nor from step 0)
-    assert resumed_from and resumed_from[0].value in (40, 80)
+    # From the newest complete resume point: not the weights-only step 50, not the half-uploaded 90, not step 0
+    assert resumed_from and resumed_from[0].value == complete_at_kill[-1] in (30, 60)
+    assert [m.value for m in client.get_metric_history(run_id, "train/resume_downloads")] == [1]  # one node
+    assert complete_resume_points(run_dir) == [90, 120]  # the two newest; the half-uploaded 90 was replaced
+    kept = [c["metrics"]["global_step"] for c in snapshot_now(run_dir)["checkpoint_results"]]
+    assert 120 in kept and len(kept) <= 2  # keep_best 1 (and Ray's latest) ranked models only
     resumed = loss_curve(config.tracking.tracking_uri, run_id)
     assert resumed.keys() == straight.keys()
     # Both runs execute the same float32 operations in the same order on this machine (same seed, data order,

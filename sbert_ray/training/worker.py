@@ -3,14 +3,15 @@
 reporter that logs rank 0's metrics to the run the driver opened and calls ``ray.train.report``.
 
 Rank 0 additionally scores the dev set (or, with ``evaluation.async_dev``, has Ray Train score each checkpoint in a
-task beside training: ``training.validation``) and writes checkpoints (the last one holds the final model),
-weights-only or full state (``checkpoint.full_every``); all ranks call ``ray.train.report`` at the same points,
-which is also where they synchronise. Checkpoints upload in the background (Ray Train's async upload mode: one
-upload thread per worker, so uploads never race and are committed in report order) while training continues
-(``checkpoint.upload: sync``: the report point waits for it). A
-restarted worker resumes from the latest full-state checkpoint (``resume_checkpoint``), never from a weights-only
-one; so does every worker of an elastic run (``scaling.num_workers: [min, max]``) that Ray Train restarted at
-another size, where each stage's global batch, data position and schedule carry over (``training.stream``).
+task beside training: ``training.validation``) and writes checkpoints (the last one holds the final model); all
+ranks call ``ray.train.report`` at the same points, which is also where they synchronise. Every checkpoint Ray Train
+gets holds the model (it keeps the best by dev score); every ``checkpoint.full_every``-th report point's full state
+becomes a resume point of its own beside them (``training.resume_points``). Both upload in the background (Ray
+Train's async upload mode: one upload thread per worker, so uploads never race and are committed in report order;
+resume points in one thread of rank 0) while training continues (``checkpoint.upload: sync``: the report point
+waits for them). A restarted worker resumes from the newest complete resume point, downloaded once per node; so
+does every worker of an elastic run (``scaling.num_workers: [min, max]``) that Ray Train restarted at another size,
+where each stage's global batch, data position and schedule carry over (``training.stream``).
 Saving the final model and scoring it are the run layer's (``sbert_ray.runs.train_run``). On a NaN or infinite
 loss every rank stops together and returns it (rather than fail: Ray would restart them from the checkpoint into
 the same NaN).
@@ -36,12 +37,22 @@ from sbert_ray.data.readers import resolve_data_dir
 from sbert_ray.evaluation.dev_score import DEV_SCORE, DevScorer
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.models.model_card import describe_hardware
+from sbert_ray.ray_compat import run_storage
 from sbert_ray.tracking.mlflow_run import RunLogger
 from sbert_ray.training.faults import WorkerFaults
 from sbert_ray.training.loop import CheckpointWriter, Diverged, Stopped
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.precision import resolve_precision
 from sbert_ray.training.preemption import watch_sigterm
+from sbert_ray.training.resume_points import (
+    RESUME_FOLDER,
+    ResumePoint,
+    ResumePoints,
+    ResumeUploader,
+    drop_node_copy,
+    fetch_once_per_node,
+    weights_of,
+)
 from sbert_ray.training.stages import Worker, start_worker, train_stages
 from sbert_ray.training.state import TrainState
 from sbert_ray.training.stream import SourceStream
@@ -49,7 +60,6 @@ from sbert_ray.training.stream import SourceStream
 log = logging.getLogger(__name__)
 
 UPLOAD_MODES = {"async": ray.train.CheckpointUploadMode.ASYNC, "sync": ray.train.CheckpointUploadMode.SYNC}
-WEIGHTS_ONLY = "weights_only"  # in a report's metrics: its checkpoint holds no optimizer state, no resume point
 
 # DDP all-reduces gradients in buckets of this size as soon as backward has filled one (the last layers' first),
 # so communication overlaps the rest of backward.
@@ -71,14 +81,16 @@ def train_loop_per_worker(loop_config: dict) -> dict:
     worker = Worker(device, precision, context.get_world_rank(), world_size, ddp, stop_requested=watch_sigterm())
     tracking = loop_config["tracking"]  # run id, URI, file for metrics in outages; None: no MLflow run (benchmarks)
     faults = WorkerFaults(config)  # an error a restart would meet again ends the run (``training.faults``)
-    with faults, tempfile.TemporaryDirectory(prefix="sbert-ray-resume-") as resume_dir:
-        checkpoint = resume_checkpoint()
-        restored = None if checkpoint is None else Path(checkpoint.to_directory(resume_dir))
+    with faults:
+        points, point, restored, downloads = _restore(context, worker)
         encoder, state = start_worker(config, worker, restored)
         if config.scaling.compile:
             encoder.compile_for_training()
         run_logger = RunLogger(**tracking) if worker.rank == 0 and tracking else None
-        reporter = RayReporter(config, worker, encoder, run_logger)
+        uploader = ResumeUploader(points, background=config.checkpoint.upload == "async") if worker.rank == 0 else None
+        reporter = RayReporter(config, worker, encoder, run_logger, uploader)
+        if point is not None:
+            reporter.log({"train/resume_downloads": downloads}, step=state.global_step)
         try:
             stage_data = faults.opened(_stage_data(loop_config))
             train_stages(config, encoder, state, restored, stage_data, worker, reporter, meter)
@@ -88,23 +100,50 @@ def train_loop_per_worker(loop_config: dict) -> dict:
             ray.train.collective.barrier()  # every rank's report is queued before one fails and Ray stops them all
             raise
         finally:
+            if uploader:
+                uploader.close()  # the last resume point complete before the run may end
             if run_logger:
                 run_logger.drain()  # the metrics thread dies with this process: hand its queue on first
+            if point is not None and context.get_local_rank() == 0:
+                drop_node_copy(point)  # every rank restored it before the first step's collectives
     return _summary(worker, meter)
 
 
-def resume_checkpoint() -> ray.train.Checkpoint | None:
-    """The checkpoint a restarted or resubmitted run resumes from: the latest one reported when it holds the full
-    state (Ray Train's ``get_checkpoint()``, which returns the latest), else the latest full-state one Ray Train still
-    keeps. None: a new run, or keep_best removed every full-state checkpoint (the run starts over, warned)."""
-    if ray.train.get_checkpoint() is None:
-        return None
-    reported = ray.train.get_all_reported_checkpoints(consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED)
-    full = [r for r in reported if not r.metrics.get(WEIGHTS_ONLY)]
-    if not full:
-        log.warning("no full-state checkpoint left to resume from (checkpoint.keep_best removed them): starting over")
-        return None
-    return max(full, key=lambda r: r.metrics["global_step"]).checkpoint
+def _restore(context, worker: Worker) -> tuple[ResumePoints, ResumePoint | None, Path | None, int]:
+    """The run's resume points, the one this run resumes from (None: it starts anew), its folder on this node, and
+    how many ranks downloaded it (one per node: ``fetch_once_per_node``)."""
+    points = _resume_points(context)
+    point = _agreed_resume_point(points, worker)
+    if point is None:
+        return points, None, None, 0
+    restored, downloaded = fetch_once_per_node(points.filesystem, point)
+    return points, point, restored, _count(downloaded, worker)
+
+
+def _resume_points(context) -> ResumePoints:
+    """The run's resume points, beside Ray Train's checkpoints in its run folder on its storage filesystem."""
+    filesystem, run_folder = run_storage(context)
+    return ResumePoints(filesystem, f"{run_folder}/{RESUME_FOLDER}")
+
+
+def _agreed_resume_point(points: ResumePoints, worker: Worker) -> ResumePoint | None:
+    """The newest complete resume point as rank 0 found it, on every rank (a listing per rank could disagree);
+    None: a new run, or one killed before its first full-state checkpoint was complete (starts over, warned)."""
+    found = [points.latest() if worker.rank == 0 else None]
+    if worker.world_size > 1:
+        torch.distributed.broadcast_object_list(found, src=0)
+    if found[0] is None and ray.train.get_checkpoint() is not None:
+        log.warning("no complete resume point in %s: starting over", points.folder)
+    return found[0]
+
+
+def _count(flag: bool, worker: Worker) -> int:
+    """How many ranks raised ``flag``."""
+    flags = [flag]
+    if worker.world_size > 1:
+        flags = [None] * worker.world_size
+        torch.distributed.all_gather_object(flags, flag)
+    return sum(flags)
 
 
 def _stage_data(loop_config: dict) -> Callable[[int], list[SourceStream]]:
@@ -141,8 +180,16 @@ class RayReporter:
     """Rank 0 logs metrics to the MLflow run (``logger``; None: no run), scores the dev set (``dev_score``) and
     reports each checkpoint to Ray Train; the other ranks report their position, which keeps every rank in step."""
 
-    def __init__(self, config: TrainConfig, worker: Worker, encoder: SentenceEncoder, logger: RunLogger | None):
+    def __init__(
+        self,
+        config: TrainConfig,
+        worker: Worker,
+        encoder: SentenceEncoder,
+        logger: RunLogger | None,
+        uploader: ResumeUploader | None,
+    ):
         self.rank, self.device, self.encoder, self.logger = worker.rank, worker.device, encoder, logger
+        self.uploader = uploader  # rank 0's: full-state checkpoints become resume points (``training.resume_points``)
         self.async_dev = config.evaluation.async_dev  # scored beside training (``training.validation.dev_validation``)
         self.upload = UPLOAD_MODES[config.checkpoint.upload]
         self.dev = None
@@ -163,9 +210,13 @@ class RayReporter:
         validation = self.score_dev(state, metrics)
         if self.logger:
             self.logger.drain()  # the metrics up to this checkpoint survive this worker's loss after it
-        metrics[WEIGHTS_ONLY] = not save.full_state
-        directory = tempfile.mkdtemp(prefix="sbert-ray-ckpt-")  # Ray Train deletes it once uploaded
-        save(Path(directory))
+        directory = Path(tempfile.mkdtemp(prefix="sbert-ray-ckpt-"))  # Ray Train deletes it once uploaded
+        save(directory)
+        if save.full_state:  # Ray Train keeps models by dev score; the full state is a resume point of its own
+            directory, full = weights_of(directory), directory
+            self.uploader.save(full, state.global_step)
+            if save.stopping:  # complete before the ranks meet and stop: Ray may end this process right after
+                self.uploader.wait()
         ray.train.report(
             metrics,
             checkpoint=ray.train.Checkpoint.from_directory(directory),
