@@ -74,7 +74,7 @@ def train_loop_per_worker(loop_config: dict) -> dict:
         if config.scaling.compile:
             encoder.compile_for_training()
         run_logger = RunLogger(**tracking) if worker.rank == 0 and tracking else None
-        reporter = RayReporter(config, worker, encoder, run_logger)
+        reporter = RayReporter(config, worker, encoder, run_logger, loop_config["report_gate"])
         try:
             train_stages(config, encoder, state, restored, _stage_data(loop_config), worker, reporter, meter)
         except Diverged as diverged:
@@ -133,8 +133,16 @@ class RayReporter:
     """Rank 0 logs metrics to the MLflow run (``logger``; None: no run), scores the dev set (``dev_score``) and
     reports each checkpoint to Ray Train; the other ranks report their position, which keeps every rank in step."""
 
-    def __init__(self, config: TrainConfig, worker: Worker, encoder: SentenceEncoder, logger: RunLogger | None):
+    def __init__(
+        self,
+        config: TrainConfig,
+        worker: Worker,
+        encoder: SentenceEncoder,
+        logger: RunLogger | None,
+        gate: ray.actor.ActorHandle | None = None,
+    ):
         self.rank, self.device, self.encoder, self.logger = worker.rank, worker.device, encoder, logger
+        self.gate = gate  # a sweep trial's (tuning.trial_gate): Tune's verdict on each report, before training on
         self.async_dev = config.evaluation.async_dev  # scored beside training (``training.validation.dev_validation``)
         self.upload = UPLOAD_MODES[config.checkpoint.upload]
         self.dev = None
@@ -164,6 +172,8 @@ class RayReporter:
             checkpoint_upload_mode=self.upload,
             validation=validation,
         )
+        if self.gate:  # returns when Tune lets the trial go on; a trial Tune stopped is aborted while it waits
+            ray.get(self.gate.ask.remote(metrics))
 
     def score_dev(self, state: TrainState, metrics: dict) -> ray.train.ValidationTaskConfig | bool:
         """Score the dev set now (into ``metrics``, the state and the run), or with ``evaluation.async_dev`` return
