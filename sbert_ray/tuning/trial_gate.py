@@ -14,7 +14,7 @@ workers end and their placement group is removed, within seconds, and no later d
 
 run_trial (Tune's trial thread)        with TrialGate(): run_training(..., report_gate=gate.actor)
   forward_reports (thread)             gate.next_report -> tune.report -> gate.go_on | abort the controller
-  Train controller                     ControllerToGate.after_report: gate.set_controller(itself), once
+  Train controller                     ControllerToGate.after_report: gate.controller_took(itself, step)
     rank 0 (RayReporter.report)        ray.train.report(metrics); gate.ask(metrics) waits for the verdict
 """
 
@@ -32,7 +32,7 @@ from ray.train import UserCallback
 log = logging.getLogger(__name__)
 
 POLL_S = 0.5  # how often the forwarding thread looks for a stop between reports
-CONTROLLER_WAIT_S = 30.0  # for the controller's handle, which it sends after its first report
+CONTROLLER_WAIT_S = 60.0  # for the controller to take the stopped report (its checkpoint's upload)
 
 
 @ray.remote(num_cpus=0)
@@ -43,7 +43,7 @@ class ReportGate:
     def __init__(self) -> None:
         self._reports: asyncio.Queue = asyncio.Queue(maxsize=1)
         self._go_on = asyncio.Event()
-        self._controller, self._controller_known = None, asyncio.Event()
+        self._controller, self._step, self._reported = None, -1, asyncio.Event()
 
     async def ask(self, metrics: dict) -> None:
         """Rank 0: returns when Tune lets the trial go on after this report; never when it stopped the trial."""
@@ -60,31 +60,36 @@ class ReportGate:
     def go_on(self) -> None:
         self._go_on.set()
 
-    def set_controller(self, controller: Any) -> None:
-        self._controller = controller
-        self._controller_known.set()
+    def controller_took(self, controller: Any, step: int) -> None:
+        """The Train controller took rank 0's report of ``step`` (its checkpoint stored and registered)."""
+        self._controller, self._step = controller, step
+        self._reported.set()
 
-    async def controller(self, timeout_s: float) -> Any:
-        """The Train controller's handle, once it reported; None if it did not within ``timeout_s``."""
+    async def controller(self, step: int, timeout_s: float) -> Any:
+        """The Train controller's handle once it took the report of ``step`` (within ``timeout_s``: else the handle
+        as far as known, or None)."""
         try:
-            await asyncio.wait_for(self._controller_known.wait(), timeout_s)
+            await asyncio.wait_for(self._until(step), timeout_s)
         except TimeoutError:
             pass
         return self._controller
 
+    async def _until(self, step: int) -> None:
+        while self._step < step:
+            self._reported.clear()
+            await self._reported.wait()
+
 
 class ControllerToGate(UserCallback):
-    """Runs in the Train controller: sends its own handle to the gate at its first report, so that the trial can
-    abort it."""
+    """Runs in the Train controller: tells the gate each report it took, with its own handle, so that the trial
+    aborts it only once the stopped report's checkpoint is stored (an abort would end its upload)."""
 
     def __init__(self, gate: ray.actor.ActorHandle) -> None:
         self.gate = gate
-        self.sent = False
 
     def after_report(self, run_context, metrics: list[dict], checkpoint) -> None:
-        if not self.sent:
-            self.gate.set_controller.remote(ray.get_runtime_context().current_actor)
-            self.sent = True
+        controller = ray.get_runtime_context().current_actor
+        self.gate.controller_took.remote(controller, metrics[0]["global_step"])
 
 
 class TrialGate:
@@ -110,20 +115,21 @@ class TrialGate:
     def _forward_reports(self) -> None:
         while not self._done.is_set():
             if tune_stopping_trial():  # stopped between reports (the sweep's Ctrl-C)
-                return self._abort()
+                return self._abort(step=-1)
             metrics = ray.get(self.actor.next_report.remote(POLL_S))
             if metrics is None:
                 continue
             try:
                 tune.report(metrics)  # returns when Tune lets the trial go on
             except SystemExit:  # Tune stopped the trial at this report (ASHA, a stop criterion)
-                return self._abort()
+                return self._abort(metrics["global_step"])
             self.actor.go_on.remote()
 
-    def _abort(self) -> None:
-        """End the trial's Train run now: its controller aborts the workers and removes their placement group."""
+    def _abort(self, step: int) -> None:
+        """End the trial's Train run once the controller took the report of ``step`` (its checkpoint stored): the
+        controller aborts the workers and removes their placement group."""
         self.stopped = True
-        controller = ray.get(self.actor.controller.remote(CONTROLLER_WAIT_S))
+        controller = ray.get(self.actor.controller.remote(step, CONTROLLER_WAIT_S))
         if controller is None:  # no report yet: the controller dies with the trial's actor
             return
         try:
