@@ -129,6 +129,10 @@ class EvalConfig:
     before_tasks: list[str] = field(default_factory=list)  # tasks scored on the model before training
 
 
+# How long work waits for CPUs/GPUs other work holds (scaling.resource_wait_s, the commands' --resource-wait-s).
+RESOURCE_WAIT_S = 600.0
+
+
 @dataclass
 class ScalingConfig:
     # Ray Train workers, i.e. data-parallel ranks (each its share of every global batch). [min, max]: elastic, the
@@ -149,7 +153,7 @@ class ScalingConfig:
     # How long a run waits for its workers' CPUs/GPUs while other work holds them (or an autoscaler starts nodes for
     # them, which takes minutes), before it fails naming what is missing. A request the cluster can never hold (more
     # than its nodes, or its autoscaler's maximum) fails at once.
-    resource_wait_s: float = 600.0
+    resource_wait_s: float = RESOURCE_WAIT_S
     # torch.compile the transformer's training forward (inductor): faster steps on a GPU after a compile per batch
     # shape (seconds to minutes each; widths are padded to multiples of 8, so at most max_seq_length / 8 of them
     # per batch size). Off by default: on CPUs and in short runs the compilation costs more than it gains.

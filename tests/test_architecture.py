@@ -24,6 +24,7 @@ LAYERS = {
     "losses": 1,
     "config": 2,
     "files": 2,  # path checks and JSON for every file a command writes
+    "reservations": 2,  # Ray resources reserved with a bounded wait, for training, encoder pools and dev scoring
     "evaluation": 3,
     "training": 4,
     "tuning": 4,
@@ -45,6 +46,7 @@ RAY_ALLOWED = (
     "training.stage_data",
     "training.validation",  # Ray Train's checkpoint validation: dev scores beside training
     "evaluation.encoder_pool",
+    "reservations",
     "data.remote_corpus",  # a corpus on object storage, read by Ray Data (mining, retrieval on a cluster)
 )
 MLFLOW_ALLOWED = ("tracking",)

@@ -4,8 +4,10 @@ the cluster can never hold are refused at once, and workers it holds later are w
 from __future__ import annotations
 
 import ipaddress
+import threading
 import time
 
+import numpy as np
 import psutil
 import pytest
 import ray
@@ -13,9 +15,11 @@ from ray.util.placement_group import placement_group, remove_placement_group
 
 from sbert_ray.cli import main
 from sbert_ray.config import ConfigError, ScalingConfig
+from sbert_ray.evaluation.encoder_pool import RayEncoder
+from sbert_ray.models.encoder import SentenceEncoder
 from sbert_ray.ray_compat import connect_ray
+from sbert_ray.reservations import ResourcesBusy
 from sbert_ray.runs.cluster import (
-    ResourcesBusy,
     check_resources,
     refuse_impossible,
     refuse_unshared_paths,
@@ -114,3 +118,54 @@ def test_workers_held_by_other_work_are_waited_for_then_refused_naming_what_is_m
     while ray.available_resources().get("CPU") != 2 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert ray.available_resources().get("CPU") == 2
+
+
+@pytest.mark.parametrize(
+    "workers, device, holds",
+    [("8", "cpu", "8 of 1 CPU each, but this cluster can hold at most 2"), ("2", "cuda", "2 of 1 CPU, 1 GPU each")],
+)
+def test_encode_eval_and_mine_refuse_replicas_the_cluster_never_holds_with_one_line(
+    local_ray, tiny_model_dir, tmp_path, capsys, workers, device, holds
+):
+    """More --workers than the cluster's CPUs, or cuda on a cluster without GPUs: Ray would wait for ever."""
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("anchor,positive\na cat,a kitten\nthe sun,a star\n")
+    options = ["--model", str(tiny_model_dir), "--workers", workers, "--device", device]
+    commands = {
+        "encode": ["encode", *options, "--input", str(pairs), "--column", "anchor", "--output", str(tmp_path / "e")],
+        "eval": ["eval", *options, "--tasks", f"pairs:{tmp_path / 'flat.csv'}"],
+        "mine": ["mine", *options, "--pairs", str(pairs), "--output", str(tmp_path / "m")],
+    }
+    (tmp_path / "flat.csv").write_text("sentence1,sentence2,score\na cat,a dog,1\nthe sun,a car,3\nx,y,2\n")
+    for name, command in commands.items():
+        start = time.monotonic()
+        assert main(command) == 2, name
+        err = capsys.readouterr().err  # progress bars of the model's loading, then the error's one line
+        assert time.monotonic() - start < 60, name  # at once: no wait for the replicas
+        assert f"{name}: error: --workers {workers} encoder replicas: {holds}" in err.splitlines()[-1], (name, err)
+        assert "Traceback" not in err, (name, err)
+
+
+def test_an_encoder_pool_waits_a_bounded_time_for_cpus_other_work_holds(local_ray, tiny_model_dir):
+    """The replicas of eval, mine and retrieval (``RayEncoder``) wait for CPUs other work holds for at most
+    --resource-wait-s, then stop naming what is missing; CPUs freed within the wait are taken and the pool runs."""
+    encoder = SentenceEncoder.load(str(tiny_model_dir))
+    other = placement_group([{"CPU": 1.5}])  # another job holding most of the cluster
+    assert other.wait(timeout_seconds=30)
+    try:
+        start = time.monotonic()
+        with pytest.raises(ResourcesBusy) as busy:
+            RayEncoder(encoder, num_workers=2, resource_wait_s=2)
+        assert 2 <= time.monotonic() - start < 15
+        assert str(busy.value) == (
+            "--workers 2 encoder replicas of 1 CPU were not free within --resource-wait-s=2 s: they need 2 CPU, "
+            "0.5 CPU of 2 CPU are free now (missing 1.5 CPU); other work holds the rest"
+        )
+        threading.Timer(3, remove_placement_group, [other]).start()  # the other job ends a moment later
+        start = time.monotonic()
+        with RayEncoder(encoder, num_workers=2, resource_wait_s=60) as pool:
+            assert time.monotonic() - start >= 2.5  # it waited for the CPUs
+            sentences = ["a cat sits", "the sun", "rain falls on the town"]
+            np.testing.assert_array_equal(pool.encode(sentences, batch_size=2), encoder.encode(sentences, batch_size=2))
+    finally:
+        remove_placement_group(other)

@@ -26,6 +26,28 @@ def _common_options() -> argparse.ArgumentParser:
     return common
 
 
+def resource_wait() -> argparse.ArgumentParser:
+    """--resource-wait-s of the commands whose --workers encoder replicas wait for the cluster's CPUs/GPUs."""
+    from sbert_ray.config import RESOURCE_WAIT_S
+
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument(
+        "--resource-wait-s",
+        type=non_negative_float,
+        default=RESOURCE_WAIT_S,
+        help="how long the encoder replicas wait for CPUs/GPUs other work holds before the command stops, naming "
+        f"what is missing (default: {RESOURCE_WAIT_S:g}, as a training config's scaling.resource_wait_s)",
+    )
+    return parent
+
+
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # also refuses NaN
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import argparse
 
-from sbert_ray.cli.arguments import add_command, checked, positive_int
+from sbert_ray.cli.arguments import add_command, checked, positive_int, resource_wait
 from sbert_ray.config import parse_device
 
 
 def add_arguments(subparsers) -> None:
-    en = add_command(subparsers, "encode", help="embed a corpus on a Ray cluster: parquet files of (id, text, vector)")
+    en = add_command(
+        subparsers,
+        "encode",
+        help="embed a corpus on a Ray cluster: parquet files of (id, text, vector)",
+        parents=[resource_wait()],
+    )
     en.add_argument("--model", required=True, help="local folder or Hub id")
     en.add_argument(
         "--input",
@@ -61,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         data_dir=args.data_dir,
         prompt_name=args.prompt_name,
+        resource_wait_s=args.resource_wait_s,
     )
     result = encode_corpus(request)
     print(

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import argparse
 
-from sbert_ray.cli.arguments import add_command, check_output, checked, positive_int, sizes, tracking_store
+from sbert_ray.cli.arguments import (
+    add_command,
+    check_output,
+    checked,
+    positive_int,
+    resource_wait,
+    sizes,
+    tracking_store,
+)
 from sbert_ray.config import parse_device
 
 
 def add_arguments(subparsers) -> None:
-    ev = add_command(subparsers, "eval", help="evaluate a sentence encoder")
+    ev = add_command(subparsers, "eval", help="evaluate a sentence encoder", parents=[resource_wait()])
     ev.add_argument("--model", required=True, help="local folder or Hub id")
     ev.add_argument("--tasks", default="sts", help="comma-separated tasks (default: sts)")
     ev.add_argument("--data-dir", help="local data folder (default: $SBERT_RAY_DATA_DIR, else the Hub)")
@@ -95,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         experiment=args.experiment,
         truncate_dims=args.truncate_dim or (),
         precision=args.precision,
+        resource_wait_s=args.resource_wait_s,
     )
     print(
         f"model: {args.model}{f' ({args.baseline} baseline)' if args.baseline else ''}   mode: {args.mode}   "

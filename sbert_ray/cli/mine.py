@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from sbert_ray.cli.arguments import add_command, check_output, checked, positive_int
+from sbert_ray.cli.arguments import add_command, check_output, checked, positive_int, resource_wait
 from sbert_ray.config import parse_device
 
 
@@ -13,6 +13,7 @@ def add_arguments(subparsers) -> None:
         subparsers,
         "mine",
         help="mine hard negatives on a Ray cluster: parquet (anchor, positive, negative_1..n) a stage trains on",
+        parents=[resource_wait()],
     )
     mi.add_argument("--model", required=True, help="local folder or Hub id that encodes anchors and corpus")
     mi.add_argument(
@@ -102,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         shard_size=args.shard_size,
         approximate=args.approximate,
+        resource_wait_s=args.resource_wait_s,
     )
 
     def shard_done(done: ShardDone) -> None:

@@ -23,9 +23,11 @@ from typing import TypeVar
 import numpy as np
 import ray
 import torch
+from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from sbert_ray.models.encoder import SentenceEncoder, smart_batches
 from sbert_ray.ray_compat import connect_ray
+from sbert_ray.reservations import in_bundle, reserve, resources_text
 
 T = TypeVar("T")
 IN_FLIGHT = 2  # items queued per worker in map_unordered: one running, one ready to start
@@ -60,6 +62,20 @@ class EncoderReplica:
         )
 
 
+def replica_resources(use_gpu: bool, cpus: float = 1) -> dict[str, float]:
+    """What each encoder replica (``--workers`` of encode, eval and mine) asks Ray for: CPUs, and a GPU on cuda."""
+    return {"CPU": cpus, "GPU": 1 if use_gpu else 0}
+
+
+def reserve_replicas(replica: dict[str, float], workers: int, wait_s: float) -> PlacementGroup:
+    """A placement group of ``workers`` replicas' resources, within ``wait_s`` seconds (``--resource-wait-s``), else
+    ``ResourcesBusy`` naming what is missing: Ray would wait for ever, and the command hang silently. PACK: on one
+    node where they fit, else spread over nodes."""
+    asked = {key: need for key, need in replica.items() if need}  # "1 CPU", not "1 CPU, 0 GPU"
+    what = f"--workers {workers} encoder replicas of {resources_text(asked)}"
+    return reserve([replica] * workers, "PACK", wait_s, what, "--resource-wait-s")
+
+
 def shareable(encoder: SentenceEncoder) -> ray.ObjectRef:
     """A CPU copy of ``encoder`` in the object store for actors to load onto their own device; the caller's
     encoder stays where it is."""
@@ -68,19 +84,33 @@ def shareable(encoder: SentenceEncoder) -> ray.ObjectRef:
 
 class RayEncoder:
     """Drop-in for ``SentenceEncoder.encode`` that runs on ``num_workers`` Ray actors (one GPU each with
-    ``use_gpu``). Use as a context manager, or call ``close()``, to release the actors."""
+    ``use_gpu``), started in a placement group reserved for them within ``resource_wait_s`` (the commands'
+    ``--resource-wait-s``; else ``ResourcesBusy`` naming what is missing). Use as a context manager, or call
+    ``close()``, to release the actors and their resources."""
 
     def __init__(
-        self, encoder: SentenceEncoder, num_workers: int, use_gpu: bool = False, cpus_per_worker: int = 1
+        self,
+        encoder: SentenceEncoder,
+        num_workers: int,
+        use_gpu: bool = False,
+        cpus_per_worker: int = 1,
+        resource_wait_s: float = 600.0,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         connect_ray()  # as every driver: RAY_ADDRESS's cluster, else a fresh local one on 127.0.0.1
         self.encoder = encoder  # kept for tokenisation (the batch order) and its attributes
+        bundle = replica_resources(use_gpu, cpus_per_worker)
+        self.group = reserve_replicas(bundle, num_workers, resource_wait_s)
         shared = shareable(encoder)
-        actor = ray.remote(EncoderReplica).options(num_cpus=cpus_per_worker, num_gpus=1 if use_gpu else 0)
+        actor = ray.remote(EncoderReplica)
         device = "cuda" if use_gpu else "cpu"
-        self.workers = [actor.remote(shared, device, cpus_per_worker) for _ in range(num_workers)]
+        self.workers = [
+            actor.options(num_cpus=bundle["CPU"], num_gpus=bundle["GPU"], **in_bundle(self.group, i)).remote(
+                shared, device, cpus_per_worker
+            )
+            for i in range(num_workers)
+        ]
 
     @property
     def prompts(self) -> dict[str, str]:
@@ -136,6 +166,9 @@ class RayEncoder:
         for worker in self.workers:
             ray.kill(worker)
         self.workers = []
+        if self.group is not None:
+            remove_placement_group(self.group)
+            self.group = None
 
     def __enter__(self) -> RayEncoder:
         return self

@@ -12,20 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
 
 from sbert_ray.config import ConfigError, ScalingConfig, TrainConfig
 from sbert_ray.data.records import DataError
 from sbert_ray.ray_compat import autoscaler_node_groups, started_the_cluster
+from sbert_ray.reservations import resources_text, wait_until_free
 from sbert_ray.training.faults import causes
 
 logger = logging.getLogger(__name__)
 INPUT_ERRORS = (ConfigError, DataError)  # bad input: the CLI prints these as one line
-
-
-class ResourcesBusy(ConfigError):
-    """The cluster could hold the workers, but other work held their resources for longer than
-    ``scaling.resource_wait_s``."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +53,9 @@ def refuse_impossible(scaling: ScalingConfig) -> None:
     bundle, n, strategy = scaling.resources_per_worker(), scaling.min_workers, scaling.placement_strategy
     nodes = _nodes_text(kinds)
     if not any(kind.holds(bundle) for kind in kinds):
-        raise ConfigError(f"scaling: one worker needs {_text(bundle)}, more than any node of this cluster ({nodes})")
+        raise ConfigError(
+            f"scaling: one worker needs {resources_text(bundle)}, more than any node of this cluster ({nodes})"
+        )
     if strategy == "STRICT_PACK":  # every worker on one node
         most = max(kind.holds(bundle) for kind in kinds)
     elif strategy == "STRICT_SPREAD":  # every worker on a node of its own
@@ -68,7 +65,7 @@ def refuse_impossible(scaling: ScalingConfig) -> None:
     if n > most:
         raise ConfigError(
             f"scaling.num_workers={n if not scaling.elastic else f'{scaling.num_workers}: at least {n}'} workers "
-            f"of {_text(bundle)} ({strategy}): this cluster can hold at most {int(most)} (its nodes: {nodes})"
+            f"of {resources_text(bundle)} ({strategy}): this cluster can hold at most {int(most)} (its nodes: {nodes})"
         )
 
 
@@ -88,13 +85,22 @@ def actors_problem(kinds: list[NodeKind], bundle: dict[str, float], count: int, 
     if not kinds or count <= most:
         return None
     return (
-        f"{what}: {count} of {_text(bundle)} each, but this cluster can hold at most {int(most)} "
+        f"{what}: {count} of {resources_text(bundle)} each, but this cluster can hold at most {int(most)} "
         f"(its nodes: {_nodes_text(kinds)})"
     )
 
 
 def _nodes_text(kinds: list[NodeKind]) -> str:
-    return ", ".join(f"{'any number' if math.isinf(k.count) else int(k.count)} x {_text(k.resources)}" for k in kinds)
+    """Each kind's count and its CPUs and GPUs (what workers ask for; every node has memory)."""
+    return ", ".join(f"{_count(kind)} x {resources_text(_processors(kind.resources))}" for kind in kinds)
+
+
+def _count(kind: NodeKind) -> str:
+    return "any number" if math.isinf(kind.count) else str(int(kind.count))
+
+
+def _processors(resources: dict[str, float]) -> dict[str, float]:
+    return {key: value for key, value in resources.items() if key in ("CPU", "GPU")}
 
 
 def node_kinds() -> list[NodeKind] | None:
@@ -122,28 +128,14 @@ def wait_for_workers(scaling: ScalingConfig) -> None:
     them, as Ray Train asks for, reserved and released; elastic: of the fewest it trains on), else ``ResourcesBusy``
     naming what is missing."""
     bundle, n = scaling.resources_per_worker(), scaling.min_workers
-    group = placement_group([bundle] * n, strategy=scaling.placement_strategy)
-    try:
-        # A free cluster still takes a moment to place the group: at least a second, even with a wait of 0.
-        if group.wait(timeout_seconds=max(scaling.resource_wait_s, 1.0)):
-            return
-    finally:
-        remove_placement_group(group)
-    needed = {key: value * n for key, value in bundle.items()}
-    free, total = ray.available_resources(), ray.cluster_resources()
-    missing = {key: value - free.get(key, 0) for key, value in needed.items() if value > free.get(key, 0)}
-    raise ResourcesBusy(
-        f"scaling: {n} workers of {_text(bundle)} ({scaling.placement_strategy}) were not free within "
-        f"scaling.resource_wait_s={scaling.resource_wait_s:g} s: they need {_text(needed)}, "
-        f"{_text({key: free.get(key, 0) for key in needed})} of {_text({key: total.get(key, 0) for key in needed})} "
-        f"are free now (missing {_text(missing) if missing else 'a node to place them together'}); other work holds "
-        "the rest"
-    )
+    what = f"scaling: {n} workers of {resources_text(bundle)} ({scaling.placement_strategy})"
+    wait_until_free([bundle] * n, scaling.placement_strategy, scaling.resource_wait_s, what, "scaling.resource_wait_s")
 
 
-def _text(resources: dict[str, float]) -> str:
-    """``{'CPU': 2.0, 'GPU': 1.0, 'memory': ...}`` as ``2 CPU, 1 GPU`` (the resources runs ask for)."""
-    return ", ".join(f"{resources.get(key, 0):g} {key}" for key in ("CPU", "GPU") if key in resources) or "nothing"
+def refuse_impossible_encoders(replica: dict[str, float], workers: int) -> None:
+    """encode, eval and mine: a ``ConfigError`` when the cluster can never hold ``--workers`` encoder replicas of
+    ``replica`` (more than its CPUs, or cuda without a GPU); Ray would wait for them for ever."""
+    refuse_impossible_actors(replica, workers, f"--workers {workers} encoder replicas")
 
 
 def runs_that_fit(configs: list[TrainConfig], driver_cpus: float = 0.0) -> int:

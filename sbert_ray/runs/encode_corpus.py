@@ -40,17 +40,18 @@ import ray.data
 from pyarrow import fs
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
+from ray.util.placement_group import remove_placement_group
 
-from sbert_ray.config import ConfigError
+from sbert_ray.config import RESOURCE_WAIT_S, ConfigError
 from sbert_ray.data.corpus import CorpusSource, open_corpus
-from sbert_ray.evaluation.encoder_pool import EncoderReplica, shareable
+from sbert_ray.evaluation.encoder_pool import EncoderReplica, replica_resources, reserve_replicas, shareable
 from sbert_ray.files import check_folder
 from sbert_ray.models import load_encoder
 from sbert_ray.models.encoder import token_ids
 from sbert_ray.progress import quiet
 from sbert_ray.ray_compat import connect_ray
 from sbert_ray.runs import owned_paths
-from sbert_ray.runs.cluster import input_errors_unwrapped, refuse_impossible_actors
+from sbert_ray.runs.cluster import input_errors_unwrapped, refuse_impossible_encoders
 
 BLOCK_BYTES = 1 << 20  # rows read into one block (~10k sentences), encoded (cut by the token budget) in one call
 ROWS_PER_READ = 1024  # rows the read task turns into one table at a time
@@ -87,6 +88,7 @@ class EncodeRequest:
     data_dir: str | os.PathLike | None = None
     block_bytes: int = BLOCK_BYTES
     prompt_name: str | None = None  # one of the model's prompts, put before every text; None: its default, if any
+    resource_wait_s: float = RESOURCE_WAIT_S  # for the replicas' CPUs/GPUs while other work holds them
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -143,8 +145,10 @@ def encode_corpus(request: EncodeRequest) -> EncodeResult:
     start = time.perf_counter()
     connect_ray()
     use_gpu = request.device.startswith("cuda") if request.device else ray.cluster_resources().get("GPU", 0) > 0
-    replica = {"CPU": 1, "GPU": 1 if use_gpu else 0}
-    refuse_impossible_actors(replica, request.workers, f"--workers {request.workers} encoder replicas")
+    replica = replica_resources(use_gpu)
+    refuse_impossible_encoders(replica, request.workers)
+    # Ray Data places its actor pool itself and would wait for ever: wait for the replicas' resources here, bounded.
+    remove_placement_group(reserve_replicas(replica, request.workers, request.resource_wait_s))
     rows = 0
     if pending:
         staging = f"{output.uri}/{STAGING_PREFIX}{uuid.uuid4().hex[:12]}"

@@ -8,9 +8,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sbert_ray.config import ConfigError, TrainConfig, check_device_here
+from sbert_ray.config import RESOURCE_WAIT_S, ConfigError, TrainConfig, check_device_here
 from sbert_ray.evaluation.baselines import load_model
-from sbert_ray.evaluation.encoder_pool import RayEncoder
+from sbert_ray.evaluation.encoder_pool import RayEncoder, replica_resources
 from sbert_ray.evaluation.results import nest
 from sbert_ray.evaluation.tasks import ArgsimTask, EvalTask, Results, check_tasks
 from sbert_ray.evaluation.truncation import evaluate_at_dims
@@ -18,7 +18,7 @@ from sbert_ray.models.encoder import Precision
 from sbert_ray.progress import progress_bar
 from sbert_ray.ray_compat import connect_ray
 from sbert_ray.runs.argsim_folds import finetune_argsim
-from sbert_ray.runs.cluster import input_errors_unwrapped
+from sbert_ray.runs.cluster import input_errors_unwrapped, refuse_impossible_encoders
 from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags
 from sbert_ray.tracking.store import redact_uri
 
@@ -44,6 +44,7 @@ class EvalRequest:
     precision: Precision = "fp32"
     tracking_uri: str | None = None
     experiment: str = "sbert-ray-eval"
+    resource_wait_s: float = RESOURCE_WAIT_S  # for the --workers replicas' CPUs/GPUs while other work holds them
 
     def __post_init__(self) -> None:
         if self.baseline == "tfidf" and (
@@ -106,7 +107,9 @@ def _evaluate(request: EvalRequest, progress: Callable[[EvalTask, float], None])
         model.truncate_dim = None  # every size is cut from the full embeddings, whatever the saved model truncates to
     if workers > 1:
         connect_ray()
-        model = RayEncoder(model, workers, use_gpu=(device or "").startswith("cuda"))
+        use_gpu = (device or "").startswith("cuda")
+        refuse_impossible_encoders(replica_resources(use_gpu), workers)
+        model = RayEncoder(model, workers, use_gpu=use_gpu, resource_wait_s=request.resource_wait_s)
     elif device:
         model.to(device)
     data_dir, batch_size = request.data_dir, request.batch_size

@@ -30,19 +30,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
 
-from sbert_ray.config import ConfigError
+from sbert_ray.config import RESOURCE_WAIT_S, ConfigError
 from sbert_ray.data.corpus import TABLE_SUFFIXES, open_corpus
 from sbert_ray.data.readers import check_available, load_records
 from sbert_ray.data.records import TEXT_FIELDS, DataError
 from sbert_ray.data.remote_corpus import RemoteCorpus, check_remote_corpus
-from sbert_ray.evaluation.encoder_pool import RayEncoder
+from sbert_ray.evaluation.encoder_pool import RayEncoder, replica_resources
 from sbert_ray.evaluation.hard_negatives import MiningPairs, MiningSettings, Negatives, mine, output_columns
 from sbert_ray.evaluation.retrieval import CORPUS_CHUNK, QUERY_CHUNK, check_faiss
 from sbert_ray.models import load_encoder
 from sbert_ray.progress import progress_bar
 from sbert_ray.ray_compat import connect_ray
 from sbert_ray.runs import owned_paths
-from sbert_ray.runs.cluster import input_errors_unwrapped
+from sbert_ray.runs.cluster import input_errors_unwrapped, refuse_impossible_encoders
 from sbert_ray.training.storage import is_remote
 
 SHARD_ANCHORS = 65536  # anchors per output file
@@ -72,6 +72,7 @@ class MineRequest:
     shard_size: int = SHARD_ANCHORS
     corpus_chunk: int = CORPUS_CHUNK
     approximate: bool = False  # faiss HNSW per corpus chunk instead of the exact search
+    resource_wait_s: float = RESOURCE_WAIT_S  # for the --workers replicas' CPUs/GPUs while other work holds them
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "workers", "shard_size", "corpus_chunk"):
@@ -128,7 +129,8 @@ def mine_negatives(request: MineRequest, progress: Callable[[ShardDone], None] =
     use_gpu = request.device.startswith("cuda") if request.device else ray.cluster_resources().get("GPU", 0) > 0
     shards = range(0, len(pairs.queries), request.shard_size)
     result = MineResult(str(output), len(pairs.queries), len(pairs.corpus), 0, 0, 0, 0, {}, 0.0)
-    with RayEncoder(encoder, request.workers, use_gpu=use_gpu) as pool:
+    refuse_impossible_encoders(replica_resources(use_gpu), request.workers)
+    with RayEncoder(encoder, request.workers, use_gpu=use_gpu, resource_wait_s=request.resource_wait_s) as pool:
         for index, first in enumerate(progress_bar(shards, desc="shards", unit="shard")):
             shard_start, path = time.perf_counter(), output / f"part-{index:05d}.parquet"
             if path.exists():

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import ray
 import torch
 
 from sbert_ray.config import ScalingConfig
 from sbert_ray.evaluation.tasks import EvalTask, Results
 from sbert_ray.models import SentenceEncoder
-from sbert_ray.training.validation import worker_resources
+from sbert_ray.reservations import call_reserved, resources_text
 
 ModelSource = Callable[[], SentenceEncoder]  # called where the evaluation runs, which loads the model there
 
@@ -33,7 +32,8 @@ def evaluate_on_worker_resources(
     load: ModelSource, tasks: Sequence[EvalTask], data_dir: str | None, batch_size: int, scaling: ScalingConfig
 ) -> Results:
     """Run ``tasks`` on the model ``load`` returns, in a Ray task sized like one training worker (its CPUs and
-    threads, its GPU when training used one)."""
-    task = ray.remote(_evaluate).options(**worker_resources(scaling))
-    device = "cuda" if scaling.use_gpu else "cpu"
-    return ray.get(task.remote(load, list(tasks), data_dir, batch_size, device, scaling.threads_per_worker()))
+    threads, its GPU when training used one), waiting for them at most ``scaling.resource_wait_s``."""
+    device, bundle = "cuda" if scaling.use_gpu else "cpu", scaling.resources_per_worker()
+    args = (load, list(tasks), data_dir, batch_size, device, scaling.threads_per_worker())
+    what = f"scoring the model on one worker's {resources_text(bundle)}"
+    return call_reserved(_evaluate, args, bundle, scaling.resource_wait_s, what)

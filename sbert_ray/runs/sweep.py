@@ -2,8 +2,8 @@
 
 run_sweep (this process)                      MLflow parent run: sweep config, results table, plot, best config
   Tuner(with_resources(run_trial, token CPU))  searcher (random / grid / Optuna TPE) + ASHA on dev_score
-    run_trial (one Tune trial)                 run_training(trial config, parent run, [TuneReportCallback()])
-      TorchTrainer -> train_loop_per_worker    MLflow child run; dev reports reach Tune through the callback
+    run_trial (one Tune trial)                 run_training(trial config, parent run, TrialGate)
+      TorchTrainer -> train_loop_per_worker    MLflow child run; rank 0 waits for Tune's verdict on each report
     tune.report(final scores, finished)        the trial's last result
   [retrain_best]                               run_training(best config, full data, STS suite) -> child run
 """
@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ray import tune
-from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.basic_variant import BasicVariantGenerator
@@ -38,6 +37,7 @@ from sbert_ray.training.storage import is_remote
 from sbert_ray.tuning import trial_results
 from sbert_ray.tuning.placement_groups import RemoveOrphanedPlacementGroups, release_trial_placement_groups
 from sbert_ray.tuning.space import METRIC, SearchSpace, SweepConfig
+from sbert_ray.tuning.trial_gate import TrialGate
 from sbert_ray.tuning.trial_results import TrialRow
 
 # A trial's own process only waits on its TorchTrainer; a token CPU share keeps trials from holding the CPUs their
@@ -66,7 +66,19 @@ def run_trial(sampled: dict, context: TrialContext) -> None:
             config.tracking, run_name=f"trial {trial_id}", registered_model_name=None, alias=None
         ),
     )
-    result = run_training(config, parent_run_id=context.parent_run_id, callbacks=[TuneReportCallback()], progress=False)
+    with TrialGate() as gate:  # each report waits for Tune's verdict; a stop aborts the Train run (trial_gate.py)
+        try:
+            result = run_training(
+                config,
+                parent_run_id=context.parent_run_id,
+                callbacks=[gate.callback],
+                report_gate=gate.actor,
+                progress=False,
+            )
+        except Exception:
+            if gate.stopped:  # the abort ended fit(): Tune has this trial's last result already
+                return
+            raise
     # "finished", not "done": Tune reads a reported "done" as the end of the trial and stops it on the spot.
     final = {f"final_{entry}": value for entry, (_, value) in result.headlines.items()}
     tune.report({**result.metrics, **final, "finished": True})

@@ -268,6 +268,7 @@ def build_trainer(
     tracking_uri: str,
     run_id: str,
     callbacks: list | None = None,
+    report_gate: ray.actor.ActorHandle | None = None,
 ) -> TorchTrainer:
     tracking = {"tracking_uri": tracking_uri, "run_id": run_id, "spool": metrics_spool(config, run_id)}
     return torch_trainer(
@@ -288,6 +289,7 @@ def build_trainer(
         # Rank 0's RunLogger: metrics the tracking store does not take wait in the spool file of the run.
         tracking,
         dev_validation(config, tracking),
+        report_gate,
     )
 
 
@@ -332,12 +334,14 @@ def run_training(
     callbacks: list | None = None,
     restart: bool = False,
     progress: bool = True,
+    report_gate: ray.actor.ActorHandle | None = None,
 ) -> TrainResult:
     """Run one training job, resume it, or (finished before with this config) return its result without training;
     ``restart`` trains anew, keeping the old run folder aside (see ``runs.record``). Under a sweep,
-    ``parent_run_id`` nests the MLflow run under the sweep's run and ``callbacks`` (e.g. Tune's
-    ``TuneReportCallback``) go to the ``TorchTrainer``. ``progress`` prints a line per report point (off under
-    --quiet). Another process running the same name on the same storage is refused (``runs.run_lease``)."""
+    ``parent_run_id`` nests the MLflow run under the sweep's run, ``callbacks`` go to the ``TorchTrainer`` and rank
+    0 waits on ``report_gate`` after each report (a sweep trial's ``tuning.trial_gate``). ``progress`` prints a
+    line per report point (off under --quiet). Another process running the same name on the same storage is
+    refused (``runs.run_lease``)."""
     config = absolute_paths(config)
     run_dir = f"{config.checkpoint.storage_path}/{config.name}"
     check_folder(config.checkpoint.storage_path, "checkpoint.storage_path")  # before the lease is written there
@@ -350,7 +354,7 @@ def run_training(
         callbacks = list(callbacks or [])
         if progress and not quiet():
             callbacks.append(TrainingProgress(list(plan.steps)))
-        return _train(plan, parent_run_id, callbacks)
+        return _train(plan, parent_run_id, callbacks, report_gate)
 
 
 def preflight(config: TrainConfig, run_dir: str, previous: record.RunRecord | None, restart: bool) -> TrainPlan:
@@ -374,14 +378,14 @@ def preflight(config: TrainConfig, run_dir: str, previous: record.RunRecord | No
     return TrainPlan(config, run_dir, before_tasks, final_tasks, dev, tuple(sources), tuple(rows), steps, previous)
 
 
-def _train(plan: TrainPlan, parent_run_id: str | None, callbacks: list) -> TrainResult:
+def _train(plan: TrainPlan, parent_run_id: str | None, callbacks: list, report_gate=None) -> TrainResult:
     """The phases after preflight, in the run's MLflow run; the record is marked finished at the end."""
     trained = False
     try:
         with open_run(plan, parent_run_id) as (tracker, run_record):
             data = stage_datasets(plan.config, list(plan.sources), list(plan.rows))
             before = score_before(plan, tracker)
-            result, train_seconds = fit(plan, data, tracker, run_record, callbacks)
+            result, train_seconds = fit(plan, data, tracker, run_record, callbacks, report_gate)
             save_final_model(
                 result.checkpoint,
                 Path(plan.config.output_dir),
@@ -452,12 +456,14 @@ def fit(
     tracker: RunTracker,
     run_record: record.RunRecord,
     callbacks: list,
+    report_gate: ray.actor.ActorHandle | None = None,
 ) -> tuple[ray.train.Result, float]:
     """The ``TorchTrainer`` fitted (resuming from the run's latest checkpoint); a NaN/inf stop is recorded and
     raised, an error a restart would meet again (``training.faults``) raised as its one line. Returns the result
     and the seconds ``fit`` took."""
     start = time.perf_counter()
-    trainer = build_trainer(plan.config, data, plan.config.tracking.tracking_uri, tracker.run_id, callbacks)
+    tracking_uri = plan.config.tracking.tracking_uri
+    trainer = build_trainer(plan.config, data, tracking_uri, tracker.run_id, callbacks, report_gate)
     try:
         result = trainer.fit()
     except ray.train.TrainingFailedError as err:

@@ -30,6 +30,7 @@ def torch_trainer(
     run_config: ray.train.RunConfig,
     tracking: dict | None = None,
     validation: ray.train.ValidationConfig | None = None,
+    report_gate: ray.actor.ActorHandle | None = None,
 ) -> TorchTrainer:
     """``config.scaling.num_workers`` workers (a [min, max] range: Ray Train v2's elastic scaling policy, which
     restarts the workers at the size the cluster holds from the latest checkpoint) with their CPUs (and GPUs),
@@ -37,6 +38,7 @@ def torch_trainer(
     ``training.stage_data.stage_datasets``); rank 0 logs to the MLflow run ``tracking`` names (``RunLogger``'s
     arguments: tracking URI, run id, spool file for metrics during outages) when one is given; ``validation``: how
     Ray Train scores checkpoints beside the workers (``evaluation.async_dev``: ``training.validation``).
+    ``report_gate``: an actor rank 0 waits on after each report (a sweep trial's, ``tuning.trial_gate``).
     Call ``fit()`` right away: the workers time their first optimizer step from now."""
     scaling = config.scaling
     # Read from the environment when fit() starts the controller (which passes it on); a value set by the user stays.
@@ -49,6 +51,7 @@ def torch_trainer(
             "config": to_dict(config),
             "stage_data": data[1],
             "tracking": tracking,
+            "report_gate": report_gate,
             "fit_started": time.time(),  # wall clock: workers may be other processes on other nodes
         },
         scaling_config=ray.train.ScalingConfig(

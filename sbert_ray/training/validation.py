@@ -10,10 +10,11 @@ import ray
 import ray.train
 import torch
 
-from sbert_ray.config import EvalConfig, ScalingConfig, TrainConfig, from_dict, to_dict
+from sbert_ray.config import EvalConfig, TrainConfig, from_dict, to_dict
 from sbert_ray.data.readers import resolve_data_dir
 from sbert_ray.evaluation.dev_score import DEV_SCORE, DevScorer
 from sbert_ray.models import SentenceEncoder
+from sbert_ray.reservations import call_reserved, resources_text
 from sbert_ray.tracking.errors import TrackingError
 from sbert_ray.training.state import MODEL_DIR
 
@@ -26,22 +27,12 @@ def checkpoint_model(checkpoint: ray.train.Checkpoint) -> SentenceEncoder:
         return SentenceEncoder.load(Path(directory) / MODEL_DIR)
 
 
-def worker_resources(scaling: ScalingConfig) -> dict:
-    """A Ray task's options for one training worker's CPUs (and GPU)."""
-    return {
-        "num_cpus": scaling.cpus_per_worker,
-        "num_gpus": scaling.gpus_per_worker if scaling.use_gpu else 0,
-        # Never inside the caller's placement group: a Tune trial's holds only the trial's token CPU.
-        "scheduling_strategy": "DEFAULT",
-    }
-
-
 def dev_validation(config: TrainConfig, tracking: dict | None) -> ray.train.ValidationConfig | None:
     """With ``evaluation.async_dev``: Ray Train's checkpoint validation, which scores each checkpoint a report asks
     it to (``ray.train.report(..., validation=ValidationTaskConfig({"step": ...}))``) with ``score_dev`` in a Ray
-    task sized like one training worker, one at a time, and merges the returned ``dev_score`` into that
-    checkpoint's metrics (keep_best ranks it then; until then Ray keeps it). ``tracking``: the run's (see
-    ``RunLogger``), where each score is logged at its checkpoint's step."""
+    task sized like one training worker (``score_dev_when_free``), one at a time, and merges the returned
+    ``dev_score`` into that checkpoint's metrics (keep_best ranks it then; until then Ray keeps it). ``tracking``:
+    the run's (see ``RunLogger``), where each score is logged at its checkpoint's step."""
     if not config.evaluation.async_dev:
         return None
     scaling = config.scaling
@@ -50,11 +41,29 @@ def dev_validation(config: TrainConfig, tracking: dict | None) -> ray.train.Vali
     if tracking:  # straight to the store (rank 0's spool file is rank 0's), waiting out an outage as the driver does
         tracking = {"tracking_uri": tracking["tracking_uri"], "run_id": tracking["run_id"]}
         tracking["wait_s"] = config.tracking.wait_s
+    wait = {"resources": scaling.resources_per_worker(), "wait_s": scaling.resource_wait_s}
     return ray.train.ValidationConfig(
-        score_dev,
-        ray.train.ValidationTaskConfig({"dev": dev, "place": place, "tracking": tracking}),
-        ray_remote_kwargs=worker_resources(scaling),
+        score_dev_when_free,
+        ray.train.ValidationTaskConfig({"dev": dev, "place": place, "tracking": tracking, **wait}),
+        # Starts at once, holding nothing, outside the caller's placement group (a Tune trial's holds its token CPU).
+        ray_remote_kwargs={"num_cpus": 0, "scheduling_strategy": "DEFAULT"},
     )
+
+
+def score_dev_when_free(
+    checkpoint: ray.train.Checkpoint,
+    step: int,
+    dev: dict,
+    place: dict,
+    tracking: dict | None,
+    resources: dict[str, float],
+    wait_s: float,
+) -> dict:
+    """``score_dev`` on one worker's ``resources``, waited for at most ``wait_s`` (``scaling.resource_wait_s``);
+    Ray Train's own task would wait for ever while other work holds them. Past the wait the validation fails with
+    ``ResourcesBusy`` naming what is missing (Ray Train logs it; that checkpoint goes unscored, training goes on)."""
+    what = f"evaluation.async_dev: the dev score of step {step} on {resources_text(resources)}"
+    return call_reserved(score_dev, (checkpoint, step, dev, place, tracking), resources, wait_s, what)
 
 
 def score_dev(checkpoint: ray.train.Checkpoint, step: int, dev: dict, place: dict, tracking: dict | None) -> dict:

@@ -88,7 +88,7 @@ def train_loop_per_worker(loop_config: dict) -> dict:
             encoder.compile_for_training()
         run_logger = RunLogger(**tracking) if worker.rank == 0 and tracking else None
         uploader = ResumeUploader(points, background=config.checkpoint.upload == "async") if worker.rank == 0 else None
-        reporter = RayReporter(config, worker, encoder, run_logger, uploader)
+        reporter = RayReporter(config, worker, encoder, run_logger, uploader, loop_config["report_gate"])
         if point is not None:
             reporter.log({"train/resume_downloads": downloads}, step=state.global_step)
         try:
@@ -187,9 +187,11 @@ class RayReporter:
         encoder: SentenceEncoder,
         logger: RunLogger | None,
         uploader: ResumeUploader | None,
+        gate: ray.actor.ActorHandle | None = None,
     ):
         self.rank, self.device, self.encoder, self.logger = worker.rank, worker.device, encoder, logger
         self.uploader = uploader  # rank 0's: full-state checkpoints become resume points (``training.resume_points``)
+        self.gate = gate  # a sweep trial's (tuning.trial_gate): Tune's verdict on each report, before training on
         self.async_dev = config.evaluation.async_dev  # scored beside training (``training.validation.dev_validation``)
         self.upload = UPLOAD_MODES[config.checkpoint.upload]
         self.dev = None
@@ -223,6 +225,8 @@ class RayReporter:
             checkpoint_upload_mode=ray.train.CheckpointUploadMode.SYNC if save.stopping else self.upload,
             validation=validation,
         )
+        if self.gate:  # returns when Tune lets the trial go on; a trial Tune stopped is aborted while it waits
+            ray.get(self.gate.ask.remote(metrics))
 
     def score_dev(self, state: TrainState, metrics: dict) -> ray.train.ValidationTaskConfig | bool:
         """Score the dev set now (into ``metrics``, the state and the run), or with ``evaluation.async_dev`` return
