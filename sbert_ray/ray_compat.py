@@ -129,3 +129,23 @@ def run_on_train_worker_main_thread(function: Callable[[], None]) -> None:
     method for its controller; no public API runs code on that thread. Raises AttributeError or a RayError where
     this is no Train v2 worker."""
     ray.get(ray.get_runtime_context().current_actor.execute.remote(function))
+
+
+def tune_stopping_trial() -> bool:
+    """Whether Tune asked the trial this code runs in to stop (``Trainable.stop`` sets the function session's stop
+    event, which only ``tune.report`` looks at, at the next report). Ray's private session API: nothing public
+    tells a trial between its reports."""
+    from ray.train._internal.session import get_session
+
+    session = get_session()
+    return session is not None and session.stop_event.is_set()
+
+
+def abort_train_controller(controller: ray.actor.ActorHandle) -> None:
+    """End a Train v2 run from outside it: its controller actor's ``abort`` (what Ray Train's own Ctrl-C handler
+    calls) stops the workers and removes their placement group. The controller's process ends with it, so the call
+    itself fails as it goes."""
+    try:
+        ray.get(controller.abort.remote())
+    except ray.exceptions.RayActorError:
+        pass

@@ -75,3 +75,14 @@ def test_a_train_runs_storage_context_still_names_its_filesystem_and_folder(tmp_
     assert callable(TrainContext.get_storage)
     filesystem, folder = ray_compat.run_storage(Context())
     assert isinstance(filesystem, pyarrow.fs.LocalFileSystem) and folder == f"{tmp_path}/run"
+
+
+def test_a_trial_can_still_be_asked_whether_tune_stopped_it_and_its_train_run_aborted():
+    """``tune_stopping_trial`` reads the function session's stop event; ``abort_train_controller`` calls the Train
+    controller's ``abort``. Their effect in a sweep is tests/test_cluster_sweep.py's ASHA test."""
+    import ray.train._internal.session as session
+    from ray.train.v2._internal.execution.controller.controller import TrainController
+
+    assert ray_compat.tune_stopping_trial() is False  # no trial here
+    assert "stop_event" in inspect.getsource(session)
+    assert callable(TrainController.abort)

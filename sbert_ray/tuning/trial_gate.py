@@ -29,6 +29,8 @@ import ray
 from ray import tune
 from ray.train import UserCallback
 
+from sbert_ray.ray_compat import abort_train_controller, tune_stopping_trial
+
 log = logging.getLogger(__name__)
 
 POLL_S = 0.5  # how often the forwarding thread looks for a stop between reports
@@ -132,17 +134,5 @@ class TrialGate:
         controller = ray.get(self.actor.controller.remote(step, CONTROLLER_WAIT_S))
         if controller is None:  # no report yet: the controller dies with the trial's actor
             return
-        try:
-            ray.get(controller.abort.remote())
-        except ray.exceptions.RayActorError:
-            pass  # abort ends the controller's process: its call fails as it goes
+        abort_train_controller(controller)
         log.info("Tune stopped this trial: its Train run was aborted")
-
-
-def tune_stopping_trial() -> bool:
-    """Whether Tune asked this trial to stop (``Trainable.stop`` sets the function session's stop event, which only
-    ``tune.report`` looks at). Ray's private session API."""
-    from ray.train._internal.session import get_session
-
-    session = get_session()
-    return session is not None and session.stop_event.is_set()
