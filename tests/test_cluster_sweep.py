@@ -60,7 +60,11 @@ def test_asha_sweep_on_token_head_leaves_no_placement_group(
     stored = {o["Key"] for o in s3_server.client().list_objects_v2(Bucket=BUCKET, Prefix="sweeps/")["Contents"]}
     assert any(key.startswith("sweeps/pg-cleanup/experiment_state-") for key in stored)  # Tune's own results
     for row in result.rows:  # each trial's checkpoints
-        assert any(key.startswith(f"sweeps/pg-cleanup/trials/{row.trial_id}/checkpoint_") for key in stored)
+        trial_keys = sorted(key for key in stored if f"/{row.trial_id}/" in key)
+        assert any(key.startswith(f"sweeps/pg-cleanup/trials/{row.trial_id}/checkpoint_") for key in stored), (
+            row.status,
+            trial_keys,
+        )
     assert result.path == f"s3://{BUCKET}/sweeps/pg-cleanup"
     assert (result.summary / "best_config.yaml").exists() and result.summary.is_relative_to(tmp_path)
 

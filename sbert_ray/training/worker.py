@@ -222,7 +222,8 @@ class RayReporter:
         ray.train.report(
             metrics,
             checkpoint=ray.train.Checkpoint.from_directory(directory),
-            checkpoint_upload_mode=ray.train.CheckpointUploadMode.SYNC if save.stopping else self.upload,
+            # Stored before the ranks stop (a preemption) or before Tune's verdict (a sweep trial, aborted when stopped)
+            checkpoint_upload_mode=ray.train.CheckpointUploadMode.SYNC if save.stopping or self.gate else self.upload,
             validation=validation,
         )
         if self.gate:  # returns when Tune lets the trial go on; a trial Tune stopped is aborted while it waits
