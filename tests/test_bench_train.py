@@ -96,7 +96,9 @@ def test_bench_train_runs_in_process_without_ray(data_dir, tmp_path, capsys):
     ]  # fmt: skip
     assert all(r["pairs_per_s"] > 0 for r in records) and records[1]["vs_reference"] == 1
     # Model FLOPs over the measured matmul peak, for both; the report point (dev scoring + checkpoint) for ours.
-    assert all(0 < r["mfu"] < 1 and r["mfu"] == pytest.approx(r["model_tflops_per_s"] / r["matmul_peak_tflops"])
+    # Not bounded by 1: the peak is a plain bf16 torch.matmul, which CPUs without bf16 matrix units (AMD EPYC
+    # without AVX512-BF16: ~0.7 GFLOP/s) run far slower than the model's oneDNN layers.
+    assert all(0 < r["mfu"] and r["mfu"] == pytest.approx(r["model_tflops_per_s"] / r["matmul_peak_tflops"])
                for r in records)  # fmt: skip
     assert 0 < records[0]["report_share"] < 1 and "report_share" not in records[1]
     assert json.loads(capsys.readouterr().out) == records  # stdout holds the JSON and nothing else
