@@ -29,6 +29,7 @@ from sbert_ray.runs.train_run import run_training
 from sbert_ray.training.faults import DeterministicError, EndOnDeterministicError, WorkerFaults, deterministic_error
 from sbert_ray.training.loop import LOG_EVERY
 from sbert_ray.training.preemption import GRACE_S
+from sbert_ray.training.resume_points import RESUME_FOLDER
 from sbert_ray.training.state import STATE_FILE, is_full_state
 
 
@@ -189,9 +190,10 @@ def test_sigterm_to_one_worker_checkpoints_every_rank_at_the_next_loss_read_and_
     assert max(logged) < stopped_at < 600 and stopped_at % LOG_EVERY == 0
     steps = [m.step for m in client.get_metric_history(run_id, "train/loss")]
     assert sorted(steps) == list(range(LOG_EVERY, 601, LOG_EVERY))  # none trained twice: nothing lost but the step
-    run_dir = Path(config.checkpoint.storage_path) / config.name
-    checkpoints = [c for c in run_dir.glob("checkpoint_*") if c.is_dir()]
-    saved = [c for c in checkpoints if json.loads((c / STATE_FILE).read_text())["global_step"] == stopped_at]
-    assert len(saved) == 1 and is_full_state(saved[0])
-    assert (saved[0] / STATE_FILE).stat().st_mtime - sent < GRACE_S
+    # The stop's full state is a resume point (complete: its marker written), kept as one of the two newest
+    points = Path(config.checkpoint.storage_path) / config.name / RESUME_FOLDER
+    saved = points / f"step-{stopped_at:09d}"
+    assert (points / f"{saved.name}.json").is_file() and is_full_state(saved)
+    assert json.loads((saved / STATE_FILE).read_text())["global_step"] == stopped_at
+    assert (saved / STATE_FILE).stat().st_mtime - sent < GRACE_S
     assert not signalled.is_running()

@@ -33,6 +33,7 @@ from sbert_ray.models import SentenceEncoder
 from sbert_ray.models.random_bert import random_bert
 from sbert_ray.models.st_layout import ModelError
 from sbert_ray.runs.train_run import run_training
+from sbert_ray.training.resume_points import RESUME_FOLDER
 
 ANCHORS = ["A girl rides a bike.", "The chef slices onions.", "A crowd watches fireworks.", "He fixes the roof."]
 POSITIVES = ["A child is cycling.", "Vegetables are being cut.", "People look at the sky.", "A man repairs a house."]
@@ -233,7 +234,8 @@ def test_two_workers_train_cached_mnrl_under_matryoshka(local_ray, tiny_train_co
     assert run.info.status == "FINISHED" and np.isfinite(run.data.metrics["train/loss"])
     assert result.metrics["global_step"] == 4
     # The checkpoint's objective head holds nothing beyond the encoder (MNRL has no head): no second encoder copy.
-    checkpoints = sorted((Path(config.checkpoint.storage_path) / "matryoshka").glob("checkpoint_*/training.pt"))
+    run_dir = Path(config.checkpoint.storage_path) / "matryoshka"
+    checkpoints = sorted(run_dir.glob(f"{RESUME_FOLDER}/step-*/training.pt"))  # the full states, beside Ray's models
     assert checkpoints and torch.load(checkpoints[-1], weights_only=True)["head"] == {}
     trained = SentenceEncoder.load(result.model_dir).transformer.embeddings.word_embeddings.weight
     initial = random_bert("tiny", seed=config.seed).transformer.embeddings.word_embeddings.weight
