@@ -100,7 +100,8 @@ def test_every_sentinel_survives_every_command(sentinels, data_dir, capsys):
     encode = ["encode", "--model", "random:tiny", "--input", "stsb", "--data-dir", data_dir]
     cases = [  # argv -> a path the one-line error names
         (["train", config, f"output_dir={models}"], f"output_dir: {models} exists and is not a model"),
-        (["train", config, f"output_dir={runs}"], f"output_dir: {runs} exists and is not a model"),  # run's parent
+        # the run's parent: refused as a folder that holds the run's checkpoints (before it would be checked as a model)
+        (["train", config, f"output_dir={runs}"], f"output_dir: {runs} is this run's folder or a folder above it"),
         (["train", config, "output_dir=~/"], f"output_dir: {home} is your home folder"),
         (["train", config, "output_dir=."], f"output_dir: {work} is the working directory"),
         (["train", config, "output_dir=/"], "output_dir: / is the root folder"),

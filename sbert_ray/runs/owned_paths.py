@@ -78,7 +78,8 @@ def refuse_model_folder_over_run(output_dir: str, run_dir: str, key: str = "outp
     """Preflight: the final model's folder is not the run folder, a folder above it, or inside one of its
     checkpoints; the swap at the end would refuse it only after training (the run folder then holds checkpoints) or
     replace what the run needs to resume. A folder of its own inside the run folder (the default
-    ``<run>/final-model``) is fine."""
+    ``<run>/final-model``) is fine. A protected path (/, home, the working directory) is named as such first."""
+    refuse_protected(output_dir, key)
     if is_remote(output_dir) or is_remote(run_dir):
         return
     model, run = Path(output_dir).expanduser().resolve(), Path(run_dir).expanduser().resolve()
