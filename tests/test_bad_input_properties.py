@@ -113,7 +113,9 @@ def test_overrides_give_a_valid_config_or_an_error_naming_the_key(pairs) -> None
 @SETTINGS
 @given(
     st.lists(
-        st.sampled_from(KNOWN_KEYS + EXTRA_KEYS).flatmap(lambda k: st.tuples(st.just(k), values_for(k))), max_size=4
+        st.sampled_from(KNOWN_KEYS + EXTRA_KEYS).flatmap(lambda k: st.tuples(st.just(k), values_for(k))),
+        min_size=1,  # an empty file is refused as such (test_reliability.py::test_configs_that_trained_silently...)
+        max_size=4,
     )
 )
 def test_yaml_files_give_a_valid_config_or_an_error_naming_the_key(tmp_path, pairs) -> None:
