@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import local_cluster
+import psutil
 import pytest
 import ray
 from ray._raylet import AuthenticationTokenLoader, Config
@@ -82,3 +83,16 @@ def refresh_auth_settings() -> None:
 
 def live_placement_groups() -> dict[str, dict]:
     return {pg_id: pg for pg_id, pg in ray.util.placement_group_table().items() if pg["state"] != "REMOVED"}
+
+
+def train_workers() -> list[psutil.Process]:
+    """The Ray Train workers of this process's own cluster (its raylet is a child of this process; other clusters
+    on the machine are another test's or another user's)."""
+    workers = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if "RayTrainWorker" in " ".join(process.cmdline()):
+                workers.append(process)
+        except psutil.NoSuchProcess:  # ended meanwhile
+            pass
+    return workers

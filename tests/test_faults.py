@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 
 import local_cluster
-import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray.exceptions
 import torch
+from cluster_fixtures import train_workers
 from mlflow.tracking import MlflowClient
 
 from sbert_ray.config import ConfigError, TrainConfig, from_dict, load_config
@@ -150,12 +150,6 @@ def test_a_bad_row_mid_shard_ends_the_run_once_under_unlimited_restarts(local_ra
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     (mlflow_run,) = client.search_runs([client.get_experiment_by_name("sbert-ray").experiment_id])
     assert mlflow_run.info.status == "FAILED"
-
-
-def train_workers() -> list[psutil.Process]:
-    """The Ray Train workers of this test's cluster (its raylet is a child of this process; other clusters on the
-    machine are not)."""
-    return [p for p in psutil.Process().children(recursive=True) if "RayTrainWorker" in " ".join(p.cmdline())]
 
 
 def test_sigterm_to_one_worker_checkpoints_every_rank_at_the_next_loss_read_and_resumes_there(

@@ -1,6 +1,6 @@
 """Faults and bad input around a run: a password in the tracking URI, an unreachable or failing MLflow server,
 reruns of a finished run or of another config under the same name (started twice at once), and a sweep started
-from another directory, killed and resumed.
+from another directory, interrupted (Ctrl-C) and resumed.
 
 Against real `mlflow server`s on 127.0.0.1 running MLflow's basic-auth app, so the password in the URI is really
 used (a wrong one is refused), and everything a run writes is searched for it afterwards.
@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 import yaml
+from cluster_fixtures import live_placement_groups, train_workers
 from mlflow.tracking import MlflowClient
 
 from sbert_ray.cli import main
@@ -267,10 +268,10 @@ def trial_statuses(sweep_dir: Path) -> list[str]:
     return [json.loads(trial)["status"] for trial, _ in trials]
 
 
-def kill_after_the_first_trial(sweep: Path, sweep_dir: Path, local_ray: str, log: Path) -> None:
-    """``sbert-ray tune sweep`` as a driver of the session's cluster (Ray ends its job's actors and placement groups
-    when it dies), killed once its first trial has finished. Tune saves its state each second, so the kill right
-    after the first trial catches the second one in flight."""
+def interrupt_after_the_first_trial(sweep: Path, sweep_dir: Path, local_ray: str, log: Path) -> float:
+    """``sbert-ray tune sweep`` as a driver of the session's cluster, given Ctrl-C (SIGINT to its process group, as
+    a terminal sends it) once its first trial has finished, with the second one training; the seconds it took to
+    end. Tune saves its state each second and again on Ctrl-C, then stops the running trial."""
     first = subprocess.Popen(
         [sys.executable, "-m", "sbert_ray.cli", "tune", str(sweep)],
         env={**os.environ, "RAY_ADDRESS": local_ray, "TUNE_GLOBAL_CHECKPOINT_S": "1"},
@@ -283,19 +284,27 @@ def kill_after_the_first_trial(sweep: Path, sweep_dir: Path, local_ray: str, log
         while "TERMINATED" not in trial_statuses(sweep_dir):
             assert time.time() < deadline and first.poll() is None, "the first trial did not finish"
             time.sleep(0.5)
+        os.killpg(first.pid, signal.SIGINT)
+        interrupted = time.monotonic()
+        assert first.wait(timeout=120) == 130, log.read_text()[-3000:]
+        return time.monotonic() - interrupted
     finally:
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait()
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
 
 
-def test_killed_sweep_from_its_own_directory_resumes_with_relative_paths_and_a_password_uri(
+def test_interrupted_sweep_from_its_own_directory_frees_its_trial_and_resumes_with_relative_paths(
     local_ray, mlflow_server, tmp_path, data_dir, monkeypatch, capfd
 ):
-    """A sweep config with relative paths (its training file, an evaluation file, output_dir), run from its
-    folder, killed after its first trial and continued with --resume (one sweep for both claims: each sweep costs
-    two Train fits). Tune runs each trial in the trial's own folder, yet every trial reads the files and writes its
-    model to output_dir/<trial id>; the finished trial is not run again, the interrupted one runs to the end and the
-    sweep ends with its summary. The password of the tracking URI is in nothing the sweep writes or prints."""
+    """A sweep config with relative paths (its training file, an evaluation file, output_dir) and a password in its
+    tracking URI, run from its folder, given Ctrl-C during its second trial and continued with --resume (one sweep
+    for these claims: each sweep costs two Train fits). Ctrl-C ends the sweep within a bound, its running trial's
+    Train workers and placement group with it, and leaves nothing that looks finished: no summary, the sweep's and
+    the trial's MLflow runs KILLED. Tune runs each trial in the trial's own folder, yet every trial reads the files
+    and writes its model to output_dir/<trial id>; the finished trial is not run again, the interrupted one runs to
+    the end and the sweep ends with its summary. The password of the tracking URI is in nothing the sweep writes or
+    prints."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").mkdir()
     with (tmp_path / "data" / "pairs.csv").open("w", newline="") as f:
@@ -323,10 +332,16 @@ def test_killed_sweep_from_its_own_directory_resumes_with_relative_paths_and_a_p
     }
     Path("sweep.yaml").write_text(yaml.safe_dump(sweep))
     sweep_dir = tmp_path / "runs" / "relative"
-    killed_log = tmp_path / "killed-driver.log"
-    kill_after_the_first_trial(Path("sweep.yaml"), sweep_dir, local_ray, killed_log)
+    interrupted_log = tmp_path / "interrupted-driver.log"
+    seconds = interrupt_after_the_first_trial(Path("sweep.yaml"), sweep_dir, local_ray, interrupted_log)
+    assert seconds < 90 and "continue it with --resume" in interrupted_log.read_text()
+    assert live_placement_groups() == {}
+    assert train_workers() == []
+    assert not (sweep_dir / "summary").exists()
     client = MlflowClient(mlflow_server)
     experiment_id = client.get_experiment_by_name("relative-sweep").experiment_id
+    statuses = sorted(r.info.status for r in client.search_runs([experiment_id]))
+    assert statuses == ["FINISHED", "KILLED", "KILLED"]  # the first trial's; the second trial's and the sweep's
     (finished,) = client.search_runs([experiment_id], "attributes.status = 'FINISHED'")
 
     # A second start never mixes two sweeps; refused before Ray starts.
@@ -359,7 +374,7 @@ def test_killed_sweep_from_its_own_directory_resumes_with_relative_paths_and_a_p
 
     texts = run_texts(client, "relative-sweep", tmp_path / "downloaded")
     found = leaks(  # every file the sweep wrote or logged (not our own sweep.yaml)
-        {"stdout": out, "stderr": err, "killed driver": killed_log.read_text()} | texts,
+        {"stdout": out, "stderr": err, "interrupted driver": interrupted_log.read_text()} | texts,
         [tmp_path / "runs", tmp_path / "models", tmp_path / "downloaded", ray_logs()],
     )
     assert found == []

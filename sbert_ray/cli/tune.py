@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from sbert_ray.cli.arguments import add_command
 
@@ -17,12 +18,16 @@ def add_arguments(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sbert_ray.config import load_config
-    from sbert_ray.runs.sweep import run_sweep
+    from sbert_ray.runs.sweep import SweepInterrupted, run_sweep
     from sbert_ray.tracking.store import redact_uri
     from sbert_ray.tuning import SweepConfig
 
     sweep = load_config(args.config, args.overrides, cls=SweepConfig)  # every key of the search space is checked here
-    result = run_sweep(sweep, resume=args.resume)
+    try:
+        result = run_sweep(sweep, resume=args.resume)
+    except SweepInterrupted as interrupted:  # the sweep's MLflow run ended KILLED; nothing looks complete
+        print(f"sbert-ray tune: {interrupted}", file=sys.stderr)
+        return 130  # a shell's code for Ctrl-C
     if result.best is not None:
         print(f"best trial {result.best.trial_id}: dev {result.dev_metric} {result.best.dev_score:.4g}")
     if result.retrained is not None:

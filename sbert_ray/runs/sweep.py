@@ -142,6 +142,7 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
             tuner = _new_tuner(sweep, space, extremes, trainable)
         grid = tuner.fit()
         release_trial_placement_groups()  # what stopped trials reserved, before retrain_best needs it
+        _end_if_interrupted(tracker, sweep.name, path)
         tracker.log_metrics({"sweep/wall_s": time.perf_counter() - start})
         rows = trial_results.trial_rows(grid, space)
         _close_trial_runs(tracker, rows, f"{path}/trials")
@@ -223,6 +224,23 @@ def _check_data(extremes: list[TrainConfig]) -> None:
         if key not in seen:
             seen.add(key)
             prepare(config)
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a sweep: Tune saved its state and stopped every trial; ``--resume`` continues it."""
+
+
+def _end_if_interrupted(tracker: SweepTracker, name: str, path: str) -> None:
+    """Tune answers Ctrl-C by saving its state, stopping the trials and returning from ``fit`` as if done (the
+    grid it returns reads every stopped trial TERMINATED); its saved state still holds them unfinished. Then the
+    sweep is not over: no summary is written and no best is chosen, and the runs of the trials that were training
+    end KILLED (their training resumes with the sweep)."""
+    if all(trial.status in ("TERMINATED", "ERROR") for trial in tune.ExperimentAnalysis(path).trials):
+        return
+    for run_id, status in tracker.child_runs().values():
+        if status == "RUNNING":
+            tracker.close_child(run_id, stopped=True)
+    raise SweepInterrupted(f"sweep {name!r} interrupted; its state is saved at {path}: continue it with --resume")
 
 
 def _close_trial_runs(tracker: SweepTracker, rows: list[TrialRow], trials_dir: str) -> None:
