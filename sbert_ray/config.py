@@ -54,7 +54,7 @@ class ModelConfig:
     # Recompute each layer's activations in the backward pass instead of keeping them: less memory for long inputs
     # and large models, about a third more compute per step
     gradient_checkpointing: bool = False
-    # Train LoRA adapters instead of every weight ({r, alpha, dropout, target_modules}; docs/configuration.md#lora):
+    # Train LoRA adapters instead of every weight ({r, alpha, dropout, target_modules}; docs/using-models.md#lora):
     # the final model is saved merged, with the adapter in its adapter/ folder. None: full fine-tuning
     lora: LoraSettings | None = None
 
