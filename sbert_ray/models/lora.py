@@ -76,8 +76,12 @@ def restore_adapter(transformer: peft.PeftModel, model_dir: Path) -> None:
     if not adapter.is_dir():
         raise ModelError(f"{model_dir} holds no LoRA adapter ({ADAPTER_DIR}/): was it saved by a run without {KEY}?")
     loaded = peft.set_peft_model_state_dict(transformer, peft.utils.load_peft_weights(str(adapter)))
-    if loaded.unexpected_keys:
-        raise ModelError(f"{adapter} does not match {KEY}: unexpected {loaded.unexpected_keys[:3]}")
+    # Missing: the frozen base (built from the config), fine; an adapter the checkpoint lacks (targets changed), not
+    missing = [key for key in loaded.missing_keys if ".lora_" in key]
+    if loaded.unexpected_keys or missing:
+        raise ModelError(
+            f"{adapter} does not match {KEY}: {loaded.unexpected_keys[:2]} unexpected, {missing[:2]} missing"
+        )
 
 
 def save_merged(transformer: peft.PeftModel, path: Path) -> None:
