@@ -23,6 +23,7 @@ from typing import Any, Literal
 import yaml
 
 from sbert_ray.models.attention import AttentionImplementation
+from sbert_ray.models.lora_settings import LoraSettings
 from sbert_ray.models.pooling_mode import PoolingMode
 
 
@@ -53,6 +54,9 @@ class ModelConfig:
     # Recompute each layer's activations in the backward pass instead of keeping them: less memory for long inputs
     # and large models, about a third more compute per step
     gradient_checkpointing: bool = False
+    # Train LoRA adapters instead of every weight ({r, alpha, dropout, target_modules}; docs/using-models.md#lora):
+    # the final model is saved merged, with the adapter in its adapter/ folder. None: full fine-tuning
+    lora: LoraSettings | None = None
 
 
 @dataclass
@@ -259,6 +263,9 @@ class TrainConfig:
                 f"model.default_prompt_name: {self.model.default_prompt_name!r} is not a key of model.prompts "
                 f"({', '.join(self.model.prompts) or 'none'})"
             )
+        lora_problem = self.model.lora.problem("model.lora") if self.model.lora else None
+        if lora_problem:
+            raise ConfigError(lora_problem)
         self._validate_scaling()
         if not self.stages:
             raise ConfigError("stages: at least one training stage is required")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "sbert_ray"
-SOURCES = [PACKAGE / "config.py", PACKAGE / "tuning" / "space.py"]
+SOURCES = [PACKAGE / "config.py", PACKAGE / "tuning" / "space.py", PACKAGE / "models" / "lora_settings.py"]
 MARKER = "<!-- config-reference -->"
 # (heading, root class); nested dataclass fields get their own tables below their parent's.
 DOCUMENTS = [("Training config (`sbert-ray train`)", "TrainConfig"), ("Sweep config (`sbert-ray tune`)", "SweepConfig")]
@@ -52,7 +52,7 @@ def sections() -> dict[str, Section]:
     known = set(found)
     for section in found.values():
         for f in section.fields:
-            f.nested = next((name for name in known if f.type in (name, f"list[{name}]")), None)
+            f.nested = next((name for name in known if f.type in (name, f"list[{name}]", f"{name} | None")), None)
     return found
 
 

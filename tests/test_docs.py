@@ -7,6 +7,7 @@ import dataclasses
 import re
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import config_reference
@@ -28,7 +29,15 @@ def dataclass_keys(cls: type, prefix: str = "") -> list[str]:
             keys += dataclass_keys(type(value[0]), f"{prefix}{name}.N.")
         elif dataclasses.is_dataclass(value) and not isinstance(value, TrainConfig):
             keys += dataclass_keys(type(value), f"{prefix}{name}.")
+        elif value is None and (optional := _optional_dataclass(typing.get_type_hints(cls)[name])):
+            keys += dataclass_keys(optional, f"{prefix}{name}.")
     return keys
+
+
+def _optional_dataclass(hint) -> type | None:
+    """X for a field typed ``X | None`` with X a dataclass (``model.lora``: None by default, its keys documented)."""
+    inner = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+    return inner[0] if len(inner) == 1 and dataclasses.is_dataclass(inner[0]) else None
 
 
 def test_every_config_key_is_documented():

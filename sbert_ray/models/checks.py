@@ -10,6 +10,7 @@ from transformers import AutoConfig, BertConfig
 
 from sbert_ray.models.encoder import max_seq_length_problem
 from sbert_ray.models.load import RANDOM_PREFIX
+from sbert_ray.models.lora_settings import LoraSettings
 from sbert_ray.models.prompts import check_prompts
 from sbert_ray.models.random_bert import BERT_SHAPES, bert_tokenizer
 from sbert_ray.models.resolve import ModelFiles, resolve_model_ref
@@ -23,6 +24,7 @@ def check_model(
     prompts: dict[str, str] | None = None,
     default_prompt_name: str | None = None,
     attn_implementation: str = "sdpa",
+    lora: LoraSettings | None = None,
 ) -> int:
     """A ModelError naming ``model.name`` or ``model.max_seq_length`` (and the file at fault) for a model a
     training config names that could not be trained; else the model's embedding size.
@@ -32,6 +34,7 @@ def check_model(
     ``default_prompt_name`` as in the config: a default must name one of the prompts the model will have.
     ``attn_implementation``: flash_attention_2 needs the flash-attn package, which the workers' image shares with
     this process; whether their GPUs run it is checked where they load the model (``check_attention``).
+    ``lora``: ``model.lora``, whose target modules must be linear modules of the model.
     """
     if attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
         raise ModelError(
@@ -62,4 +65,14 @@ def check_model(
         problem = check_prompts(layout.prompts if layout else {}, default_prompt_name)
         if problem:
             raise ModelError(f"model.default_prompt_name: {problem} of {name!r}")
+    if lora is not None:
+        _check_lora(config, lora)
     return size
+
+
+def _check_lora(config, lora: LoraSettings) -> None:
+    if importlib.util.find_spec("peft") is None:
+        raise ModelError("model.lora needs the peft package (pip install 'sbert-ray[models]'), which is not installed")
+    from sbert_ray.models.lora import check_target_modules  # peft: only for runs that use it
+
+    check_target_modules(config, lora)

@@ -6,6 +6,7 @@ import contextlib
 import itertools
 import math
 import os
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -140,7 +141,12 @@ class SentenceEncoder(nn.Module):
         """Save in the sentence-transformers layout (loadable by `sentence_transformers.SentenceTransformer`)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        self.transformer.save_pretrained(path)
+        if _is_lora(self.transformer):
+            from sbert_ray.models.lora import save_merged  # peft is loaded: it made this transformer
+
+            save_merged(self.transformer, path)
+        else:
+            self.transformer.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         write_st_layout(
             path,
@@ -418,6 +424,13 @@ class SentenceEncoder(nn.Module):
         if precision == "bf16" and self.precision == "fp32":
             return torch.autocast(self.device.type, dtype=half_dtype(self.device))
         return contextlib.nullcontext()
+
+
+def _is_lora(transformer: nn.Module) -> bool:
+    """Whether peft wrapped the transformer with LoRA adapters (``models.lora.apply_lora``); asked without
+    importing peft, which only LoRA runs load."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(transformer, peft.PeftModel)
 
 
 @contextlib.contextmanager

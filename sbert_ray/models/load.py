@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sbert_ray.models.encoder import DEFAULT_MAX_SEQ_LENGTH, SentenceEncoder
+from sbert_ray.models.lora_settings import LoraSettings
 from sbert_ray.models.pooling import PoolingMode
 from sbert_ray.models.prompts import check_prompts
 from sbert_ray.models.random_bert import bert_tokenizer, random_bert
@@ -27,13 +28,15 @@ def load_encoder(
     default_prompt_name: str | None = None,
     attn_implementation: str = "sdpa",
     gradient_checkpointing: bool = False,
+    lora: LoraSettings | Mapping[str, Any] | None = None,
 ) -> SentenceEncoder:
     """``name`` as ``SentenceEncoder.load`` reads it, or for ``random:<shape>`` a freshly initialised BERT (the
     same weights for the same seed, so every data-parallel worker starts equal). Arguments that are not None
     override what a saved model says (``prompts`` replace the saved prompts and their default);
     ``allow_unsafe_weights`` also loads pickled PyTorch weights. ``attn_implementation``: transformers' attention
     kernels (``model.attn_implementation``); ``gradient_checkpointing``: training recomputes each layer's
-    activations in the backward pass instead of keeping them (``model.gradient_checkpointing``)."""
+    activations in the backward pass instead of keeping them (``model.gradient_checkpointing``); ``lora``: the
+    transformer trains LoRA adapters only (``model.lora``, its settings or their mapping; ``models.lora``)."""
     if name.startswith(RANDOM_PREFIX):
         encoder = random_bert(
             name.removeprefix(RANDOM_PREFIX),
@@ -61,6 +64,12 @@ def load_encoder(
     if gradient_checkpointing:
         # Non-reentrant: the one that works under DDP and inside cached MNRL's own checkpoints.
         encoder.transformer.activation_checkpointing_enable({"use_reentrant": False})
+    if lora is not None:
+        from sbert_ray.models.lora import apply_lora  # peft: only for runs that use it
+
+        encoder.transformer = apply_lora(
+            encoder.transformer, lora if isinstance(lora, LoraSettings) else LoraSettings(**lora)
+        )
     return encoder
 
 

@@ -225,6 +225,7 @@ def _check_model(config: TrainConfig) -> None:
         model.prompts,
         model.default_prompt_name,
         model.attn_implementation,
+        model.lora,
     )
     for i, stage in enumerate(config.stages):
         if stage.matryoshka_dims and max(stage.matryoshka_dims) > model_size:

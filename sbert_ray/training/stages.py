@@ -66,7 +66,7 @@ def start_worker(config: TrainConfig, worker: Worker, restored: Path | None) -> 
     elif not is_full_state(restored):
         raise ValueError(f"{restored} is a weights-only checkpoint: a run resumes from a full-state one")
     else:
-        encoder, state = SentenceEncoder.load(str(restored / MODEL_DIR)), TrainState.load(restored)
+        encoder, state = _restored_encoder(config, restored / MODEL_DIR), TrainState.load(restored)
     # On its device before any optimizer is built or restored: optimizer state follows its parameters' device.
     encoder.to(worker.device)
     if restored is not None:
@@ -78,6 +78,18 @@ def start_worker(config: TrainConfig, worker: Worker, restored: Path | None) -> 
                 "checkpoint holds random states of %d workers, not %d: reseeded", len(rng_states), worker.world_size
             )
     return encoder, state
+
+
+def _restored_encoder(config: TrainConfig, model_dir: Path) -> SentenceEncoder:
+    """The model of a checkpoint; with ``model.lora``, its frozen base built from the config again (a LoRA
+    checkpoint's weights are merged) and the checkpoint's adapter in it, to train on apart."""
+    if config.model.lora is None:
+        return SentenceEncoder.load(str(model_dir))
+    from sbert_ray.models.lora import restore_adapter  # peft: only for runs that use it
+
+    encoder = load_encoder(**dataclasses.asdict(config.model), seed=config.seed)
+    restore_adapter(encoder.transformer, model_dir)
+    return encoder
 
 
 def train_stages(
