@@ -19,13 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import pearsonr, spearmanr
-from sklearn.model_selection import KFold
 
 from sbert_ray.data.readers import UKP_ASPECT_FOLDS, load_records, resolve_data_dir
 from sbert_ray.data.records import DataError, Records, TopicPair
 from sbert_ray.evaluation.results import Undefined
-from sbert_ray.evaluation.sts import SIMILARITIES, correlation, embed_pairs
+from sbert_ray.evaluation.sts import SIMILARITIES, embed_pairs, pearson_spearman
 
 ARGSIM_DATASETS = ("afs", "ukp-aspect", "bws")
 # Top of each gold scale: regression targets are score / max, as the paper scales STSb's 0-5 to 0-1.
@@ -106,6 +104,8 @@ def cross_topic_folds(name: str, records: Sequence[TopicPair]) -> list[Fold]:
 
 def kfold_folds(records: Sequence[TopicPair], k: int = AFS_FOLDS, seed: int = 42) -> list[Fold]:
     """k-fold cross-validation over pairs (topics mixed), shuffled with a fixed seed."""
+    from sklearn.model_selection import KFold  # here: sklearn's import (~0.5 s) only where folds are made
+
     splitter = KFold(n_splits=k, shuffle=True, random_state=seed)
     return [
         Fold(f"fold{i}", [records[j] for j in train], [records[j] for j in test])
@@ -126,12 +126,8 @@ def pair_similarities(model, pairs: Sequence[TopicPair], batch_size: int = 64) -
 
 def score_pairs(model, pairs: Sequence[TopicPair], batch_size: int = 64) -> dict[str, float]:
     predicted = pair_similarities(model, pairs, batch_size)
-    gold = np.array([p.score for p in pairs])
-    return {
-        "pearson_cosine": correlation(pearsonr, gold, predicted),
-        "spearman_cosine": correlation(spearmanr, gold, predicted),
-        "n": len(pairs),
-    }
+    pearson, spearman = pearson_spearman(np.array([p.score for p in pairs]), predicted)
+    return {"pearson_cosine": pearson, "spearman_cosine": spearman, "n": len(pairs)}
 
 
 def average_folds(per_fold: dict[str, dict]) -> dict:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from scipy.stats import pearsonr, spearmanr
 
 from sbert_ray.data.readers import load_records, load_sts_subsets, resolve_data_dir
 from sbert_ray.data.records import Records, ScoredPair
@@ -49,10 +48,17 @@ def correlations(
     metrics: dict[str, float] = {}
     for name in similarities:
         predicted = SIMILARITIES[name](emb1, emb2)
-        metrics[f"spearman_{name}"] = correlation(spearmanr, gold, predicted)
-        metrics[f"pearson_{name}"] = correlation(pearsonr, gold, predicted)
+        metrics[f"pearson_{name}"], metrics[f"spearman_{name}"] = pearson_spearman(gold, predicted)
     metrics["n"] = len(gold)
     return metrics
+
+
+def pearson_spearman(gold: np.ndarray, predicted: np.ndarray) -> tuple[float, float]:
+    """Pearson's and Spearman's ``correlation``. scipy.stats is imported here, not with this module: its ~1 s import
+    would otherwise be paid by every Ray Train worker and CLI process that imports the evaluation but scores nothing."""
+    from scipy.stats import pearsonr, spearmanr
+
+    return correlation(pearsonr, gold, predicted), correlation(spearmanr, gold, predicted)
 
 
 def correlation(statistic: Callable, gold: np.ndarray, predicted: np.ndarray) -> float:

@@ -19,7 +19,6 @@ from importlib import metadata
 
 import mlflow
 from mlflow.tracking import MlflowClient
-from sentence_transformers import SentenceTransformer
 
 MODEL_NAME = "sentence_transformer"  # the logged model's name; also its path in runs:/<run id>/sentence_transformer
 INPUT_EXAMPLE = ["A man is playing a guitar.", "A woman is slicing an onion."]
@@ -52,6 +51,10 @@ def log_sentence_transformer(
     flavor; with ``registered_model_name`` register it as a new version, and point ``alias`` at that version."""
     if alias and not registered_model_name:
         raise ValueError("an alias needs a registered model name")
+    # Imported here: sentence-transformers takes ~3 s to import, which every `sbert-ray train` driver would pay
+    # before its first check (a bad row or key is refused without it).
+    from sentence_transformers import SentenceTransformer
+
     # local_files_only also keeps the card generator (for a folder without a card) from asking the Hub about it.
     model = SentenceTransformer(os.fspath(model_dir), device="cpu", local_files_only=True, trust_remote_code=False)
     client = MlflowClient(tracking_uri)
