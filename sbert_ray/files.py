@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from sbert_ray.atomic_files import atomic_write
 from sbert_ray.config import ConfigError
 
 
@@ -116,6 +116,5 @@ def write_json(data: Any, path: str | Path) -> None:
     """``json_text(data)`` written via a temporary file and a rename: a crash never leaves a truncated file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json_text(data) + "\n")
-    os.replace(tmp, path)
+    with atomic_write(path) as partial:
+        Path(partial).write_text(json_text(data) + "\n")

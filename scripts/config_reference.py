@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "sbert_ray"
-SOURCES = [PACKAGE / "config.py", PACKAGE / "tuning" / "space.py", PACKAGE / "models" / "lora_settings.py"]
+SOURCES = [PACKAGE / "config" / "schema.py", PACKAGE / "tuning" / "space.py", PACKAGE / "models" / "lora_settings.py"]
 MARKER = "<!-- config-reference -->"
 # (heading, root class); nested dataclass fields get their own tables below their parent's.
 DOCUMENTS = [("Training config (`sbert-ray train`)", "TrainConfig"), ("Sweep config (`sbert-ray tune`)", "SweepConfig")]

@@ -254,6 +254,27 @@ def stop_cluster(head: Head) -> None:
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
+def tiny_training_yaml(
+    name: str, data_dir: str | Path, stage: dict, evaluation: dict, storage: str | Path, tracking_uri: str
+) -> str:
+    """A training config (YAML) that the tests and benchmarks run on these clusters: a random tiny BERT trained by
+    2 workers of half a CPU each (both fit a 2-core machine beside the driver), one regression stage at lr 1e-4
+    with ``stage``'s keys (its data, batch size, length) and ``evaluation`` as given."""
+    import yaml  # here: the cluster itself needs no YAML
+
+    config = {
+        "name": name,
+        "data_dir": str(data_dir),
+        "model": {"name": "random:tiny"},
+        "stages": [{**stage, "objective": "regression", "learning_rate": 1.0e-4}],
+        "evaluation": evaluation,
+        "scaling": {"num_workers": 2, "cpus_per_worker": 0.5},
+        "checkpoint": {"storage_path": str(storage)},
+        "tracking": {"tracking_uri": tracking_uri},
+    }
+    return yaml.safe_dump(config, sort_keys=False)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, help="where logs, the MLflow database and HOME go (default: a temp dir)")

@@ -87,30 +87,6 @@ def write_corpus(prefix: str, shards: int, env: dict[str, str]) -> None:
                        filesystem=s3, row_group_size=ROW_GROUP_ROWS)  # fmt: skip
 
 
-CONFIG = """
-name: memory-{shards}
-data_dir: {data_dir}
-model:
-  name: random:tiny
-stages:
-  - dataset: s3://{bucket}/{prefix}/
-    objective: regression
-    batch_size: 32
-    learning_rate: 1.0e-4
-    max_steps: {steps}
-evaluation:
-  dev_limit: 50
-  final_tasks: []
-scaling:
-  num_workers: 2
-  cpus_per_worker: 0.5
-checkpoint:
-  storage_path: {storage}
-tracking:
-  tracking_uri: {tracking_uri}
-"""
-
-
 class Peaks:
     """Peak RSS of every process under ``roots`` (and of their sum per root), sampled every ``interval_s`` while a
     run goes; ``train_workers`` are those that were ever a Ray Train worker."""
@@ -175,10 +151,11 @@ def train_on_corpus(shards: int, s3_env: dict[str, str], data_dir: Path, root: P
     write_corpus(f"{local_cluster.BUCKET}/{prefix}", shards, s3_env)
     config = root / "config.yaml"
     tracking_uri = f"sqlite:///{root / 'mlflow.db'}"
+    stage = {"dataset": f"s3://{local_cluster.BUCKET}/{prefix}/", "batch_size": 32, "max_steps": STEPS}
+    evaluation = {"dev_limit": 50, "final_tasks": []}
     config.write_text(
-        CONFIG.format(shards=shards, data_dir=data_dir, bucket=local_cluster.BUCKET, prefix=prefix, steps=STEPS,
-                      storage=root / "runs", tracking_uri=tracking_uri)
-    )  # fmt: skip
+        local_cluster.tiny_training_yaml(f"memory-{shards}", data_dir, stage, evaluation, root / "runs", tracking_uri)
+    )
     ray_tmp = tempfile.mkdtemp(prefix="sr-", dir="/tmp")  # short: Ray's socket paths live under it
     # No token (a ~/.ray/auth_token of this machine would switch it on), S3 reachable from every process.
     env = {**s3_env, **local_cluster.NO_STATE_API, "RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled"}

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import ray
+from local_cluster import tiny_training_yaml
 
 from sbert_ray.models import build_random_bert
 
@@ -140,48 +141,16 @@ def minilm_ref() -> str:
     return "sentence-transformers/all-MiniLM-L6-v2"
 
 
-TINY_TRAIN_CONFIG = """
-name: {name}
-data_dir: {data_dir}
-model:
-  name: random:tiny
-stages:
-  - dataset: stsb
-    split: train
-    limit: {limit}
-    objective: regression
-    batch_size: 8
-    learning_rate: 1.0e-4
-evaluation:
-  dev_limit: 100
-  eval_every: {eval_every}
-  final_tasks: [stsb]
-scaling:
-  num_workers: 2
-  cpus_per_worker: 0.5
-checkpoint:
-  storage_path: {storage}
-tracking:
-  tracking_uri: {tracking_uri}
-"""
-
-
 @pytest.fixture
 def tiny_train_config(tmp_path: Path, data_dir: Path):
     """Write a tiny 2-worker training config (random tiny BERT on an STSb slice); returns its path."""
 
     def write(name: str = "tiny", limit: int = 96, eval_every: int = 4, tracking_uri: str | None = None) -> Path:
         path = tmp_path / f"{name}.yaml"
-        path.write_text(
-            TINY_TRAIN_CONFIG.format(
-                name=name,
-                data_dir=data_dir,
-                limit=limit,
-                eval_every=eval_every,
-                storage=tmp_path / "runs",
-                tracking_uri=tracking_uri or f"sqlite:///{tmp_path / 'mlflow.db'}",
-            )
-        )
+        stage = {"dataset": "stsb", "split": "train", "limit": limit, "batch_size": 8}
+        evaluation = {"dev_limit": 100, "eval_every": eval_every, "final_tasks": ["stsb"]}
+        tracking_uri = tracking_uri or f"sqlite:///{tmp_path / 'mlflow.db'}"
+        path.write_text(tiny_training_yaml(name, data_dir, stage, evaluation, tmp_path / "runs", tracking_uri))
         return path
 
     return write

@@ -6,6 +6,7 @@ test module that imports sentence-transformers or Ray each process spent ~15 s i
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -22,34 +23,49 @@ def trainable_grads(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.grad.clone() for name, p in module.named_parameters() if p.requires_grad}
 
 
-def gathered_mnrl(
-    rank: int,
-    world_size: int,
-    model_dir: str,
-    tmp: str,
-    splits: list[tuple[int, ...]],
-    columns: list[list[str]],
-    symmetric: bool = False,
-) -> None:
+@dataclass(frozen=True)
+class SplitBatches:
+    """What each worker of an exact-math data-parallel MNRL test is given: the batch's texts by column, dealt over
+    ``world_size`` workers once per entry of ``splits`` (rows per worker, in rank order), the model, and a folder to
+    meet in and leave results."""
+
+    world_size: int
+    model_dir: str
+    tmp: str
+    splits: list[tuple[int, ...]]
+    columns: list[list[str]]
+
+    def join(self, rank: int) -> SentenceEncoder:
+        """This worker's process group, and the encoder in float64 (exact math, compared so in the tests)."""
+        torch.set_num_threads(1)
+        init = f"file://{self.tmp}/rendezvous"
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=self.world_size)
+        return SentenceEncoder.load(self.model_dir).double()
+
+    @staticmethod
+    def shard(rank: int, sizes: tuple[int, ...], columns: list[list]) -> list[list]:
+        """This worker's rows of each column: ``sizes[rank]`` of them, after the lower ranks' rows."""
+        start = sum(sizes[:rank])
+        return [column[start : start + sizes[rank]] for column in columns]
+
+
+def gathered_mnrl(rank: int, batches: SplitBatches, symmetric: bool = False) -> None:
     """One data-parallel worker: its shard of each batch, gathered loss, DDP-style gradient reduction."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world_size)
-    encoder = SentenceEncoder.load(model_dir).double()  # exact math, compared in float64 (see the test)
+    encoder = batches.join(rank)
     loss_fn = MultipleNegativesRankingLoss(encoder, symmetric=symmetric)
-    for index, sizes in enumerate(splits):
-        start, total = sum(sizes[:rank]), sum(sizes)
-        shard = [column[start : start + sizes[rank]] for column in columns]
+    for index, sizes in enumerate(batches.splits):
+        shard = batches.shard(rank, sizes, batches.columns)
         encoder.zero_grad()
         # Weighting by the shard's share makes the sum over workers the global mean; for equal shards
         # this is exactly DDP's gradient averaging.
-        loss = loss_fn([encoder.tokenize(column) for column in shard]) * sizes[rank] / total
+        loss = loss_fn([encoder.tokenize(column) for column in shard]) * sizes[rank] / sum(sizes)
         loss.backward()
         dist.all_reduce(loss.detach())
         for param in encoder.parameters():
             if param.grad is not None:
                 dist.all_reduce(param.grad)
         if rank == 0:
-            torch.save({"loss": loss.detach(), "grads": trainable_grads(encoder)}, f"{tmp}/result{index}.pt")
+            torch.save({"loss": loss.detach(), "grads": trainable_grads(encoder)}, f"{batches.tmp}/result{index}.pt")
     dist.destroy_process_group()
 
 
@@ -102,25 +118,14 @@ def ddp_plain_and_cached_mnrl(
     dist.destroy_process_group()
 
 
-def masked_mnrl(
-    rank: int,
-    world_size: int,
-    model_dir: str,
-    tmp: str,
-    splits: list[tuple[int, ...]],
-    columns: list[list[str]],
-    hashes: list[list[int]],
-) -> None:
+def masked_mnrl(rank: int, batches: SplitBatches, hashes: list[list[int]]) -> None:
     """One data-parallel worker: its shard of the batch with its texts' hashes, plain and cached MNRL with duplicate
     masking on and off; losses (weighted to the global mean), gradients and masked counts summed over workers."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world_size)
-    encoder = SentenceEncoder.load(model_dir).double()  # exact math, compared in float64 (see the test)
+    encoder = batches.join(rank)
     results = {}
-    for split, sizes in enumerate(splits):
-        start, total = sum(sizes[:rank]), sum(sizes)
-        features = [encoder.tokenize(column[start : start + sizes[rank]]) for column in columns]
-        text_hashes = [torch.tensor(column[start : start + sizes[rank]]) for column in hashes]
+    for split, sizes in enumerate(batches.splits):
+        features = [encoder.tokenize(column) for column in batches.shard(rank, sizes, batches.columns)]
+        text_hashes = [torch.tensor(column) for column in batches.shard(rank, sizes, hashes)]
         for name, loss_class, settings in [
             ("plain", MultipleNegativesRankingLoss, {}),
             ("cached", CachedMultipleNegativesRankingLoss, {"mini_batch_size": 2}),
@@ -128,7 +133,7 @@ def masked_mnrl(
             for mask in (True, False):
                 loss_fn = loss_class(encoder, mask_duplicates=mask, **settings)
                 encoder.zero_grad()
-                loss = loss_fn(features, text_hashes=text_hashes) * sizes[rank] / total  # see gathered_mnrl
+                loss = loss_fn(features, text_hashes=text_hashes) * sizes[rank] / sum(sizes)  # see gathered_mnrl
                 loss.backward()
                 masked = loss_fn.masked_duplicates if mask else torch.tensor(0)
                 for summed in (loss.detach(), masked, *(p.grad for p in encoder.parameters() if p.grad is not None)):
@@ -139,7 +144,7 @@ def masked_mnrl(
                     "grads": trainable_grads(encoder),
                 }
     if rank == 0:
-        torch.save(results, f"{tmp}/results.pt")
+        torch.save(results, f"{batches.tmp}/results.pt")
     dist.destroy_process_group()
 
 

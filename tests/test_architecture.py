@@ -19,6 +19,7 @@ LAYERS = {
     "tracking": 0,
     "progress": 0,  # tqdm bars and the --quiet switch, for every layer
     "ray_compat": 0,  # Ray's private and version-sensitive APIs, and joining a cluster, for every Ray user
+    "atomic_files": 0,  # write under a temporary name, then rename: for every layer that writes files
     "data": 1,
     "models": 1,
     "losses": 1,

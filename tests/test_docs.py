@@ -48,10 +48,10 @@ def test_every_config_key_is_documented():
 
 
 def test_a_key_without_a_comment_is_named(tmp_path, monkeypatch):
-    source = (REPO / "sbert_ray" / "config.py").read_text()
+    source = (REPO / "sbert_ray" / "config" / "schema.py").read_text()
     line = next(line for line in source.splitlines() if line.strip().startswith("keep_best:"))
-    (tmp_path / "config.py").write_text(source.replace(line, line.split("#")[0].rstrip()))
-    monkeypatch.setattr(config_reference, "SOURCES", [tmp_path / "config.py", config_reference.SOURCES[1]])
+    (tmp_path / "schema.py").write_text(source.replace(line, line.split("#")[0].rstrip()))
+    monkeypatch.setattr(config_reference, "SOURCES", [tmp_path / "schema.py", config_reference.SOURCES[1]])
     assert config_reference.undocumented() == ["checkpoint.keep_best"]
 
 

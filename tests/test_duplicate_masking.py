@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from spawned_workers import masked_mnrl, trainable_grads
+from spawned_workers import SplitBatches, masked_mnrl, trainable_grads
 from torch import Tensor
 from torch.nn import functional as F
 
@@ -87,7 +87,8 @@ def encoder(tiny_model_dir: Path) -> SentenceEncoder:
 
 def test_two_workers_mask_what_the_brute_force_leaves_out(tiny_model_dir: Path, tmp_path: Path) -> None:
     hashes = [[text_hash(text) for text in column] for column in COLUMNS]
-    mp.spawn(masked_mnrl, args=(2, str(tiny_model_dir), str(tmp_path), SPLITS, COLUMNS, hashes), nprocs=2, join=True)
+    batches = SplitBatches(2, str(tiny_model_dir), str(tmp_path), SPLITS, COLUMNS)
+    mp.spawn(masked_mnrl, args=(batches, hashes), nprocs=2, join=True)
     results = torch.load(tmp_path / "results.pt")
     expected = {}
     for mask in (True, False):

@@ -11,7 +11,7 @@ import torch
 import torch.multiprocessing as mp
 from sentence_transformers import SentenceTransformer
 from sentence_transformers import losses as st_losses
-from spawned_workers import gathered_mnrl, trainable_grads
+from spawned_workers import SplitBatches, gathered_mnrl, trainable_grads
 from torch import Tensor
 
 from sbert_ray.config import StageConfig
@@ -224,8 +224,8 @@ def test_gathered_loss_and_gradients_equal_the_global_batch(
 ) -> None:
     splits = [(2, 2), (3, 1)]  # equal shards, and a smaller last batch on one worker
     columns = [ANCHORS, POSITIVES, NEGATIVES]
-    arguments = (2, str(tiny_model_dir), str(tmp_path), splits, columns, symmetric)
-    mp.spawn(gathered_mnrl, args=arguments, nprocs=2, join=True)
+    batches = SplitBatches(2, str(tiny_model_dir), str(tmp_path), splits, columns)
+    mp.spawn(gathered_mnrl, args=(batches, symmetric), nprocs=2, join=True)
 
     single = MultipleNegativesRankingLoss(SentenceEncoder.load(tiny_model_dir).double(), symmetric=symmetric)
     expected_loss = single(_features(encoder, ANCHORS, POSITIVES, NEGATIVES))

@@ -2,7 +2,7 @@
 
 - ``train_run``: one training run in phases (preflight -> open run -> score before -> fit -> finish), ``scoring``
   its evaluations as Ray tasks on a training worker's resources, ``record`` and ``run_lease`` what a run remembers
-  and who runs it, ``owned_paths`` what it may replace;
+  and who runs it, ``owned_paths`` what it may write or replace (and the outputs encode and mine resume);
 - ``eval_run``: ``sbert-ray eval`` (scoring a given model, optionally as an MLflow run);
 - ``argsim_folds``: cross-validated argument-similarity fine-tuning (a training run per fold);
 - ``sweep``: a Ray Tune sweep whose trials are training runs;

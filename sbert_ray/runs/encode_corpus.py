@@ -22,7 +22,6 @@ folder, prefix or glob; see ``sbert_ray.data.corpus``) and its 0-based row withi
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 import re
@@ -52,6 +51,7 @@ from sbert_ray.progress import quiet
 from sbert_ray.ray_compat import connect_ray
 from sbert_ray.runs import owned_paths
 from sbert_ray.runs.cluster import input_errors_unwrapped, refuse_impossible_encoders
+from sbert_ray.runs.owned_paths import filesystem_of
 
 BLOCK_BYTES = 1 << 20  # rows read into one block (~10k sentences), encoded (cut by the token budget) in one call
 ROWS_PER_READ = 1024  # rows the read task turns into one table at a time
@@ -119,12 +119,7 @@ class _Output:
         return "://" not in self.uri
 
     def file(self, key: str) -> str:
-        return f"{_filesystem(self.uri)[1]}/{key}.parquet"
-
-
-def _filesystem(uri: str) -> tuple[fs.FileSystem, str]:
-    """pyarrow's filesystem and path of a local absolute path or an object storage URI."""
-    return fs.FileSystem.from_uri(uri) if "://" in uri else (fs.LocalFileSystem(), uri)
+        return f"{filesystem_of(self.uri)[1]}/{key}.parquet"
 
 
 @input_errors_unwrapped()  # a bad row midway is found in a read task
@@ -167,38 +162,29 @@ def _settings(request: EncodeRequest) -> dict[str, str | None]:
 def _claim(output: _Output, settings: dict[str, str | None]) -> None:
     """Mark the output as ours (``ENCODE_MARKER``, holding ``settings``), or refuse it: a folder that exists and is
     neither empty nor ours, or ours with other settings (its files would mix two models' vectors)."""
-    filesystem, root = _filesystem(output.uri)
-    marker = f"{root}/{ENCODE_MARKER}"
-    if filesystem.get_file_info(marker).is_file:
-        with filesystem.open_input_stream(marker) as stream:
-            theirs = json.loads(stream.read())
-        if theirs != settings:
-            raise ConfigError(
-                f"--output {output.uri} holds embeddings made with {theirs}, this run's are {settings}: "
-                "choose another folder"
-            )
-        return
-    if filesystem.get_file_info(fs.FileSelector(root, allow_not_found=True)):
+    not_ours = (
+        f"--output {output.uri} exists and is not an sbert-ray encode output (no {ENCODE_MARKER}): choose a new "
+        "folder or an empty one"
+    )
+    theirs = owned_paths.claim_output(output.uri, ENCODE_MARKER, settings, not_ours)
+    if theirs != settings:
         raise ConfigError(
-            f"--output {output.uri} exists and is not an sbert-ray encode output (no {ENCODE_MARKER}): choose a new "
-            "folder or an empty one"
+            f"--output {output.uri} holds embeddings made with {theirs}, this run's are {settings}: "
+            "choose another folder"
         )
-    _make_parent(filesystem, marker)
-    with filesystem.open_output_stream(marker) as stream:
-        stream.write(json.dumps(settings).encode())
 
 
 def _remove_left_staging(output: _Output) -> None:
     """Staging folders a killed run left in the output (a run removes its own however it ends, unless killed).
     Only names this module makes are removed; two runs into one output at once are not supported."""
-    filesystem, root = _filesystem(output.uri)
+    filesystem, root = filesystem_of(output.uri)
     for info in filesystem.get_file_info(fs.FileSelector(root, allow_not_found=True)):
         if info.type == fs.FileType.Directory and STAGING_NAME.fullmatch(info.base_name):
             filesystem.delete_dir(info.path)
 
 
 def _not_written(sources: list[CorpusSource], output: _Output) -> list[CorpusSource]:
-    filesystem, _ = _filesystem(output.uri)
+    filesystem, _ = filesystem_of(output.uri)
     infos = filesystem.get_file_info([output.file(source.key) for source in sources])
     return [source for source, info in zip(sources, infos, strict=True) if info.type == fs.FileType.NotFound]
 
@@ -341,7 +327,7 @@ class _EmbedRows(EncoderReplica):
 def _write_parts(rows: pa.Table, parts: str) -> pa.Table:
     """Each input file's rows of the block as ``PARTS/KEY/FIRST-ID.parquet``; one summary row per file: the rows
     written and, where the block holds the file's last row, the file's row count (else -1)."""
-    filesystem, root = _filesystem(parts)
+    filesystem, root = filesystem_of(parts)
     summary = {"file": [], "rows": [], "total": []}
     for key in pc.unique(rows["file"]).to_pylist():
         part = rows.filter(pc.equal(rows["file"], key))
@@ -359,8 +345,8 @@ def _write_parts(rows: pa.Table, parts: str) -> pa.Table:
 
 def _join_parts(staging: str, output: str, key: str) -> int:
     """The parts of one input file, in row order, as one parquet file moved to ``OUTPUT/KEY.parquet``."""
-    filesystem, root = _filesystem(staging)
-    out_path = f"{_filesystem(output)[1]}/{key}.parquet"
+    filesystem, root = filesystem_of(staging)
+    out_path = f"{filesystem_of(output)[1]}/{key}.parquet"
     parts = sorted(
         info.path for info in filesystem.get_file_info(fs.FileSelector(f"{root}/{PARTS}/{key}")) if info.is_file
     )
@@ -384,6 +370,6 @@ def _make_parent(filesystem: fs.FileSystem, path: str) -> None:
 
 
 def _remove(staging: str) -> None:
-    filesystem, root = _filesystem(staging)
+    filesystem, root = filesystem_of(staging)
     if filesystem.get_file_info(root).type != fs.FileType.NotFound:
         filesystem.delete_dir(root)

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
 
+from sbert_ray.atomic_files import atomic_write
 from sbert_ray.config import RESOURCE_WAIT_S, ConfigError
 from sbert_ray.data.corpus import TABLE_SUFFIXES, open_corpus
 from sbert_ray.data.readers import check_available, load_records
@@ -164,9 +165,8 @@ def _mine_shard(pool: RayEncoder, pairs: MiningPairs, request: MineRequest, path
             f"left (candidates dropped: {dropped}); ask for fewer (--num-negatives), widen --range-max or loosen "
             "the filters"
         )
-    partial = path.with_name(f".{path.name}.partial")
-    pq.write_table(table, partial)
-    os.replace(partial, path)  # a file under the shard's name is always complete
+    with atomic_write(path) as partial:  # a file under the shard's name is always complete
+        pq.write_table(table, partial)
     _count(result, negatives, request.settings, table.num_rows)
     return table.num_rows
 
@@ -246,10 +246,11 @@ def _check_output_folder(output: Path) -> None:
     """Before any Ray work: the folder is new, empty, or a mining output of ours (its manifest), never another."""
     if output.is_file():
         raise ConfigError(f"--output {output} is a file, not a folder")
-    if output.is_dir() and any(output.iterdir()) and not (output / MANIFEST).is_file():
-        raise ConfigError(
-            f"--output {output} exists and is not a mining output of sbert-ray (no {MANIFEST}): choose a new folder"
-        )
+    owned_paths.recorded_settings(str(output), MANIFEST, _not_ours(output))
+
+
+def _not_ours(output: Path) -> str:
+    return f"--output {output} exists and is not a mining output of sbert-ray (no {MANIFEST}): choose a new folder"
 
 
 def _manifest(request: MineRequest, pairs: MiningPairs) -> dict:
@@ -274,17 +275,10 @@ def _manifest(request: MineRequest, pairs: MiningPairs) -> dict:
 def _claim_output_folder(output: Path, manifest: dict) -> None:
     """Write the manifest into a new folder, or check that an existing one was mined the same way (a rerun then
     resumes: shards already there are kept). Shards of other data or settings would mix: refused, naming the keys."""
-    path = output / MANIFEST
-    if path.is_file():
-        before = json.loads(path.read_text())
-        changed = sorted(key for key in manifest.keys() | before.keys() if manifest.get(key) != before.get(key))
-        if changed:
-            raise ConfigError(
-                f"--output {output} holds shards mined with other {', '.join(changed)} ({MANIFEST}); choose a new "
-                "folder, or rerun with the same inputs and settings to resume"
-            )
-        return
-    output.mkdir(parents=True, exist_ok=True)
-    partial = output / f".{MANIFEST}.partial"
-    partial.write_text(json.dumps(manifest, indent=2) + "\n")
-    os.replace(partial, path)
+    before = owned_paths.claim_output(str(output), MANIFEST, manifest, _not_ours(output))
+    changed = sorted(key for key in manifest.keys() | before.keys() if manifest.get(key) != before.get(key))
+    if changed:
+        raise ConfigError(
+            f"--output {output} holds shards mined with other {', '.join(changed)} ({MANIFEST}); choose a new "
+            "folder, or rerun with the same inputs and settings to resume"
+        )

@@ -7,6 +7,9 @@
   empty; anything else is refused before any work (``check_model_folder``).
 - Our own previous model is swapped out, never deleted first (``replace_model``).
 - Staging folders are made here with unique names (``staging_beside``) and only they are removed.
+- An output a rerun resumes (``encode``'s, ``mine``'s) is claimed here: a new or empty folder gets a marker file
+  naming the settings its contents depend on; one with the marker is resumed; anything else is refused
+  (``claim_output``). Marker files, the run record among them, are written whole or not at all (``write_marker``).
 
 A run folder (``--restart``) is ours when it holds a run record or Ray Train checkpoints: ``runs.record.archive``.
 """
@@ -22,8 +25,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
+from pyarrow import fs
+
+from sbert_ray.atomic_files import atomic_write
 from sbert_ray.config import ConfigError
+from sbert_ray.files import json_text
 from sbert_ray.training.storage import is_remote
 
 MODEL_MARKER = "sbert_ray_model.json"
@@ -144,6 +152,52 @@ def staging_beside(path: Path) -> Iterator[Path]:
         yield staging
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def filesystem_of(uri: str) -> tuple[fs.FileSystem, str]:
+    """pyarrow's filesystem and path of a local absolute path (taken as it is, never parsed as a URI) or an object
+    storage URI."""
+    return fs.FileSystem.from_uri(uri) if is_remote(uri) else (fs.LocalFileSystem(), uri)
+
+
+def read_marker(folder: str, name: str) -> Any:
+    """The JSON in the file ``name`` of ``folder`` (a local folder or an object-storage prefix); None without one."""
+    filesystem, root = filesystem_of(folder)
+    if filesystem.get_file_info(f"{root}/{name}").type == fs.FileType.NotFound:
+        return None
+    with filesystem.open_input_stream(f"{root}/{name}") as stream:
+        return json.loads(stream.read())
+
+
+def write_marker(folder: str, name: str, data: Any) -> None:
+    """``data`` as JSON into the file ``name`` of ``folder``, whole or not at all (a crash leaves the old one)."""
+    filesystem, root = filesystem_of(folder)
+    if isinstance(filesystem, fs.LocalFileSystem):  # object storage needs none (pyarrow would add an empty object)
+        filesystem.create_dir(root, recursive=True)
+    with atomic_write(f"{root}/{name}", filesystem) as partial, filesystem.open_output_stream(partial) as stream:
+        stream.write((json_text(data, default=str) + "\n").encode())
+
+
+def recorded_settings(folder: str, marker: str, not_ours: str) -> Any:
+    """The settings in ``folder``'s ``marker`` when it is an output of ours; None when it is new or empty;
+    ``ConfigError(not_ours)`` when it holds anything else (it is not ours to write into)."""
+    recorded = read_marker(folder, marker)
+    filesystem, root = filesystem_of(folder)
+    if recorded is None and filesystem.get_file_info(fs.FileSelector(root, allow_not_found=True)):
+        raise ConfigError(not_ours)
+    return recorded
+
+
+def claim_output(folder: str, marker: str, settings: dict[str, Any], not_ours: str) -> Any:
+    """Claim ``folder`` for output a rerun resumes: a new or empty one is marked ours, ``marker`` holding
+    ``settings`` (what its contents depend on). Returns the settings it was claimed with, this run's or an earlier
+    run's, which the caller compares: outputs made with other settings would mix. Anything else is refused
+    (``recorded_settings``)."""
+    recorded = recorded_settings(folder, marker, not_ours)
+    if recorded is None:
+        write_marker(folder, marker, settings)
+        return settings
+    return recorded
 
 
 def _now() -> str:

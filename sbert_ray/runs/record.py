@@ -33,7 +33,6 @@ from typing import Any
 from pyarrow import fs
 
 from sbert_ray.config import ConfigError, TrainConfig, flatten, to_dict
-from sbert_ray.files import json_text
 from sbert_ray.runs import owned_paths
 
 RECORD_FILE = "sbert_ray_run.json"
@@ -77,25 +76,17 @@ class RunRecord:
 
     @classmethod
     def load(cls, run_dir: str) -> RunRecord | None:
-        filesystem, path = fs.FileSystem.from_uri(run_dir)
-        if filesystem.get_file_info(f"{path}/{RECORD_FILE}").type == fs.FileType.NotFound:
-            return None
-        with filesystem.open_input_stream(f"{path}/{RECORD_FILE}") as f:
-            text = f.read().decode()
         try:
-            return cls(**json.loads(text))
+            data = owned_paths.read_marker(run_dir, RECORD_FILE)
+            return None if data is None else cls(**data)
         except (json.JSONDecodeError, TypeError) as err:
             raise ConfigError(
                 f"{run_dir}/{RECORD_FILE}: not a run record ({err}); pass --restart to start this run anew"
             ) from None
 
     def save(self, run_dir: str) -> None:
-        """Written to a temporary file and moved: a crash leaves the old record or the new one, never half."""
-        filesystem, path = fs.FileSystem.from_uri(run_dir)
-        filesystem.create_dir(path)
-        with filesystem.open_output_stream(f"{path}/.{RECORD_FILE}.tmp") as f:
-            f.write(json_text(dataclasses.asdict(self), default=str).encode())
-        filesystem.move(f"{path}/.{RECORD_FILE}.tmp", f"{path}/{RECORD_FILE}")
+        """Whole or not at all: a crash leaves the old record or the new one, never half."""
+        owned_paths.write_marker(run_dir, RECORD_FILE, dataclasses.asdict(self))
 
 
 def new_record(config: TrainConfig, mlflow_run_id: str, shown_uri: str) -> RunRecord:

@@ -24,6 +24,7 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from sbert_ray.atomic_files import atomic_write
 from sbert_ray.tracking.errors import TrackingError
 from sbert_ray.tracking.store import TrackingStore, mlflow_call, open_store, redact_uri
 
@@ -268,9 +269,8 @@ def _write_spool(path: Path, metrics: list[Metric]) -> None:
     if not metrics:
         path.unlink(missing_ok=True)
         return
-    staging = path.with_name(path.name + ".tmp")
-    staging.write_text(_spool_lines(metrics))
-    os.replace(staging, path)
+    with atomic_write(path) as partial:
+        Path(partial).write_text(_spool_lines(metrics))
 
 
 def _spool_lines(metrics: list[Metric]) -> str:

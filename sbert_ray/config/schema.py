@@ -1,34 +1,21 @@
-"""Configs are dataclasses loaded from YAML plus ``key=value`` overrides.
-
-Every key is checked against the dataclass fields (unknown keys are errors naming the dotted key and the file),
-values are type-checked (``Literal`` types are choices; a NaN or infinite number is refused anywhere), and
-``validate()`` checks choices and ranges, so a bad config fails before any Ray work starts. A stage's ``loss:``
-settings are checked against its objective's loss class in the objective registry (``sbert_ray.losses.registry``),
-last: the registry imports torch, and every other error answers without it (in well under a second).
-"""
+"""The config dataclasses (what a training run's YAML holds, with each key's meaning beside its field) and their
+checks: ``validate()`` checks choices and ranges, naming the key, so a bad config fails before any Ray work starts.
+A stage's ``loss:`` settings are checked against its objective's loss class in the objective registry
+(``sbert_ray.losses.registry``), last: the registry imports torch, and every other error answers without it (in
+well under a second)."""
 
 from __future__ import annotations
 
-import collections.abc
-import dataclasses
 import math
 import re
-import types
-import typing
 import unicodedata
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
+from sbert_ray.config.conversion import ConfigError, check_choice, convert_value
 from sbert_ray.models.attention import AttentionImplementation
 from sbert_ray.models.lora_settings import LoraSettings
 from sbert_ray.models.pooling_mode import PoolingMode
-
-
-class ConfigError(ValueError):
-    """A config value or key is wrong; the message names the key (and file when known)."""
 
 
 @dataclass
@@ -367,35 +354,6 @@ def _folder_name_problem(name: str) -> str | None:
     return f"is {size} bytes long (at most {MAX_NAME_BYTES})" if size > MAX_NAME_BYTES else None
 
 
-def parse_device(text: str) -> str:
-    """A ``--device`` value as torch reads it: cpu, cuda, cuda:N or mps; anything else is a ConfigError."""
-    import torch  # here: every command imports the config, most never need torch
-
-    try:
-        device = torch.device(text)
-    except (RuntimeError, TypeError, ValueError):
-        device = None
-    if device is None or device.type not in ("cpu", "cuda", "mps"):
-        raise ConfigError(f"{text!r} is not a device: use cpu, cuda, cuda:N or mps")
-    return str(device)
-
-
-def check_device_here(device: str, key: str = "--device") -> None:
-    """``device`` (as ``parse_device`` returns it) exists in this process, or a ConfigError naming ``key``."""
-    import torch
-
-    parsed = torch.device(device)
-    if parsed.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-            raise ConfigError(f"{key} {device}: torch sees no CUDA GPU here (torch {torch.__version__}, {build})")
-        if parsed.index is not None and parsed.index >= count:
-            raise ConfigError(f"{key} {device}: torch sees {count} CUDA GPU(s), numbered from 0")
-    if parsed.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError(f"{key} {device}: this machine has no Apple MPS device")
-
-
 def _check_dev_task(evaluation: EvalConfig) -> None:
     """A dev task replaces the dev pairs: settings of the dev pairs beside it would be silently unused."""
     if evaluation.dev_task is None:
@@ -409,17 +367,12 @@ def _check_dev_task(evaluation: EvalConfig) -> None:
             )
 
 
-def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, choices))}")
-
-
 def _objective_settings(key: str, stage: StageConfig) -> dict[str, Any]:
     """The stage's objective checked against the registry, and its ``loss`` settings against (and converted to) the
     loss class's keyword arguments."""
     from sbert_ray.losses.registry import OBJECTIVES, loss_settings  # torch: only once everything else is valid
 
-    _choice(f"{key}.objective", stage.objective, tuple(OBJECTIVES))
+    check_choice(f"{key}.objective", stage.objective, tuple(OBJECTIVES))
     declared = loss_settings(stage.objective)
     unknown = sorted(set(stage.loss) - set(declared))
     if unknown:
@@ -427,7 +380,7 @@ def _objective_settings(key: str, stage: StageConfig) -> dict[str, Any]:
         raise ConfigError(
             f"unknown key {key}.loss.{unknown[0]!r} for objective {stage.objective!r} (its settings: {known})"
         )
-    return {name: _convert(declared[name][0], value, f"{key}.loss.{name}") for name, value in stage.loss.items()}
+    return {name: convert_value(declared[name][0], value, f"{key}.loss.{name}") for name, value in stage.loss.items()}
 
 
 def _at_least(key: str, value: float | None, low: float, none_means: str | None = None) -> None:
@@ -453,257 +406,3 @@ def _matryoshka(key: str, dims: list[int] | None, weights: list[float] | None) -
         raise ConfigError(f"{key}.matryoshka_dims: expected distinct positive sizes, got {dims}")
     if weights is not None and len(weights) != len(dims):
         raise ConfigError(f"{key}.matryoshka_weights: one weight per size in {dims}, got {weights}")
-
-
-# ---------------------------------------------------------------------------------------------- loading
-
-
-MAX_YAML_VALUES = 100_000  # a config holds hundreds; nested aliases can make a 2 KB file expand to billions
-
-
-class ConfigLoader(yaml.SafeLoader):
-    """``yaml.safe_load``'s loader with two refusals: a key given twice in one mapping (YAML requires unique keys;
-    PyYAML silently keeps the last), and aliases that expand the document past MAX_YAML_VALUES values or into
-    themselves (PyYAML shares the aliased objects, but every walk over the config visits each use)."""
-
-    def get_single_node(self) -> yaml.Node | None:
-        node = super().get_single_node()
-        if node is not None:
-            _expanded_size(node, {})
-        return node
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        first_line: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
-                continue  # merged keys may be overridden; a non-scalar key is refused by PyYAML itself
-            key, line = self.construct_object(key_node), key_node.start_mark.line + 1
-            if key in first_line:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} given twice (first on line {first_line[key]})", key_node.start_mark
-                )
-            first_line[key] = line
-        return super().construct_mapping(node, deep)
-
-
-def _expanded_size(node: yaml.Node, sizes: dict[int, int | None]) -> int:
-    """How many values ``node`` holds with every alias expanded; each node is counted once (``sizes``), so a bomb
-    is refused in time linear in the file."""
-    if id(node) in sizes:
-        if sizes[id(node)] is None:
-            raise yaml.composer.ComposerError(None, None, "an alias refers to a value that holds it", node.start_mark)
-        return sizes[id(node)]
-    sizes[id(node)] = None  # being counted: meeting it again below is a cycle
-    children = node.value if isinstance(node, yaml.SequenceNode) else ()
-    if isinstance(node, yaml.MappingNode):
-        children = [child for pair in node.value for child in pair]
-    size = 1 + sum(_expanded_size(child, sizes) for child in children)
-    if size > MAX_YAML_VALUES:
-        raise yaml.composer.ComposerError(
-            None, None, f"aliases expand this value past {MAX_YAML_VALUES:,} values", node.start_mark
-        )
-    sizes[id(node)] = size
-    return size
-
-
-def parse_yaml(text: str) -> Any:
-    """One YAML document read by ``ConfigLoader``."""
-    return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 (a SafeLoader)
-
-
-def _yaml_problem(err: yaml.YAMLError) -> str:
-    """A YAML error on one line: what is wrong and at which line (PyYAML's own text spans several)."""
-    mark = getattr(err, "problem_mark", None)
-    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-    return f"line {mark.line + 1}: {problem}" if mark else problem
-
-
-def load_config(path: str | Path | None, overrides: list[str] = (), cls: type = TrainConfig) -> Any:
-    """Read ``path`` (YAML), apply ``key=value`` overrides (dotted keys, YAML values), build and validate."""
-    raw: dict[str, Any] = {}
-    source = "<overrides>"
-    if path is not None:
-        source = str(path)
-        raw = _read_config_file(path)
-    try:
-        _refuse_repeated_overrides(overrides)
-        for item in overrides:
-            apply_override(raw, item)
-        _check_finite(raw)
-        config = from_dict(cls, raw)
-        config.validate()
-    except ConfigError as err:
-        raise ConfigError(f"{source}: {err}") from None
-    return config
-
-
-def _read_config_file(path: str | Path) -> dict[str, Any]:
-    try:
-        raw = parse_yaml(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: cannot read the config: {err}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}, {_yaml_problem(err)}") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: invalid YAML: nested too deeply") from None
-    if not raw:  # nothing but comments, or `{}`: training every default is never what was meant
-        raise ConfigError(f"{path}: the config is empty (no keys: {{}}, only comments or nothing); give a key")
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of keys")
-    return raw
-
-
-def _refuse_repeated_overrides(overrides: collections.abc.Sequence[str]) -> None:
-    """``key=1 key=2``: which one the user meant is unknown, so neither is taken (as for a key twice in YAML)."""
-    seen: dict[str, str] = {}
-    for item in overrides:
-        key = item.partition("=")[0].strip()
-        if key in seen:
-            raise ConfigError(f"override {key!r} is given twice ({seen[key]!r}, {item!r}); give it once")
-        seen[key] = item
-
-
-def apply_override(raw: dict[str, Any], item: str) -> None:
-    """``a.b.0.c=value`` sets raw['a']['b'][0]['c'] = yaml(value). A list index must name an existing item, or
-    the one just past the end (which appends: ``stages.1.dataset=...`` on a one-stage config adds a stage)."""
-    key, sep, value = item.partition("=")
-    if not sep or "" in key.split("."):
-        raise ConfigError(f"override {item!r} is not of the form key=value (key: dotted names, e.g. model.pooling)")
-    try:
-        parsed = parse_yaml(value) if value != "" else None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"override {key!r}: {value!r} is not a YAML value ({_yaml_problem(err)})") from None
-    except RecursionError:
-        raise ConfigError(f"override {key!r}: {value!r} is nested too deeply") from None
-    parts = key.split(".")
-    node: Any = raw
-    for part, following in zip(parts, parts[1:], strict=False):
-        node = _child(node, part, key, [] if following.isdigit() else {})
-    _set_child(node, parts[-1], key, parsed)
-
-
-def _child(node: Any, part: str, key: str, empty: list | dict) -> Any:
-    """node[part], created as ``empty`` when missing or null (e.g. ``columns: null`` then ``columns.label=gold``)."""
-    if isinstance(node, dict):
-        if node.get(part) is None:
-            node[part] = empty
-        return node[part]
-    if isinstance(node, list):
-        index = _index(node, part, key)
-        if index == len(node):
-            node.append(empty)
-        return node[index]
-    raise ConfigError(f"override {key!r}: cannot set {part!r} inside a {type(node).__name__} value ({node!r})")
-
-
-def _set_child(node: Any, part: str, key: str, value: Any) -> None:
-    if isinstance(node, dict):
-        node[part] = value
-    elif isinstance(node, list):
-        index = _index(node, part, key)
-        node[index : index + 1] = [value]  # the index past the end appends
-    else:
-        raise ConfigError(f"override {key!r}: cannot set {part!r} inside a {type(node).__name__} value ({node!r})")
-
-
-def _index(node: list, part: str, key: str) -> int:
-    if not part.isdigit():
-        raise ConfigError(f"override {key!r}: {part!r} must be a list index")
-    index = int(part)
-    if index > len(node):
-        existing = f"0..{len(node) - 1} change an existing item, " if node else ""
-        raise ConfigError(
-            f"override {key!r}: index {index} is past the end of a list of {len(node)} "
-            f"({existing}{len(node)} appends one)"
-        )
-    return index
-
-
-def _check_finite(data: Any, prefix: str = "") -> None:
-    """NaN and infinities (YAML .nan, .inf, 1e400) are never a meaningful setting; the message names the key."""
-    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
-    for k, v in items:
-        key = f"{prefix}.{k}" if prefix else str(k)
-        if isinstance(v, float) and not math.isfinite(v):
-            raise ConfigError(f"{key}: {v} is not a finite number")
-        _check_finite(v, key)
-
-
-def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from a plain mapping, rejecting unknown keys and wrongly typed values."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(str(k) for k in set(data) - names)
-    if unknown:
-        where = f"{prefix}." if prefix else ""
-        raise ConfigError(f"unknown key {where}{unknown[0]!r} (known: {', '.join(sorted(names))})")
-    kwargs = {
-        name: _convert(hints[name], value, f"{prefix}.{name}" if prefix else name) for name, value in data.items()
-    }
-    return cls(**kwargs)
-
-
-def _convert(tp: Any, value: Any, key: str) -> Any:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        _choice(key, value, typing.get_args(tp))
-        return value
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        if len(inner) > 1:  # e.g. int | list[int]: the alternative of the value's kind
-            listed = [a for a in inner if typing.get_origin(a) is list]
-            inner = listed if isinstance(value, list) and listed else [a for a in inner if a not in listed]
-        return _convert(inner[0], value, key)
-    if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, key)
-    if origin in (list, collections.abc.Sequence):
-        (inner,) = typing.get_args(tp)
-        if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
-        return [_convert(inner, v, f"{key}.{i}") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
-        _, inner = typing.get_args(tp)
-        if inner is str:  # e.g. column names, which YAML may read as numbers
-            return {str(k): str(v) for k, v in value.items()}
-        return {str(k): _convert(inner, v, f"{key}.{k}") for k, v in value.items()}
-    if tp is float and (isinstance(value, str) or isinstance(value, int | float) and not isinstance(value, bool)):
-        try:  # YAML reads "2e-5" (no dot) as a string
-            number = float(value)
-        except (ValueError, OverflowError):
-            number = None
-        if number is not None and math.isfinite(number):
-            return number
-        if number is not None:
-            raise ConfigError(f"{key}: {value!r} is not a finite number")
-    if tp is Any or (isinstance(value, tp) and not (tp is int and isinstance(value, bool))):
-        return value
-    raise ConfigError(f"{key}: expected {tp.__name__}, got {value!r}")
-
-
-def to_dict(config: Any) -> dict[str, Any]:
-    return dataclasses.asdict(config)
-
-
-def flatten(data: Any, prefix: str = "", sep: str = ".") -> dict[str, Any]:
-    """{'a': {'b': 1}, 'l': [{'c': 2}]} -> {'a.b': 1, 'l.0.c': 2}: configs as MLflow params and sweep keys, and
-    (with sep="/") nested evaluation results as flat ``entry/metric`` keys. Lists of plain values stay values."""
-    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else None
-    if items is None or (isinstance(data, list) and not any(isinstance(v, dict | list) for v in data)):
-        return {prefix: data}
-    flat: dict[str, Any] = {}
-    for k, v in items:
-        flat.update(flatten(v, f"{prefix}{sep}{k}" if prefix else str(k), sep))
-    return flat
-
-
-def dump_yaml(config: Any) -> str:
-    return yaml.safe_dump(to_dict(config), sort_keys=False)
