@@ -27,11 +27,11 @@ from sbert_ray.evaluation.dev_score import dev_spec
 from sbert_ray.ray_compat import connect_ray
 from sbert_ray.runs import owned_paths
 from sbert_ray.runs.cluster import refuse_impossible, refuse_unshared_paths, runs_that_fit
+from sbert_ray.runs.plan import absolute_paths, masked, prepare, tracking_store, worker_paths
 from sbert_ray.runs.progress_lines import SweepProgress
-from sbert_ray.runs.train_run import TrainResult, absolute_paths, prepare, redacted, run_training, worker_paths
+from sbert_ray.runs.train_run import TrainResult, run_training
 from sbert_ray.tracking.mlflow_run import environment_tags
 from sbert_ray.tracking.model_registry import register_run_model
-from sbert_ray.tracking.store import redact_uri
 from sbert_ray.tracking.sweep_run import SweepTracker
 from sbert_ray.training.storage import is_remote
 from sbert_ray.tuning import trial_results
@@ -120,14 +120,12 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
     with SweepTracker(
         tracking.tracking_uri, tracking.experiment, sweep.name, resume_key=path, wait_s=tracking.wait_s
     ) as tracker:
-        print(
-            f"MLflow: {redact_uri(tracking.tracking_uri)}  sweep run {tracker.run_id}{' (resumed)' * tracker.resumed}"
-        )
+        print(f"MLflow: {tracking_store(base)}  sweep run {tracker.run_id}{' (resumed)' * tracker.resumed}")
         # One param per searched key (option names may hold characters MLflow refuses in param names).
-        settings = flatten(to_dict(dataclasses.replace(sweep, base=redacted(base), search_space={})))
+        settings = flatten(to_dict(dataclasses.replace(sweep, base=masked(base), search_space={})))
         tracker.log_params(settings | {f"search_space.{k}": json.dumps(v) for k, v in sweep.search_space.items()})
         tracker.set_tags(environment_tags())
-        tracker.log_text(dump_yaml(dataclasses.replace(sweep, base=redacted(base))), "sweep.yaml")
+        tracker.log_text(dump_yaml(dataclasses.replace(sweep, base=masked(base))), "sweep.yaml")
         connect_ray()
         for scaling in {repr(extreme.scaling): extreme.scaling for extreme in extremes}.values():
             refuse_impossible(scaling)  # a trial of workers the cluster can never hold would wait for ever
@@ -251,7 +249,7 @@ def _summarize(
     counts = {status: sum(r.status == status for r in rows) for status in ("finished", "stopped", "error")}
     tracker.log_metrics({f"sweep/trials_{status}": n for status, n in counts.items()})
     if best is not None:
-        (out / "best_config.yaml").write_text(dump_yaml(redacted(best.config)))
+        (out / "best_config.yaml").write_text(dump_yaml(masked(best.config)))
         tracker.log_metrics({f"best/{METRIC}": best.dev_score})
         tracker.set_tags({"best_trial": best.trial_id, "best_run_id": best.run_id})
     tracker.log_artifacts(out)
