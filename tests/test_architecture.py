@@ -228,9 +228,11 @@ def test_ray_trains_controller_unpickles_no_code_of_ours(tmp_path):
     import ray.train
 
     from sbert_ray.config import TrainConfig
+    from sbert_ray.training.stage_plan import WorkerPlan
     from sbert_ray.training.trainer import torch_trainer
 
-    trainer = torch_trainer(TrainConfig(), ({}, []), ray.train.RunConfig(storage_path=str(tmp_path)))
+    plan = WorkerPlan.of(TrainConfig(), rows=[[64]])
+    trainer = torch_trainer(plan, ({}, []), ray.train.RunConfig(storage_path=str(tmp_path)))
     assert b"sbert_ray" not in pickle.dumps(trainer.train_loop_config)
 
 

@@ -24,6 +24,7 @@ from sbert_ray.models.random_decoder import tiny_config
 from sbert_ray.runs.train_run import run_training
 from sbert_ray.training.loop import LocalReporter
 from sbert_ray.training.meter import StepMeter
+from sbert_ray.training.stage_plan import stage_plans
 from sbert_ray.training.stages import Worker, start_worker, train_stages
 from sbert_ray.training.state import MODEL_DIR
 from sbert_ray.training.stream import local_sources
@@ -151,9 +152,9 @@ def test_a_left_padded_decoder_trains_and_reloads_in_sentence_transformers(tmp_p
     )
     reporter = LocalReporter(tmp_path / "run")
     worker = Worker(torch.device("cpu"))
-    encoder, state = start_worker(config, worker, None)
-    data = functools.partial(local_sources, config, encoder=encoder)
-    train_stages(config, encoder, state, None, data, worker, reporter, StepMeter(time.time(), torch.device("cpu")))
+    started = start_worker(config, worker, None)
+    data = functools.partial(local_sources, config, encoder=started.encoder)
+    train_stages(stage_plans(config), started, data, worker, reporter, StepMeter(time.time(), torch.device("cpu")))
 
     losses = [report["train_loss"] for report in reporter.reports]
     assert len(losses) == 4 and losses[-1] < 0.8 * losses[0], losses

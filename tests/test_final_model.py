@@ -11,8 +11,8 @@ import ray.train
 from sentence_transformers import SentenceTransformer
 
 from sbert_ray.config import ConfigError
+from sbert_ray.runs.final_model import save_final_model
 from sbert_ray.runs.owned_paths import MODEL_MARKER, check_model_folder
-from sbert_ray.runs.train_run import save_final_model
 from sbert_ray.training.state import MODEL_DIR
 
 RUN = {"run": "tiny", "run_dir": "/runs/tiny", "mlflow_run_id": "abc123"}

@@ -35,7 +35,7 @@ from sbert_ray.data.readers import load_records
 from sbert_ray.models.encoder import SentenceEncoder
 from sbert_ray.runs import record
 from sbert_ray.runs.owned_paths import MODEL_MARKER
-from sbert_ray.runs.train_run import METRICS_SPOOL, absolute_paths, prepare
+from sbert_ray.runs.plan import METRICS_SPOOL, absolute_paths, prepare
 from sbert_ray.tracking.store import redact, redact_uri
 
 USER, PASSWORD = "sbert", "Pa55-w0rd-never-shown"  # distinctive: any occurrence of it is a leak

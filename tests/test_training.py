@@ -31,11 +31,13 @@ from sbert_ray.data import load_records
 from sbert_ray.evaluation.sts import evaluate_pairs
 from sbert_ray.models import load_encoder
 from sbert_ray.models.encoder import SentenceEncoder
-from sbert_ray.runs.train_run import TrainingDiverged, count_stages, prepare, run_training
+from sbert_ray.runs.plan import prepare
+from sbert_ray.runs.train_run import run_training
 from sbert_ray.training.resume_points import RESUME_FOLDER
 from sbert_ray.training.sources import read_tables
-from sbert_ray.training.stage_data import stage_datasets
+from sbert_ray.training.stage_data import count_stages, stage_datasets
 from sbert_ray.training.state import TRAINING_FILE
+from sbert_ray.training.trainer import TrainingDiverged
 
 
 def only_run(tracking_uri: str):

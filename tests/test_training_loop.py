@@ -31,6 +31,7 @@ from sbert_ray.training.loop import (
 )
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.optimization import Optimization, prepare_optimization
+from sbert_ray.training.stage_plan import stage_plans
 from sbert_ray.training.stages import Worker, start_worker, train_stages
 from sbert_ray.training.state import MODEL_DIR, TRAINING_FILE, TrainState, is_full_state
 from sbert_ray.training.stream import local_sources
@@ -279,10 +280,10 @@ def two_stage_config(model_dir: Path, data_dir: Path) -> TrainConfig:
 
 def train(config: TrainConfig, reporter: LocalReporter, restored: Path | None = None) -> TrainState:
     worker = Worker(CPU)
-    encoder, state = start_worker(config, worker, restored)
+    started = start_worker(config, worker, restored)
     meter = StepMeter(time.time(), CPU)
-    data = functools.partial(local_sources, config, encoder=encoder)
-    return train_stages(config, encoder, state, restored, data, worker, reporter, meter)
+    data = functools.partial(local_sources, config, encoder=started.encoder)
+    return train_stages(stage_plans(config), started, data, worker, reporter, meter)
 
 
 def test_a_run_resumed_from_a_mid_epoch_checkpoint_ends_where_the_uninterrupted_one_does(

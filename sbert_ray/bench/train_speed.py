@@ -44,6 +44,7 @@ from sbert_ray.models.load import RANDOM_PREFIX
 from sbert_ray.training.loop import LocalReporter
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.precision import resolve_precision
+from sbert_ray.training.stage_plan import stage_plans
 from sbert_ray.training.stages import Worker, start_worker, train_stages
 from sbert_ray.training.storage import resolve_storage
 from sbert_ray.training.stream import local_sources
@@ -249,7 +250,8 @@ def ours_in_process(config: TrainConfig) -> dict:
     device = torch.device("cuda" if config.scaling.use_gpu else "cpu")
     meter = StepMeter(time.time(), device)
     worker = Worker(device, resolve_precision(config.scaling.precision, device))
-    encoder, state = start_worker(config, worker, restored=None)
+    started = start_worker(config, worker, restored=None)
+    encoder = started.encoder
     if config.scaling.compile:
         encoder.compile_for_training()
     evaluation = config.evaluation
@@ -257,7 +259,7 @@ def ours_in_process(config: TrainConfig) -> dict:
     stage_data = functools.partial(local_sources, config, encoder=encoder)
     with tempfile.TemporaryDirectory(prefix="sbert-ray-bench-checkpoints-") as checkpoints:
         reporter = ScoringReporter(encoder, dev_pairs, evaluation.batch_size, Path(checkpoints))
-        train_stages(config, encoder, state, None, stage_data, worker, reporter, meter)
+        train_stages(stage_plans(config), started, stage_data, worker, reporter, meter)
     return {"precision": worker.precision, **meter.summary()}
 
 

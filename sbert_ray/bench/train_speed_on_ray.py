@@ -12,6 +12,7 @@ import ray.train
 from sbert_ray.config import ConfigError, TrainConfig
 from sbert_ray.training.sources import stage_sources
 from sbert_ray.training.stage_data import count_stages, stage_datasets
+from sbert_ray.training.stage_plan import WorkerPlan
 from sbert_ray.training.trainer import torch_trainer
 from sbert_ray.training.validation import dev_validation
 
@@ -34,7 +35,8 @@ def ours(config: TrainConfig) -> dict:
     sources = [stage_sources(stage, i) for i, stage in enumerate(config.stages)]
     rows = count_stages(config, sources)
     data = stage_datasets(config, sources, rows)
-    return torch_trainer(config, data, run_config, validation=dev_validation(config, None)).fit().return_value
+    trainer = torch_trainer(WorkerPlan.of(config, rows), data, run_config, validation=dev_validation(config, None))
+    return trainer.fit().return_value
 
 
 def run_as_task(function: Callable[..., dict], *args, num_cpus: int, num_gpus: int) -> dict:

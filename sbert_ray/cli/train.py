@@ -25,10 +25,9 @@ def add_arguments(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)  # every config error surfaces here, before Ray starts
     # The run layer (torch, transformers, Ray, MLflow: seconds to import) only for a valid config.
-    from sbert_ray.evaluation.tasks import parse_tasks, primary_scores
-    from sbert_ray.runs.train_run import TrainingDiverged, run_training
-    from sbert_ray.tracking.store import redact_uri
+    from sbert_ray.runs.train_run import run_training
     from sbert_ray.training.faults import DeterministicError
+    from sbert_ray.training.trainer import TrainingDiverged
 
     try:
         result = run_training(config, restart=args.restart)
@@ -41,14 +40,13 @@ def run(args: argparse.Namespace) -> int:
     final = result.headlines
     if result.already_finished:
         print(f"run {config.name!r} already finished with this config: nothing to train (--restart trains it anew)")
-    for entry, (metric, before) in primary_scores(parse_tasks(config.evaluation.before_tasks), result.before).items():
+    for entry, (metric, before) in result.before_headlines.items():
         after = _score(final[entry][1]) if entry in final else "not scored"
         print(f"{entry} test {metric}: before {_score(before)} -> after {after}")
     if final:
         print("final model: " + ", ".join(f"{entry} {_score(value)}" for entry, (_, value) in final.items()))
     print(f"model: {result.model_dir}")
-    artifacts = redact_uri(result.artifact_uri)
-    print(f"MLflow run {result.run_id} at {redact_uri(result.tracking_uri)} (artifacts: {artifacts})")
+    print(f"MLflow run {result.run_id} at {result.tracking_uri} (artifacts: {result.artifact_uri})")  # both masked
     return 0
 
 

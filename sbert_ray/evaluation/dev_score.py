@@ -54,8 +54,8 @@ def dev_spec(evaluation: EvalConfig) -> DevSpec:
 class DevScorer:
     """Scores an encoder on the dev set: ``score(encoder)`` is the dev score, ``metric`` its name."""
 
-    def __init__(self, evaluation: EvalConfig, data_dir=None) -> None:
-        spec = dev_spec(evaluation)
+    def __init__(self, evaluation: EvalConfig, data_dir=None, spec: DevSpec | None = None) -> None:
+        spec = spec or dev_spec(evaluation)  # ``spec``: as the driver resolved it (``training.stage_plan``)
         self.task, self.metric, self.data_dir = spec.task, spec.metric, data_dir
         self.batch_size = evaluation.batch_size
         self.pairs = None

@@ -5,14 +5,24 @@ scores come back as the task's return value (each checkpoint's dev score beside 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
-from sbert_ray.config import ScalingConfig
+from sbert_ray.config import ScalingConfig, to_dict
+from sbert_ray.evaluation.results import nest
 from sbert_ray.evaluation.tasks import EvalTask, Results
-from sbert_ray.models import SentenceEncoder
+from sbert_ray.models import SentenceEncoder, load_encoder
 from sbert_ray.reservations import call_reserved, resources_text
+from sbert_ray.training.validation import checkpoint_model
+
+if TYPE_CHECKING:  # not at run time: Ray's processes unpickle this module's task, and the plan brings MLflow
+    import ray.train
+
+    from sbert_ray.runs.plan import RunPlan
+    from sbert_ray.tracking.mlflow_run import RunLogger
 
 ModelSource = Callable[[], SentenceEncoder]  # called where the evaluation runs, which loads the model there
 
@@ -37,3 +47,29 @@ def evaluate_on_worker_resources(
     args = (load, list(tasks), data_dir, batch_size, device, scaling.threads_per_worker())
     what = f"scoring the model on one worker's {resources_text(bundle)}"
     return call_reserved(_evaluate, args, bundle, scaling.resource_wait_s, what)
+
+
+def score_before(plan: RunPlan, tracker: RunLogger) -> Results:
+    """``evaluation.before_tasks`` on the configured model, logged as ``before/<entry>/<metric>``."""
+    if not plan.before_tasks:
+        return {}
+    config = plan.config
+    load = functools.partial(load_encoder, **to_dict(config.model), seed=config.seed)
+    before = _score(plan, load, plan.before_tasks)
+    tracker.log_metrics({f"before/{key}": value for key, value in before.items()})
+    return before
+
+
+def score_final(plan: RunPlan, result: ray.train.Result, tracker: RunLogger) -> Results:
+    """``evaluation.final_tasks`` on the last checkpoint's model, logged at the last step and as evaluation.json."""
+    if not plan.final_tasks:
+        return {}
+    final = _score(plan, functools.partial(checkpoint_model, result.checkpoint), plan.final_tasks)
+    tracker.log_metrics({f"final/{key}": value for key, value in final.items()}, step=result.metrics["global_step"])
+    tracker.log_dict(nest(final), "evaluation.json")
+    return final
+
+
+def _score(plan: RunPlan, load: ModelSource, tasks: Sequence[EvalTask]) -> Results:
+    config = plan.config
+    return evaluate_on_worker_resources(load, tasks, config.data_dir, config.evaluation.batch_size, config.scaling)

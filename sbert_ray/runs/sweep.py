@@ -10,9 +10,11 @@ run_sweep (this process)                      MLflow parent run: sweep config, r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,11 +29,12 @@ from sbert_ray.evaluation.dev_score import dev_spec
 from sbert_ray.ray_compat import connect_ray
 from sbert_ray.runs import owned_paths
 from sbert_ray.runs.cluster import refuse_impossible, refuse_unshared_paths, runs_that_fit
+from sbert_ray.runs.plan import absolute_paths, masked, prepare, tracking_store, worker_paths
 from sbert_ray.runs.progress_lines import SweepProgress
-from sbert_ray.runs.train_run import TrainResult, absolute_paths, prepare, redacted, run_training, worker_paths
+from sbert_ray.runs.train_run import TrainResult, run_training
 from sbert_ray.tracking.mlflow_run import environment_tags
 from sbert_ray.tracking.model_registry import register_run_model
-from sbert_ray.tracking.store import redact_uri
+from sbert_ray.tracking.store import TrackingStore
 from sbert_ray.tracking.sweep_run import SweepTracker
 from sbert_ray.training.storage import is_remote
 from sbert_ray.tuning import trial_results
@@ -87,7 +90,7 @@ def run_trial(sampled: dict, context: TrialContext) -> None:
 @dataclass
 class SweepResult:
     run_id: str  # the parent MLflow run
-    tracking_uri: str
+    tracking_uri: str  # masked
     path: str  # the Tune experiment: a local folder or a storage URI (s3://...)
     summary: Path  # results table, plot and best config on this machine, also logged to the parent run
     rows: list[TrialRow]
@@ -96,9 +99,41 @@ class SweepResult:
     dev_metric: str  # what each trial's dev_score is (base.evaluation's dev_metric, or its task's primary metric)
 
 
+@dataclass(frozen=True)
+class SweepPlan:
+    """A sweep resolved once, before its MLflow run opens."""
+
+    sweep: SweepConfig  # its base config's paths absolute: trials run in their own working directories
+    store: TrackingStore
+    path: str  # the Tune experiment: <base storage>/<sweep name>
+    space: SearchSpace
+    extremes: list[TrainConfig]  # the search space's corners: the largest trials, every model and data set
+    summary: Path  # on this machine
+    dev_metric: str
+
+
 def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
     """Run (or with ``resume`` continue) a sweep; every config and data error surfaces before Ray starts."""
-    # Trials run in their own working directories, and Tune takes its storage from the base config.
+    plan = plan_sweep(sweep, resume)
+    with open_sweep_run(plan) as tracker:
+        check_cluster(plan.extremes)
+        start = time.perf_counter()
+        grid = _tuner(plan, TrialContext(plan.space, f"{plan.path}/trials", tracker.run_id), resume).fit()
+        release_trial_placement_groups()  # what stopped trials reserved, before retrain_best needs it
+        _end_if_interrupted(tracker, sweep.name, plan.path)
+        tracker.log_metrics({"sweep/wall_s": time.perf_counter() - start})
+        rows = trial_results.trial_rows(grid, plan.space)
+        _close_trial_runs(tracker, rows, f"{plan.path}/trials")
+        best = _summarize(tracker, plan, rows)
+        retrained = _retrain_or_register(plan, best, tracker)
+        return SweepResult(
+            tracker.run_id, str(plan.store), plan.path, plan.summary, rows, best, retrained, plan.dev_metric
+        )
+
+
+def plan_sweep(sweep: SweepConfig, resume: bool) -> SweepPlan:
+    """Paths absolute, the sweep's folders allowed, every model and data set of the search space checked, and the
+    sweep new (or, with ``resume``, there to continue)."""
     sweep = dataclasses.replace(sweep, base=absolute_paths(sweep.base))
     base = sweep.base
     path = f"{base.checkpoint.storage_path}/{sweep.name}"
@@ -116,54 +151,57 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
             if not resume
             else f"--resume: no sweep to continue at {path}"
         )
-    tracking = base.tracking
+    metric = dev_spec(base.evaluation).metric
+    return SweepPlan(sweep, tracking_store(base), path, space, extremes, summary, metric)
+
+
+@contextlib.contextmanager
+def open_sweep_run(plan: SweepPlan) -> Iterator[SweepTracker]:
+    """The sweep's parent MLflow run (resumed with the sweep) with its settings, tags and sweep.yaml."""
+    sweep, tracking = plan.sweep, plan.sweep.base.tracking
     with SweepTracker(
-        tracking.tracking_uri, tracking.experiment, sweep.name, resume_key=path, wait_s=tracking.wait_s
+        plan.store.uri, tracking.experiment, sweep.name, resume_key=plan.path, wait_s=tracking.wait_s
     ) as tracker:
-        print(
-            f"MLflow: {redact_uri(tracking.tracking_uri)}  sweep run {tracker.run_id}{' (resumed)' * tracker.resumed}"
-        )
+        print(f"MLflow: {plan.store}  sweep run {tracker.run_id}{' (resumed)' * tracker.resumed}")
+        shown = dataclasses.replace(sweep, base=masked(sweep.base, plan.store))
         # One param per searched key (option names may hold characters MLflow refuses in param names).
-        settings = flatten(to_dict(dataclasses.replace(sweep, base=redacted(base), search_space={})))
+        settings = flatten(to_dict(dataclasses.replace(shown, search_space={})))
         tracker.log_params(settings | {f"search_space.{k}": json.dumps(v) for k, v in sweep.search_space.items()})
         tracker.set_tags(environment_tags())
-        tracker.log_text(dump_yaml(dataclasses.replace(sweep, base=redacted(base))), "sweep.yaml")
-        connect_ray()
-        for scaling in {repr(extreme.scaling): extreme.scaling for extreme in extremes}.values():
-            refuse_impossible(scaling)  # a trial of workers the cluster can never hold would wait for ever
-        for extreme in extremes:  # trials and their workers may run on other machines, which must read these
-            refuse_unshared_paths(worker_paths(extreme), extreme.scaling)
-        context = TrialContext(space, f"{path}/trials", tracker.run_id)
-        trainable = tune.with_resources(tune.with_parameters(run_trial, context=context), {"cpu": TRIAL_CPU})
-        start = time.perf_counter()
-        if resume:  # finished and failed trials stay as they are; interrupted ones restart and resume training
-            tuner = tune.Tuner.restore(path, trainable=trainable)
-        else:
-            tuner = _new_tuner(sweep, space, extremes, trainable)
-        grid = tuner.fit()
-        release_trial_placement_groups()  # what stopped trials reserved, before retrain_best needs it
-        _end_if_interrupted(tracker, sweep.name, path)
-        tracker.log_metrics({"sweep/wall_s": time.perf_counter() - start})
-        rows = trial_results.trial_rows(grid, space)
-        _close_trial_runs(tracker, rows, f"{path}/trials")
-        best = _summarize(tracker, sweep, space, rows, summary)
-        retrained = None
-        if sweep.retrain_best and best is not None:  # the retrained run registers its model itself
-            retrained = run_training(_retrain_config(best.config, sweep.name, path), parent_run_id=tracker.run_id)
-        elif best is not None and tracking.registered_model_name:
-            tracker.call(
-                register_run_model, tracking.tracking_uri, best.run_id, tracking.registered_model_name, tracking.alias
-            )
-        return SweepResult(
-            tracker.run_id,
-            tracking.tracking_uri,
-            path,
-            summary,
-            rows,
-            best,
-            retrained,
-            dev_spec(base.evaluation).metric,
-        )
+        tracker.log_text(dump_yaml(shown), "sweep.yaml")
+        yield tracker
+
+
+def check_cluster(extremes: list[TrainConfig]) -> None:
+    """Ray joined; trials whose workers the cluster can never hold, or whose paths its other machines cannot read,
+    refused before any trial starts."""
+    connect_ray()
+    for scaling in {repr(extreme.scaling): extreme.scaling for extreme in extremes}.values():
+        refuse_impossible(scaling)  # a trial of workers the cluster can never hold would wait for ever
+    for extreme in extremes:  # trials and their workers may run on other machines, which must read these
+        refuse_unshared_paths(worker_paths(extreme), extreme.scaling)
+
+
+def _tuner(plan: SweepPlan, context: TrialContext, resume: bool) -> tune.Tuner:
+    """The sweep's Tuner: restored with ``resume`` (finished and failed trials stay as they are; interrupted ones
+    restart and resume training), else new."""
+    trainable = tune.with_resources(tune.with_parameters(run_trial, context=context), {"cpu": TRIAL_CPU})
+    if resume:
+        return tune.Tuner.restore(plan.path, trainable=trainable)
+    return _new_tuner(plan.sweep, plan.space, plan.extremes, trainable)
+
+
+def _retrain_or_register(plan: SweepPlan, best: TrialRow | None, tracker: SweepTracker) -> TrainResult | None:
+    """``retrain_best``: the best config trained again on all its data (that run registers its model itself);
+    else the best trial's model registered when the base config names a registered model."""
+    sweep, tracking = plan.sweep, plan.sweep.base.tracking
+    if best is None:
+        return None
+    if sweep.retrain_best:
+        return run_training(_retrain_config(best.config, sweep.name, plan.path), parent_run_id=tracker.run_id)
+    if tracking.registered_model_name:
+        tracker.call(register_run_model, plan.store.uri, best.run_id, tracking.registered_model_name, tracking.alias)
+    return None
 
 
 def _new_tuner(sweep: SweepConfig, space: SearchSpace, extremes: list[TrainConfig], trainable) -> tune.Tuner:
@@ -255,21 +293,20 @@ def _close_trial_runs(tracker: SweepTracker, rows: list[TrialRow], trials_dir: s
             tracker.close_child(run_id, stopped=row.status == "stopped")
 
 
-def _summarize(
-    tracker: SweepTracker, sweep: SweepConfig, space: SearchSpace, rows: list[TrialRow], out: Path
-) -> TrialRow | None:
+def _summarize(tracker: SweepTracker, plan: SweepPlan, rows: list[TrialRow]) -> TrialRow | None:
     """Results table (CSV + markdown), dev-vs-learning-rate plot and the best config, on disk and in the parent."""
+    sweep, space, out = plan.sweep, plan.space, plan.summary
     out.mkdir(parents=True, exist_ok=True)
     records = trial_results.table(rows, space)
     trial_results.write_csv(records, out / "results.csv")
     (out / "results.md").write_text(trial_results.markdown(records))
-    dev_metric = dev_spec(sweep.base.evaluation).metric
-    trial_results.plot_dev_vs_learning_rate(rows, out / "dev_score_vs_learning_rate.png", sweep.name, dev_metric)
+    plot = out / "dev_score_vs_learning_rate.png"
+    trial_results.plot_dev_vs_learning_rate(rows, plot, sweep.name, plan.dev_metric)
     best = trial_results.best_row(rows)
     counts = {status: sum(r.status == status for r in rows) for status in ("finished", "stopped", "error")}
     tracker.log_metrics({f"sweep/trials_{status}": n for status, n in counts.items()})
     if best is not None:
-        (out / "best_config.yaml").write_text(dump_yaml(redacted(best.config)))
+        (out / "best_config.yaml").write_text(dump_yaml(masked(best.config, plan.store)))
         tracker.log_metrics({f"best/{METRIC}": best.dev_score})
         tracker.set_tags({"best_trial": best.trial_id, "best_run_id": best.run_id})
     tracker.log_artifacts(out)

@@ -314,6 +314,11 @@ class RunTracker(RunLogger):
     def artifact_uri(self) -> str:
         return self.call(self.client.get_run, self.run_id).info.artifact_uri
 
+    @property
+    def artifact_store(self) -> TrackingStore:
+        """Where the run's artifacts go, masked when shown (an artifact URI may carry credentials too)."""
+        return TrackingStore(self.artifact_uri)
+
     def log_params(self, params: dict[str, Any]) -> None:
         existing = self.call(self.client.get_run, self.run_id).data.params  # a resumed run keeps its params
         items = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in params.items() if k not in existing]

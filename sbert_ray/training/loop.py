@@ -23,7 +23,6 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from sbert_ray.config import StageConfig
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.optimization import Optimization
 from sbert_ray.training.precision import autocast
@@ -88,32 +87,6 @@ class StepSettings:
     # flag all-reduced each step would cost a host sync per step (the loop otherwise never waits for the device);
     # carried in the loss read's all-reduce it costs nothing, and a notice waits at most LOG_EVERY steps.
     stop_requested: Callable[[], bool] = never
-
-    @classmethod
-    def for_stage(
-        cls,
-        stage: StageConfig,
-        steps: tuple[int, int],
-        eval_every: int,
-        device: torch.device,
-        precision: str,
-        full_every: int = 1,
-        chunks: int = 1,
-    ) -> StepSettings:
-        """``steps``: (optimizer steps per epoch, steps of the stage), as ``stream.stage_steps`` gives them;
-        ``chunks``: micro-batches per global micro-batch on this worker (``batches.BatchSplit``)."""
-        per_epoch, total = steps
-        return cls(
-            total_steps=total,
-            batches_per_epoch=per_epoch * stage.grad_accum_steps,
-            device=device,
-            global_batch=stage.batch_size,
-            precision=precision,
-            grad_accum_steps=stage.grad_accum_steps * chunks,
-            max_grad_norm=stage.max_grad_norm,
-            eval_every=eval_every,
-            full_every=full_every,
-        )
 
     def full_state_at(self, step: int) -> bool:
         """Whether the report point at ``step`` of the stage writes a full-state checkpoint: every ``full_every``

@@ -57,25 +57,18 @@ def count_rows(source: Source, stage: StageConfig, data_dir) -> int:
 def count_stages(config: TrainConfig, sources: list[list[Source]]) -> list[list[int]]:
     """Each source's examples, counted on the cluster (``count_rows``: every row checked unless
     parquet footers tell); a stage too small for one optimizer step is refused."""
+    from sbert_ray.training.stage_plan import stage_plans  # here: see the module's docstring
+
     rows = []
-    for i, (stage, listed) in enumerate(zip(config.stages, sources, strict=True)):
+    for plan, listed in zip(stage_plans(config), sources, strict=True):
+        stage = plan.stage
         rows.append([count_rows(source, stage, config.data_dir) for source in listed])
-        if planned_steps(config, i, rows[i])[1] == 0:
+        if plan.steps_for(rows[-1])[1] == 0:
             raise ConfigError(
-                f"stages.{i}: {sum(rows[i])} examples give no optimizer step of global batch {stage.batch_size} "
-                f"over {config.scaling.max_workers} workers"
+                f"stages.{plan.index}: {sum(rows[-1])} examples give no optimizer step of global batch "
+                f"{stage.batch_size} over {config.scaling.max_workers} workers"
             )
     return rows
-
-
-def planned_steps(config: TrainConfig, index: int, rows: list[int]) -> tuple[int, int]:
-    """(optimizer steps per epoch, steps) of stage ``index`` with sources of ``rows`` examples."""
-    from sbert_ray.training.stream import batch_plan, stage_steps  # here: see the module's docstring
-
-    stage = config.stages[index]
-    plan = batch_plan(stage, index, config.seed, config.scaling.max_workers, rank=0)
-    weights = [d.weight for d in stage.datasets] if stage.datasets else [1.0]
-    return stage_steps(rows, weights, stage, plan)
 
 
 def stage_datasets(config: TrainConfig, sources: list[list[Source]], rows: list[list[int]]):

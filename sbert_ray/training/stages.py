@@ -10,22 +10,24 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from sbert_ray.config import StageConfig, TrainConfig
+from sbert_ray.config import TrainConfig
 from sbert_ray.losses.registry import build_loss
 from sbert_ray.models import SentenceEncoder, load_encoder
-from sbert_ray.training.loop import Reporter, StepSettings, never, train_stage
+from sbert_ray.training.loop import Reporter, never, train_stage
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.optimization import prepare_optimization
 from sbert_ray.training.sparse_embeddings import sparse_embedding_gradients
+from sbert_ray.training.stage_plan import StagePlan
 from sbert_ray.training.state import MODEL_DIR, TrainState, is_full_state, load_rng_states, set_rng_state
-from sbert_ray.training.stream import SourceStream, StageBatches, batch_plan, stage_steps
+from sbert_ray.training.stream import SourceStream, StageBatches
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,15 @@ class Worker:
     stop_requested: Callable[[], bool] = never
 
 
+class Started(NamedTuple):
+    """Where this worker starts: its encoder on its device, the state training resumes from, and the checkpoint
+    folder it was restored from (None: a new run)."""
+
+    encoder: SentenceEncoder
+    state: TrainState
+    restored: Path | None
+
+
 def seed_everything(seed: int) -> None:
     """torch (CPU and every GPU), numpy's global generator and Python's ``random``."""
     torch.manual_seed(seed)
@@ -55,7 +66,7 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
 
 
-def start_worker(config: TrainConfig, worker: Worker, restored: Path | None) -> tuple[SentenceEncoder, TrainState]:
+def start_worker(config: TrainConfig, worker: Worker, restored: Path | None) -> Started:
     """Threads and seeds set, the encoder on its device (from the checkpoint folder ``restored``, else built from
     the config and seed) and the state training resumes from; a restored run's random streams continue where the
     checkpoint left them."""
@@ -77,7 +88,7 @@ def start_worker(config: TrainConfig, worker: Worker, restored: Path | None) -> 
             log.warning(  # an elastic run resized, or a checkpoint older than saved random states
                 "checkpoint holds random states of %d workers, not %d: reseeded", len(rng_states), worker.world_size
             )
-    return encoder, state
+    return Started(encoder, state, restored)
 
 
 def _restored_encoder(config: TrainConfig, model_dir: Path) -> SentenceEncoder:
@@ -93,50 +104,47 @@ def _restored_encoder(config: TrainConfig, model_dir: Path) -> SentenceEncoder:
 
 
 def train_stages(
-    config: TrainConfig,
-    encoder: SentenceEncoder,
-    state: TrainState,
-    restored: Path | None,
+    plans: Sequence[StagePlan],
+    start: Started,
     stage_data: Callable[[int], list[SourceStream]],
     worker: Worker,
     reporter: Reporter,
     meter: StepMeter,
 ) -> TrainState:
-    """Train every stage not finished in ``state`` (``stage_data(i)``: stage i's sources as this worker streams
-    them, opened when the stage starts); raises ``Diverged`` on a NaN or infinite loss."""
-    for index, stage in enumerate(config.stages):
+    """Train every stage not finished in ``start.state`` (``stage_data(i)``: stage i's sources as this worker
+    streams them, opened when the stage starts); raises ``Diverged`` on a NaN or infinite loss."""
+    state = start.state
+    for plan in plans:
+        index = plan.index
         if index < state.stage or (index == state.stage and state.stage_done):
             continue
         if index > state.stage:
             state = TrainState(stage=index, global_step=state.global_step)
-        resume_from = restored if (restored is not None and state.step) else None
-        state = _train_stage(config, stage, encoder, state, resume_from, stage_data(index), worker, reporter, meter)
+        resume_from = start.restored if (start.restored is not None and state.step) else None
+        at = Started(start.encoder, state, resume_from)
+        state = _train_stage(plan, at, stage_data(index), worker, reporter, meter)
     return state
 
 
 def _train_stage(
-    config: TrainConfig,
-    stage: StageConfig,
-    encoder: SentenceEncoder,
-    state: TrainState,
-    resume_from: Path | None,
+    plan: StagePlan,
+    start: Started,
     sources: list[SourceStream],
     worker: Worker,
     reporter: Reporter,
     meter: StepMeter,
 ) -> TrainState:
-    """One stage's batches, objective and optimizer (restored from ``resume_from``), then its steps."""
+    """One stage's batches, objective and optimizer (restored from ``start.restored``), then its steps."""
+    stage, encoder, state, resume_from = plan.stage, start.encoder, start.state, start.restored
     device, world_size = worker.device, worker.world_size
     if encoder.prompts and not encoder.pooling.include_prompt:
         raise ValueError(
             "training a model whose pooling leaves prompt tokens out (include_prompt: false) is not supported: "
             "the columns of a batch carry different prompts, which one forward cannot leave out"
         )
-    plan = batch_plan(stage, state.stage, config.seed, world_size, worker.rank, config.scaling.max_workers)
-    steps = stage_steps([s.rows for s in sources], [s.weight for s in sources], stage, plan)  # preflight: > 0
-    settings = StepSettings.for_stage(
-        stage, steps, config.evaluation.eval_every, device, worker.precision, config.checkpoint.full_every, plan.chunks
-    )
+    batching = plan.batch_plan(world_size, worker.rank)
+    steps = plan.steps_for([s.rows for s in sources])  # the driver's count (> 0), or the local streams'
+    settings = plan.step_settings(steps, device, worker.precision, batching.chunks)
     settings = dataclasses.replace(settings, stop_requested=worker.stop_requested)
     meter.data_ready()
     # A head restored from the checkpoint must not advance the random stream restored with it.
@@ -151,7 +159,7 @@ def _train_stage(
     tokenizer = encoder.tokenizer
     pad_left = tokenizer.padding_side == "left"
     batches = StageBatches(
-        sources, plan, settings.batches_per_epoch, state.epoch, state.batch,
+        sources, batching, settings.batches_per_epoch, state.epoch, state.batch,
         collate=lambda batch: batch[0].collate(batch[1], tokenizer.pad_token_id, pad_left, device),
     )  # fmt: skip
     return train_stage(model, batches, optimization, settings, state, reporter, meter, batches.metrics)

@@ -32,7 +32,6 @@ import ray.train.torch
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from sbert_ray.config import TrainConfig, from_dict
 from sbert_ray.data.readers import resolve_data_dir
 from sbert_ray.evaluation.dev_score import DEV_SCORE, DevScorer
 from sbert_ray.models import SentenceEncoder
@@ -53,6 +52,7 @@ from sbert_ray.training.resume_points import (
     fetch_once_per_node,
     weights_of,
 )
+from sbert_ray.training.stage_plan import WorkerPlan
 from sbert_ray.training.stages import Worker, start_worker, train_stages
 from sbert_ray.training.state import TrainState
 from sbert_ray.training.stream import SourceStream
@@ -69,7 +69,8 @@ DDP_BUCKET_CAP_MB = 25
 def train_loop_per_worker(loop_config: dict) -> dict:
     """Train every stage; returns rank 0's summary (``Result.return_value``): throughput, time to the first step,
     and ``diverged`` when a NaN/inf loss stopped the run."""
-    config = from_dict(TrainConfig, loop_config["config"])
+    plan = WorkerPlan.from_wire(loop_config["plan"])
+    config = plan.config
     context = ray.train.get_context()
     # use_gpu decides, not what is visible: a CPU run on a machine with GPUs stays on the CPU.
     device = ray.train.torch.get_device() if config.scaling.use_gpu else torch.device("cpu")
@@ -83,17 +84,17 @@ def train_loop_per_worker(loop_config: dict) -> dict:
     faults = WorkerFaults(config)  # an error a restart would meet again ends the run (``training.faults``)
     with faults:
         points, point, restored, downloads = _restore(context, worker)
-        encoder, state = start_worker(config, worker, restored)
+        started = start_worker(config, worker, restored)
         if config.scaling.compile:
-            encoder.compile_for_training()
+            started.encoder.compile_for_training()
         run_logger = RunLogger(**tracking) if worker.rank == 0 and tracking else None
         uploader = ResumeUploader(points, background=config.checkpoint.upload == "async") if worker.rank == 0 else None
-        reporter = RayReporter(config, worker, encoder, run_logger, uploader, loop_config["report_gate"])
+        reporter = RayReporter(plan, worker, started.encoder, run_logger, uploader, loop_config["report_gate"])
         if point is not None:
-            reporter.log({"train/resume_downloads": downloads}, step=state.global_step)
+            reporter.log({"train/resume_downloads": downloads}, step=started.state.global_step)
         try:
             stage_data = faults.opened(_stage_data(loop_config))
-            train_stages(config, encoder, state, restored, stage_data, worker, reporter, meter)
+            train_stages(plan.stages, started, stage_data, worker, reporter, meter)
         except Diverged as diverged:
             return _summary(worker, meter, diverged)
         except Stopped:  # a SIGTERM: every rank reported a full-state checkpoint (``training.preemption``)
@@ -182,13 +183,14 @@ class RayReporter:
 
     def __init__(
         self,
-        config: TrainConfig,
+        plan: WorkerPlan,
         worker: Worker,
         encoder: SentenceEncoder,
         logger: RunLogger | None,
         uploader: ResumeUploader | None,
         gate: ray.actor.ActorHandle | None = None,
     ):
+        config = plan.config
         self.rank, self.device, self.encoder, self.logger = worker.rank, worker.device, encoder, logger
         self.uploader = uploader  # rank 0's: full-state checkpoints become resume points (``training.resume_points``)
         self.gate = gate  # a sweep trial's (tuning.trial_gate): Tune's verdict on each report, before training on
@@ -196,7 +198,7 @@ class RayReporter:
         self.upload = UPLOAD_MODES[config.checkpoint.upload]
         self.dev = None
         if worker.rank == 0 and not self.async_dev:
-            self.dev = DevScorer(config.evaluation, resolve_data_dir(config.data_dir))
+            self.dev = DevScorer(config.evaluation, resolve_data_dir(config.data_dir), plan.dev)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self.logger:
