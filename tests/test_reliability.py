@@ -268,10 +268,15 @@ def trial_statuses(sweep_dir: Path) -> list[str]:
     return [json.loads(trial)["status"] for trial, _ in trials]
 
 
+def reported_trials(sweep_dir: Path) -> int:
+    """Trials that have reported at least once (Tune appends each report to the trial folder's result.json)."""
+    return sum(1 for results in sweep_dir.glob("*/result.json") if results.stat().st_size)
+
+
 def interrupt_after_the_first_trial(sweep: Path, sweep_dir: Path, local_ray: str, log: Path) -> float:
     """``sbert-ray tune sweep`` as a driver of the session's cluster, given Ctrl-C (SIGINT to its process group, as
-    a terminal sends it) once its first trial has finished, with the second one training; the seconds it took to
-    end. Tune saves its state each second and again on Ctrl-C, then stops the running trial."""
+    a terminal sends it) once its first trial has finished and the second has reported once (it is training);
+    the seconds it took to end. Tune saves its state each second and again on Ctrl-C, then stops the running trial."""
     first = subprocess.Popen(
         [sys.executable, "-m", "sbert_ray.cli", "tune", str(sweep)],
         env={**os.environ, "RAY_ADDRESS": local_ray, "TUNE_GLOBAL_CHECKPOINT_S": "1"},
@@ -281,8 +286,8 @@ def interrupt_after_the_first_trial(sweep: Path, sweep_dir: Path, local_ray: str
     )
     try:
         deadline = time.time() + 300
-        while "TERMINATED" not in trial_statuses(sweep_dir):
-            assert time.time() < deadline and first.poll() is None, "the first trial did not finish"
+        while trial_statuses(sweep_dir) != ["TERMINATED", "RUNNING"] or reported_trials(sweep_dir) < 2:
+            assert time.time() < deadline and first.poll() is None, "the second trial did not report"
             time.sleep(0.5)
         os.killpg(first.pid, signal.SIGINT)
         interrupted = time.monotonic()
