@@ -31,6 +31,7 @@ from sbert_ray.bench.train_speed import TrainBenchSettings, bench_config
 from sbert_ray.training.loop import LocalReporter
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.precision import resolve_precision
+from sbert_ray.training.stage_plan import stage_plans
 from sbert_ray.training.stages import Worker, start_worker, train_stages
 from sbert_ray.training.stream import SourceStream, local_sources
 
@@ -114,11 +115,11 @@ def train(config, device, rank, world_size, checkpoints, restored):
 
     worker = Worker(device, resolve_precision("auto", device), rank, world_size, distribute=ddp)
     meter = StepMeter(time.time(), device)
-    encoder, state = start_worker(config, worker, restored)
+    started = start_worker(config, worker, restored)
     reporter = LocalReporter(checkpoints if rank == 0 else None)
-    stage_data = functools.partial(rank_share, config, encoder, rank, world_size)
-    train_stages(config, encoder, state, restored, stage_data, worker, reporter, meter)
-    return encoder, {"logged": reporter.logged, "pairs_per_s": meter.summary()["pairs_per_s"]}
+    stage_data = functools.partial(rank_share, config, started.encoder, rank, world_size)
+    train_stages(stage_plans(config), started, stage_data, worker, reporter, meter)
+    return started.encoder, {"logged": reporter.logged, "pairs_per_s": meter.summary()["pairs_per_s"]}
 
 
 def losses_after(run: dict, step: int) -> dict[int, float]:
