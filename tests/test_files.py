@@ -12,6 +12,7 @@ from pathlib import Path
 import local_cluster
 import pytest
 
+from sbert_ray.atomic_files import atomic_write
 from sbert_ray.cli import main
 from sbert_ray.config import ConfigError, load_config
 from sbert_ray.files import check_file, check_folder, json_text, write_json
@@ -131,3 +132,15 @@ def test_json_never_holds_nan_or_infinity(tmp_path: Path) -> None:
     write_json(data, tmp_path / "out" / "data.json")
     strict = json.loads((tmp_path / "out" / "data.json").read_text(), parse_constant=pytest.fail)
     assert strict["a"] is None and [p.name for p in (tmp_path / "out").iterdir()] == ["data.json"]
+
+
+def test_an_atomic_write_interrupted_by_an_error_leaves_the_old_file_and_no_partial(tmp_path):
+    target = tmp_path / "record.json"
+    target.write_text("old")
+    with pytest.raises(RuntimeError), atomic_write(target) as partial:
+        Path(partial).write_text("half")
+        raise RuntimeError("killed mid-write")
+    assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["record.json"]
+    with atomic_write(target) as partial:
+        Path(partial).write_text("new")
+    assert target.read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["record.json"]
