@@ -30,7 +30,7 @@ from sbert_ray.training.loop import (
     train_stage,
 )
 from sbert_ray.training.meter import StepMeter
-from sbert_ray.training.optimization import Optimization, prepare_optimization
+from sbert_ray.training.optimization import Optimization, linear_warmup_then_decay, prepare_optimization
 from sbert_ray.training.stage_plan import stage_plans
 from sbert_ray.training.stages import Worker, start_worker, train_stages
 from sbert_ray.training.state import MODEL_DIR, TRAINING_FILE, TrainState, is_full_state
@@ -124,6 +124,20 @@ def test_the_schedule_advances_once_per_optimizer_step(tiny_model_dir):
     run(objective, batches, optimization, reporter, total_steps=4, grad_accum_steps=2, eval_every=1)
     rates = [metrics["train/learning_rate"] for _, metrics in reporter.logged if "train/learning_rate" in metrics]
     assert rates == pytest.approx([5e-4, 1e-3, 5e-4, 0.0], abs=1e-12)
+
+
+@pytest.mark.parametrize("warmup, total", [(0, 1), (0, 7), (3, 10), (10, 10), (1, 1000)])
+def test_the_schedule_is_transformers_linear_warmup_factor_for_factor(warmup, total):
+    """Ours is written out (transformers' imports peft, seconds per Train worker); its factors are the same floats,
+    so a run's learning rates, and a resumed scheduler, do not change."""
+    from transformers import get_linear_schedule_with_warmup
+
+    def rates(make):
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        scheduler = make(optimizer, warmup, total)
+        return [scheduler.lr_lambdas[0](step) for step in range(total + 2)]
+
+    assert rates(linear_warmup_then_decay) == rates(get_linear_schedule_with_warmup)
 
 
 def float32_batches(encoder: SentenceEncoder, count: int, poisoned: int | None = None) -> list[MicroBatch]:
