@@ -37,6 +37,8 @@ from sbert_ray.training.loop import LOG_EVERY, LocalReporter
 
 STEPS = 400  # 3200 pairs / global batch 8: long enough that the node dies mid-training
 EVAL_EVERY = 50
+# pytest-xdist runs this module's tests in one process: they share its second node (and its loss, last)
+pytestmark = pytest.mark.xdist_group("two-node cluster")
 GLOBAL_BATCH = 8  # tiny_train_config's
 PROGRESS_LINE = re.compile(r"TrainController.*stage 1/1  step \d+/")  # runs.progress_lines
 WORKER_CPUS = 1.5  # each node (the head's 2 CPUs, the second node's 2) holds one training worker
