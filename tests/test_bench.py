@@ -54,25 +54,27 @@ def keep_torch_threads():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow  # a whole benchmark: eight timed configurations, twice
 def test_bench_encode_writes_records_and_an_mlflow_run(
     tmp_path: Path, data_dir: Path, keep_torch_threads, monkeypatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # the optional packages missing, whatever is installed
     output, tracking_uri = tmp_path / "bench.json", f"sqlite:///{tmp_path / 'mlflow.db'}"
     argv = ["bench", "encode", "--model", "random:tiny", "--data-dir", str(data_dir), "--limit", "40"]
-    argv += ["--batch-sizes", "8,16", "--repeats", "2", "--output", str(output), "--tracking-uri", tracking_uri]
+    argv += ["--batch-sizes", "8", "--repeats", "2", "--output", str(output), "--tracking-uri", tracking_uri]
     # One thread: tiny ops on two threads of a busy 2-core machine mostly wait on each other.
     assert cli.main([*argv, "--threads", "1"]) == 0
 
     records = json.loads(output.read_text())
     skipped = [record for record in records if "skipped" in record]
     assert {(r["impl"], r["precision"], r["cast"], r["batch_size"]) for r in skipped} == {
-        ("sentence-transformers", "fp32", cast, size) for cast in ("onnx", "onnx-int8") for size in (8, 16)
+        ("sentence-transformers", "fp32", cast, 8) for cast in ("onnx", "onnx-int8")
     }  # rows that cannot run, with the reason
     assert all("needs optimum-onnx and onnxruntime" in r["skipped"] for r in skipped), skipped
     records = [record for record in records if "skipped" not in record]
-    # per batch size: ours fp32, bf16 autocast, bf16 weights, each sorted and unsorted; theirs fp32 and bf16
-    assert len(records) == 2 * (3 * 2 + 2)
+    # one batch size (each is timed alike; a second doubled the test's time): ours fp32, bf16 autocast, bf16 weights,
+    # each sorted and unsorted; theirs fp32 and bf16
+    assert len(records) == 3 * 2 + 2
     for record in records:
         for key, kind in RECORD_KEYS.items():
             assert isinstance(record[key], kind), (key, record[key])
@@ -82,25 +84,25 @@ def test_bench_encode_writes_records_and_an_mlflow_run(
         assert record["sentences_per_s_min"] <= record["sentences_per_s"] <= record["sentences_per_s_max"]
         assert record["padded_tokens"] >= record["tokens"] > 40 and 0 < record["utilisation"]
     by_key = {(r["impl"], r["precision"], r["cast"], r["smart_batching"], r["batch_size"]): r for r in records}
-    for batch_size in (8, 16):
-        reference = by_key["sentence-transformers", "fp32", "none", True, batch_size]
-        assert reference["speedup_vs_reference_fp32"] == reference["speedup_vs_reference_fp32_cpu"] == 1.0
-        fastest = max(r["sentences_per_s"] for r in records if r["impl"] == "sentence-transformers" and
-                      r["batch_size"] == batch_size)  # fmt: skip
-        assert by_key["sbert-ray", "fp32", "none", True, batch_size]["speedup_vs_fastest_reference"] == (
-            pytest.approx(by_key["sbert-ray", "fp32", "none", True, batch_size]["sentences_per_s"] / fastest)
-        )
-        for precision, cast in (("fp32", "none"), ("bf16", "autocast"), ("bf16", "weights")):
-            ordered = by_key["sbert-ray", precision, cast, True, batch_size]
-            unordered = by_key["sbert-ray", precision, cast, False, batch_size]
-            # Sorted batches are cut by the token budget (batch size x max_seq_length): on 40 sentences that is one
-            # or two large batches, which may pad more than 5 unsorted batches of 8; both see the same tokens.
-            assert ordered["tokens"] == unordered["tokens"] and ordered["padded_tokens"] >= ordered["tokens"]
-            assert ordered["smart_batching_speedup_cpu"] is not None and unordered["smart_batching_speedup"] is None
-            assert abs(ordered["spearman_delta_vs_fp32"]) < 1.0  # x100 Spearman, bf16 vs fp32 on STSb test
-        ours = by_key["sbert-ray", "fp32", "none", True, batch_size]
-        # Same model; embeddings equal to ~1e-6 can swap only near-tied ranks: Spearman x100 moves < 1e-3.
-        assert ours["spearman"] == pytest.approx(reference["spearman"], abs=1e-3)
+    batch_size = 8
+    reference = by_key["sentence-transformers", "fp32", "none", True, batch_size]
+    assert reference["speedup_vs_reference_fp32"] == reference["speedup_vs_reference_fp32_cpu"] == 1.0
+    fastest = max(r["sentences_per_s"] for r in records if r["impl"] == "sentence-transformers" and
+                  r["batch_size"] == batch_size)  # fmt: skip
+    assert by_key["sbert-ray", "fp32", "none", True, batch_size]["speedup_vs_fastest_reference"] == (
+        pytest.approx(by_key["sbert-ray", "fp32", "none", True, batch_size]["sentences_per_s"] / fastest)
+    )
+    for precision, cast in (("fp32", "none"), ("bf16", "autocast"), ("bf16", "weights")):
+        ordered = by_key["sbert-ray", precision, cast, True, batch_size]
+        unordered = by_key["sbert-ray", precision, cast, False, batch_size]
+        # Sorted batches are cut by the token budget (batch size x max_seq_length): on 40 sentences that is one
+        # or two large batches, which may pad more than 5 unsorted batches of 8; both see the same tokens.
+        assert ordered["tokens"] == unordered["tokens"] and ordered["padded_tokens"] >= ordered["tokens"]
+        assert ordered["smart_batching_speedup_cpu"] is not None and unordered["smart_batching_speedup"] is None
+        assert abs(ordered["spearman_delta_vs_fp32"]) < 1.0  # x100 Spearman, bf16 vs fp32 on STSb test
+    ours = by_key["sbert-ray", "fp32", "none", True, batch_size]
+    # Same model; embeddings equal to ~1e-6 can swap only near-tied ranks: Spearman x100 moves < 1e-3.
+    assert ours["spearman"] == pytest.approx(reference["spearman"], abs=1e-3)
 
     client = MlflowClient(tracking_uri)
     experiment = client.get_experiment_by_name("sbert-ray-bench")

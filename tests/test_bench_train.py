@@ -81,6 +81,7 @@ def test_bench_train_as_a_ray_job_records_ours_beside_the_reference(token_head, 
     assert run.data.metrics["sbert-ray/2x1/fp32/report_share"] == pytest.approx(two["report_share"])
 
 
+@pytest.mark.slow  # a whole benchmark, beside the reference trainer
 def test_bench_train_runs_in_process_without_ray(data_dir, tmp_path, capsys):
     """--local: the training core in this process (no Ray), as benchmarks/gpu_train.sh runs it on one GPU; here on
     the CPU in bf16."""

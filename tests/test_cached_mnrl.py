@@ -214,6 +214,7 @@ def test_the_cached_loss_reads_the_device_once_per_step_beyond_its_encoder(
     assert given_widths_reads.count == len(forwards) * encoder_reads.count
 
 
+@pytest.mark.slow  # spawns a two-process group
 def test_two_ddp_workers_give_the_global_batch_gradients(tiny_model_dir: Path, tmp_path: Path):
     """Two workers, each 2 micro-batches of 2: DDP averages the 4 per-micro-batch losses, each of which ranks
     its anchors against the candidates of both workers' micro-batch."""

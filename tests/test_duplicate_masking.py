@@ -85,6 +85,7 @@ def encoder(tiny_model_dir: Path) -> SentenceEncoder:
     return SentenceEncoder.load(tiny_model_dir).double()  # eval mode: no dropout
 
 
+@pytest.mark.slow  # spawns a two-process group
 def test_two_workers_mask_what_the_brute_force_leaves_out(tiny_model_dir: Path, tmp_path: Path) -> None:
     hashes = [[text_hash(text) for text in column] for column in COLUMNS]
     batches = SplitBatches(2, str(tiny_model_dir), str(tmp_path), SPLITS, COLUMNS)

@@ -26,6 +26,7 @@ TOLERANCE = {"atol": 1e-9, "rtol": 1e-7}
 LOSS_TOLERANCE = {"atol": 0.0, "rtol": 2 * torch.finfo(torch.float32).eps}
 
 
+@pytest.mark.slow  # spawns a three- and a four-process group
 @pytest.mark.parametrize("world_size, shares", [(3, (3, 2, 2)), (4, (2, 2, 2, 1))])
 def test_the_step_at_any_worker_count_is_the_one_process_step(tiny_model_dir: Path, tmp_path: Path, world_size, shares):
     columns = [ANCHORS, POSITIVES]

@@ -218,6 +218,7 @@ def test_multiple_negatives_ranking_loss_matches_sentence_transformers(
     _assert_matches_reference_and_trains_encoder(ours, theirs, _features(encoder, *columns), None)
 
 
+@pytest.mark.slow  # spawns a two-process group
 @pytest.mark.parametrize("symmetric", [False, True])  # symmetric: each worker's positives rank all anchors too
 def test_gathered_loss_and_gradients_equal_the_global_batch(
     encoder: SentenceEncoder, tiny_model_dir: Path, tmp_path: Path, symmetric: bool

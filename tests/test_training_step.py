@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import torch.multiprocessing as mp
 from spawned_workers import word_embedding_gradients_both_ways
@@ -60,6 +61,7 @@ def test_checkpointed_random_state_replays_the_same_draws(tmp_path: Path):
 SENTENCES = [["A man plays a guitar.", "Someone makes music."], ["A dog runs in the park.", "Cats sleep all day."]]
 
 
+@pytest.mark.slow  # spawns a two-process group
 def test_sparse_embedding_gradients_all_reduce_to_the_dense_ones(tiny_model_dir: Path, tmp_path: Path):
     """Two gloo processes, each its own pair: the word-embedding gradient all-reduced as rows and densified is the
     dense all-reduce's (the rows neither batch used stay zero), on both ranks."""

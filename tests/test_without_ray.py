@@ -46,6 +46,7 @@ def test_the_blocker_blocks():
     assert blocked.returncode != 0 and "ModuleNotFoundError: ray is not installed here" in blocked.stderr
 
 
+@pytest.mark.slow  # a whole benchmark in a fresh interpreter
 @pytest.mark.parametrize(
     "bench, options",
     [
