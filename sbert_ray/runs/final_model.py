@@ -57,7 +57,7 @@ def model_card_info(
         num_workers=config.scaling.max_workers,
         train_seconds=train_seconds,
         results=final,
-        primary_metrics={entry: metric for entry, (metric, _) in plan.final_tasks.primary_scores(final).items()},
+        primary_metrics={entry: metric for entry, (metric, _) in plan.tasks.final.primary_scores(final).items()},
         name=config.name,
         mlflow_run_id=tracker.run_id,
         tracking_uri=str(plan.store),

@@ -56,18 +56,6 @@ class RunPlan:
     archived: str | None = None  # --restart: where the previous run folder was kept
 
     @property
-    def before_tasks(self) -> EvalTasks:
-        return self.tasks.before
-
-    @property
-    def final_tasks(self) -> EvalTasks:
-        return self.tasks.final
-
-    @property
-    def dev(self) -> DevSpec:
-        return self.tasks.dev
-
-    @property
     def steps(self) -> tuple[int, ...]:
         """Optimizer steps per stage."""
         return tuple(stage.total_steps for stage in self.stages)
@@ -79,7 +67,7 @@ class RunPlan:
     @property
     def worker(self) -> WorkerPlan:
         """What every Train worker needs of the plan; ``worker.to_wire()`` carries it to them as primitives."""
-        return WorkerPlan(self.config, self.stages, self.dev)
+        return WorkerPlan(self.config, self.stages, self.tasks.dev)
 
 
 def plan_run(

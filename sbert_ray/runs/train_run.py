@@ -176,7 +176,7 @@ def finish(
     final = score_final(plan, result, tracker)
     log_final_model(plan, model_card_info(plan, result.metrics, train_seconds, final, tracker), tracker)
     tracker.flush(wait_s=plan.config.tracking.wait_s)  # the plots read the metric history back
-    dev_metric = plan.dev.metric
+    dev_metric = plan.tasks.dev.metric
     plot_curves(tracker, {"train/loss": "plots/loss.png", f"dev/{dev_metric}": f"plots/dev_{dev_metric}.png"})
     return TrainResult(
         run_id=tracker.run_id,
@@ -185,7 +185,7 @@ def finish(
         model_dir=plan.config.output_dir,
         before=before,
         final=final,
-        headlines=plan.final_tasks.primary_scores(final),
+        headlines=plan.tasks.final.primary_scores(final),
         metrics=dict(result.metrics),
-        before_headlines=plan.before_tasks.primary_scores(before),
+        before_headlines=plan.tasks.before.primary_scores(before),
     )
