@@ -173,7 +173,7 @@ def loop_step(
     from sbert_ray.config import StageConfig
     from sbert_ray.losses.registry import OBJECTIVES, build_loss
     from sbert_ray.training.batches import split_batch
-    from sbert_ray.training.loop import LocalReporter, MicroBatch, StepSettings, train_stage
+    from sbert_ray.training.loop import LocalReporter, MicroBatch, StepSettings, Telemetry, Trainee, train_stage
     from sbert_ray.training.meter import StepMeter
     from sbert_ray.training.optimization import Optimization
     from sbert_ray.training.state import TrainState
@@ -201,7 +201,9 @@ def loop_step(
     step = StepSettings(1, accumulation, CPU, batch_size, grad_accum_steps=split.accumulation, max_grad_norm=1e9)
     model = DistributedDataParallel(objective) if world_size > 1 else objective
     reporter = LocalReporter()
-    train_stage(model, batches, optimization, step, TrainState(), reporter, StepMeter(time.time(), CPU))
+    train_stage(
+        Trainee(model, optimization), batches, step, TrainState(), Telemetry(reporter, StepMeter(time.time(), CPU))
+    )
     update = torch.cat([p.detach().flatten() for p in objective.parameters()]) - before
     return {"update": update, "loss": torch.tensor(reporter.reports[0]["train_loss"]), "shares": split.shares}
 

@@ -477,7 +477,7 @@ def test_run_record_lives_beside_checkpoints_on_object_storage(s3_server, tiny_t
     for key, value in s3_server.env.items():
         monkeypatch.setenv(key, value)
     storage = f"s3://{local_cluster.BUCKET}/records"
-    config = absolute_paths(load_config(tiny_train_config(name="remote"), [f"checkpoint.storage_path={storage}"]))
+    config, _ = absolute_paths(load_config(tiny_train_config(name="remote"), [f"checkpoint.storage_path={storage}"]))
     run_dir, uri = f"{storage}/remote", config.tracking.tracking_uri
     assert record.previous_run(run_dir, config, uri) is None
     record.new_record(config, "run-1", uri).save(run_dir)

@@ -17,7 +17,7 @@ from sbert_ray.data import load_records
 from sbert_ray.data.records import DataError, ScoredPair
 from sbert_ray.data.retrieval_sets import RetrievalSet, StreamedCorpus, read_beir, stsb_retrieval
 from sbert_ray.evaluation.retrieval import evaluate_retrieval, exact_top_k
-from sbert_ray.evaluation.tasks import check_tasks, parse_tasks
+from sbert_ray.evaluation.tasks import EvalTasks, parse_tasks
 from sbert_ray.models.encoder import SentenceEncoder
 
 # Metrics are means of per-query values in [0, 1] over a few hundred queries, summed in another order than the
@@ -171,7 +171,7 @@ def test_stsb_retrieval_on_the_shipped_splits(data_dir):
 def test_stsb_retrieval_task_specs(data_dir):
     test, dev = parse_tasks("stsb-retrieval,stsb-retrieval:dev")
     assert (test.split, test.entry, dev.split, dev.entry) == ("test", "stsb-retrieval", "dev", "stsb-retrieval-dev")
-    check_tasks([test, dev], data_dir, "--tasks")
+    EvalTasks([test, dev]).check(data_dir)
     with pytest.raises(ConfigError, match="unknown STSb split 'train'"):
         parse_tasks("stsb-retrieval:train")
 
@@ -208,7 +208,7 @@ def test_bad_beir_input_is_one_line_at_check_time(beir_folder, damage, message):
     damage(beir_folder)
     tasks = parse_tasks(f"retrieval:{beir_folder}")
     with pytest.raises(ConfigError, match=message) as raised:
-        check_tasks(tasks, None, "--tasks")
+        tasks.check(None)
     assert "\n" not in str(raised.value)
 
 
@@ -250,7 +250,7 @@ def test_a_beir_folder_on_object_storage_streams_its_corpus_with_the_same_number
     the metrics are the local folder's exactly. Bad input names the s3 path, before any model loads. (~3 s)"""
     uri = upload(s3_env, beir_folder, "beir/toy")
     [local], [remote] = parse_tasks(f"retrieval:{beir_folder}"), parse_tasks(f"retrieval:{uri}")
-    check_tasks([remote], None, "--tasks")
+    EvalTasks([remote]).check(None)
     assert isinstance(remote.load().corpus, StreamedCorpus) and remote.absolute_spec() == f"retrieval:{uri}"
     assert remote.run(tiny, batch_size=64) == local.run(tiny, batch_size=64)
 

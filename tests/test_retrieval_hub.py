@@ -18,7 +18,7 @@ from sbert_ray.data.records import DataError
 from sbert_ray.data.retrieval_hub import read_hub_retrieval
 from sbert_ray.data.retrieval_sets import RetrievalSet, stsb_retrieval
 from sbert_ray.evaluation.retrieval import evaluate_retrieval
-from sbert_ray.evaluation.tasks import check_tasks, parse_tasks
+from sbert_ray.evaluation.tasks import EvalTasks, parse_tasks
 from sbert_ray.models.encoder import SentenceEncoder
 
 TEXT = {"_id": Value("string"), "text": Value("string")}
@@ -109,7 +109,7 @@ def test_hub_tasks_score_the_set_under_its_name(mirror, expected, monkeypatch, t
     tiny = SentenceEncoder.load(str(tiny_model_dir))
     reference = evaluate_retrieval(tiny, expected)
     [nano, mteb] = parse_tasks("nanobeir:msmarco,retrieval:mteb/scifact")
-    check_tasks([nano, mteb], None, "--tasks")
+    EvalTasks([nano, mteb]).check(None)
     assert nano.run(tiny) == {f"NanoMSMARCO/{key}": value for key, value in reference.items()}
     assert mteb.run(tiny)["scifact/ndcg_at_10_cosine"] == reference["ndcg_at_10_cosine"]
     [train] = parse_tasks("retrieval:mteb/scifact:train")
@@ -124,6 +124,6 @@ def test_hub_names_and_splits_are_checked(mirror, monkeypatch):
     monkeypatch.setenv(HUB_MIRROR_ENV, str(mirror))
     [missing] = parse_tasks("nanobeir:nq")
     with pytest.raises(ConfigError, match=f"--tasks: task 'nanobeir:nq': {HUB_MIRROR_ENV}=.* has no copy of "):
-        check_tasks([missing], None, "--tasks")
+        EvalTasks([missing]).check(None)
     with pytest.raises(DataError, match="BeIR/scifact-qrels .*split.*dev"):
         read_hub_retrieval("BeIR/scifact", "dev")  # the qrels repository has test.tsv only

@@ -22,7 +22,7 @@ from sbert_ray.losses import CachedMultipleNegativesRankingLoss, CosineSimilarit
 from sbert_ray.losses.cached_multiple_negatives_ranking import _used_widths
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.training.batches import TokenizedRows, tokenize_table
-from sbert_ray.training.loop import LOG_EVERY, LocalReporter, MicroBatch, StepSettings, train_stage
+from sbert_ray.training.loop import LOG_EVERY, LocalReporter, MicroBatch, StepSettings, Telemetry, Trainee, train_stage
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.optimization import prepare_optimization
 from sbert_ray.training.state import TrainState
@@ -105,8 +105,9 @@ def train_without_reads(objective: torch.nn.Module, device: torch.device, before
             before_step(index)
             yield batch
 
-    train_stage(objective, announced(batches(objective.encoder, steps, device)), optimization, settings,
-                TrainState(), LocalReporter(), StepMeter(time.time(), device))  # fmt: skip
+    telemetry = Telemetry(LocalReporter(), StepMeter(time.time(), device))
+    train_stage(Trainee(objective, optimization), announced(batches(objective.encoder, steps, device)), settings,
+                TrainState(), telemetry)  # fmt: skip
 
 
 @pytest.mark.parametrize("name", OBJECTIVES)

@@ -27,6 +27,8 @@ from sbert_ray.training.loop import (
     MicroBatch,
     StepSettings,
     Stopped,
+    Telemetry,
+    Trainee,
     train_stage,
 )
 from sbert_ray.training.meter import StepMeter
@@ -73,7 +75,8 @@ def run(objective, batches, optimization, reporter=None, **settings) -> TrainSta
         **{"batches_per_epoch": len(batches), "device": CPU, "global_batch": global_batch, **settings}
     )
     meter = StepMeter(time.time(), CPU)
-    return train_stage(objective, batches, optimization, settings, TrainState(), reporter or LocalReporter(), meter)
+    telemetry = Telemetry(reporter or LocalReporter(), meter)
+    return train_stage(Trainee(objective, optimization), batches, settings, TrainState(), telemetry)
 
 
 def update(objective, batches, **settings) -> torch.Tensor:
@@ -208,8 +211,8 @@ def test_the_logged_report_time_is_the_one_the_meter_counts(tiny_model_dir):
     objective = CosineSimilarityLoss(SentenceEncoder.load(str(tiny_model_dir)))
     reporter, meter = SlowReporter(), StepMeter(time.time(), CPU)
     settings = StepSettings(total_steps=4, batches_per_epoch=4, device=CPU, global_batch=1, eval_every=2)
-    train_stage(objective, float32_batches(objective.encoder, 4), sgd(objective, 1e-3), settings, TrainState(),
-                reporter, meter)  # fmt: skip
+    trainee = Trainee(objective, sgd(objective, 1e-3))
+    train_stage(trainee, float32_batches(objective.encoder, 4), settings, TrainState(), Telemetry(reporter, meter))
     logged = [(step, metrics["train/report_s"]) for step, metrics in reporter.logged if "train/report_s" in metrics]
     assert [step for step, _ in logged] == [2, 4]
     assert all(seconds >= SlowReporter.REPORT_S for _, seconds in logged)

@@ -15,7 +15,7 @@ from spawned_workers import word_embedding_gradients_both_ways
 from sbert_ray.config import StageConfig
 from sbert_ray.losses import CosineSimilarityLoss
 from sbert_ray.models import SentenceEncoder
-from sbert_ray.training.optimization import prepare_optimization
+from sbert_ray.training.optimization import Optimization, prepare_optimization
 from sbert_ray.training.state import RNG_FILE, TrainState, load_rng_states, rng_state, save_checkpoint, set_rng_state
 
 CPU = torch.device("cpu")
@@ -32,7 +32,7 @@ def test_restored_optimizer_state_lives_on_the_models_device(tiny_model_dir: Pat
     trained(features, torch.tensor([0.8])).backward()
     optimizer.step()
     scheduler.step()
-    save_checkpoint(tmp_path, TrainState(step=1), trained, optimizer, scheduler, scaler, [rng_state(CPU)])
+    save_checkpoint(tmp_path, TrainState(step=1), trained, Optimization(optimizer, scheduler, scaler), [rng_state(CPU)])
 
     resumed = CosineSimilarityLoss(SentenceEncoder.load(tiny_model_dir))
     meta = torch.device("meta")

@@ -35,7 +35,8 @@ def ours(config: TrainConfig) -> dict:
     sources = [stage_sources(stage, i) for i, stage in enumerate(config.stages)]
     rows = count_stages(config, sources)
     data = stage_datasets(config, sources, rows)
-    trainer = torch_trainer(WorkerPlan.of(config, rows), data, run_config, validation=dev_validation(config, None))
+    plan = WorkerPlan.of(config, rows)
+    trainer = torch_trainer(plan, data, run_config, validation=dev_validation(plan, None))
     return trainer.fit().return_value
 
 

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from sbert_ray.data.readers import resolve_data_dir
     from sbert_ray.evaluation.baselines import BASELINE_POOLING
     from sbert_ray.evaluation.results import format_results, nest
-    from sbert_ray.evaluation.tasks import parse_tasks, primary_scores
+    from sbert_ray.evaluation.tasks import parse_tasks
     from sbert_ray.files import write_json
     from sbert_ray.runs.argsim_folds import finetune_config
     from sbert_ray.runs.eval_run import EvalRequest, evaluate_model
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         device=args.device,
         allow_unsafe_weights=args.allow_unsafe_weights,
-        tracking_uri=tracking_store(args).uri if args.mlflow else None,
+        store=tracking_store(args) if args.mlflow else None,
         experiment=args.experiment,
         truncate_dims=args.truncate_dim or (),
         precision=args.precision,
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         f"precision: {args.precision}   data: {data_dir or 'Hugging Face Hub'}"
     )
     results = evaluate_model(request, progress=lambda task, seconds: print(f"{task.spec}: {seconds:.1f} s", flush=True))
-    print(format_results(results, {entry: metric for entry, (metric, _) in primary_scores(tasks, results).items()}))
+    print(format_results(results, {entry: metric for entry, (metric, _) in tasks.primary_scores(results).items()}))
     if args.output:
         write_json(nest(results), args.output)
         print(f"wrote {args.output}")

@@ -22,6 +22,7 @@ from sbert_ray.evaluation.tasks import EvalTask, correlation_names, parse_tasks
 
 DEV_SCORE = "dev_score"  # the key of the dev score in Ray Train reports: keep-best attribute and Tune's metric
 DEV_PAIRS_METRIC = "spearman_cosine"  # the default dev metric (of the dev pairs)
+DEV_PAIRS_METRICS = correlation_names(("cosine",))  # what the dev pairs are scored by
 
 
 @dataclass(frozen=True)
@@ -31,17 +32,20 @@ class DevSpec:
     task: EvalTask | None
     metric: str
 
+    def to_wire(self) -> dict:
+        """Primitives, for other processes: the task's spec (absolute where the driver made it so) and the metric."""
+        return {"task": self.task.spec if self.task else None, "metric": self.metric}
 
-def dev_spec(evaluation: EvalConfig) -> DevSpec:
+    @classmethod
+    def from_wire(cls, wire: dict) -> DevSpec:
+        return cls(_dev_task(wire["task"]), wire["metric"])
+
+
+def dev_spec(evaluation: EvalConfig, absolute: bool = False) -> DevSpec:
     """The dev task and metric of ``evaluation``, or a ConfigError naming the key (an unknown task or metric, or a
-    dev_task that is not exactly one task). Reads no data."""
-    task = None
-    if evaluation.dev_task is not None:
-        tasks = parse_tasks(evaluation.dev_task, key="evaluation.dev_task")
-        if len(tasks) != 1:
-            raise ConfigError(f"evaluation.dev_task: one task, got {len(tasks)} ({evaluation.dev_task!r})")
-        task = tasks[0]
-    known = task.metric_names() if task else correlation_names(("cosine",))
+    dev_task that is not exactly one task). Reads no data. ``absolute``: the task's file or folder made absolute."""
+    task = _dev_task(evaluation.dev_task, absolute)
+    known = task.metric_names() if task else DEV_PAIRS_METRICS
     metric = evaluation.dev_metric or (task.primary_metric if task else DEV_PAIRS_METRIC)
     if metric not in known:
         scored = f"task {task.spec!r}" if task else f"the dev pairs of {evaluation.dev_dataset!r}"
@@ -51,11 +55,21 @@ def dev_spec(evaluation: EvalConfig) -> DevSpec:
     return DevSpec(task, metric)
 
 
+def _dev_task(spec: str | None, absolute: bool = False) -> EvalTask | None:
+    """The one task of ``evaluation.dev_task`` (None: the dev pairs score)."""
+    if spec is None:
+        return None
+    tasks = parse_tasks(spec, key="evaluation.dev_task", absolute=absolute)
+    if len(tasks) != 1:
+        raise ConfigError(f"evaluation.dev_task: one task, got {len(tasks)} ({spec!r})")
+    return tasks[0]
+
+
 class DevScorer:
     """Scores an encoder on the dev set: ``score(encoder)`` is the dev score, ``metric`` its name."""
 
     def __init__(self, evaluation: EvalConfig, data_dir=None, spec: DevSpec | None = None) -> None:
-        spec = spec or dev_spec(evaluation)  # ``spec``: as the driver resolved it (``training.stage_plan``)
+        spec = spec or dev_spec(evaluation)  # ``spec``: as the driver resolved it (``runs.plan``)
         self.task, self.metric, self.data_dir = spec.task, spec.metric, data_dir
         self.batch_size = evaluation.batch_size
         self.pairs = None

@@ -45,6 +45,13 @@ class EvalTask(ABC):
     def check(self, data_dir=None) -> None:
         """Raise DataError when the task's data cannot be had (missing file, unreachable Hub)."""
 
+    def check_for(self, key: str, data_dir=None) -> None:
+        """``check``, its error a ConfigError naming ``key`` (the flag or config key of the task) and the task."""
+        try:
+            self.check(data_dir)
+        except DataError as err:
+            raise ConfigError(f"{key}: task {self.spec!r}: {err}") from None
+
     @abstractmethod
     def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
         """Score ``model`` (anything with a SentenceEncoder-like ``encode``)."""
@@ -359,12 +366,42 @@ TASKS: dict[str, TaskFactory] = {
 }
 
 
+class EvalTasks(tuple):
+    """The tasks ``parse_tasks`` made of one flag or config key (``key``, which their errors name), carried as they
+    are to every phase that checks or scores them."""
+
+    key: str
+
+    def __new__(cls, tasks: Sequence[EvalTask] = (), key: str = "--tasks") -> EvalTasks:
+        made = super().__new__(cls, tasks)
+        made.key = key
+        return made
+
+    @property
+    def specs(self) -> list[str]:
+        return [task.spec for task in self]
+
+    def check(self, data_dir) -> None:
+        """Every task's data can be had, or a ConfigError naming the key and the task."""
+        for task in self:
+            task.check_for(self.key, data_dir)
+
+    def primary_scores(self, results: Results) -> dict[str, tuple[str, float]]:
+        """{entry: (primary metric, value)} over the results of these tasks: what tables and summaries show."""
+        return {
+            entry: (task.primary_metric, value)
+            for task in self
+            for entry, value in task.primary_scores(results).items()
+        }
+
+
 def parse_tasks(
-    spec: str | Sequence[str], similarities: Sequence[str] = ("cosine",), key: str = "--tasks"
-) -> list[EvalTask]:
+    spec: str | Sequence[str], similarities: Sequence[str] = ("cosine",), key: str = "--tasks", absolute: bool = False
+) -> EvalTasks:
     """Comma-separated task names (or a config's list of them, which may be empty); ``name:argument`` passes an
     argument (a path, or SentEval task names, whose own commas continue it: ``senteval:MR,CR,bws`` = SentEval MR
-    and CR, then bws). A ConfigError names ``key`` (the flag or config key the tasks came from)."""
+    and CR, then bws). A ConfigError names ``key`` (the flag or config key the tasks came from). ``absolute``: each
+    task's file or folder made absolute (and its spec with it), for processes in other working directories."""
     names: list[str] = []
     tokens = spec.split(",") if isinstance(spec, str) else [t for item in spec for t in item.split(",")]
     for token in (t.strip() for t in tokens if t.strip()):
@@ -380,11 +417,20 @@ def parse_tasks(
     tasks = []
     for name in names:
         try:
-            tasks.append(TASKS[name.partition(":")[0]](name, name.partition(":")[2], similarities))
+            tasks.append(_task(name, similarities, absolute))
         except ConfigError as err:
             raise ConfigError(f"{key}: task {name!r}: {err}") from None
     _refuse_shared_entries(tasks, key)
-    return tasks
+    return EvalTasks(tasks, key)
+
+
+def _task(name: str, similarities: Sequence[str], absolute: bool) -> EvalTask:
+    make = TASKS[name.partition(":")[0]]
+    task = make(name, name.partition(":")[2], similarities)
+    if absolute and task.absolute_spec() != name:  # made again from its absolute spec: its paths derive from it
+        spec = task.absolute_spec()
+        task = make(spec, spec.partition(":")[2], similarities)
+    return task
 
 
 def _refuse_shared_entries(tasks: Sequence[EvalTask], key: str) -> None:
@@ -399,19 +445,3 @@ def _refuse_shared_entries(tasks: Sequence[EvalTask], key: str) -> None:
                     f"{key}: tasks {first.spec!r} and {task.spec!r} both give results named {entry!r} (one "
                     "would overwrite the other): name each once, or rename a file or folder so that the names differ"
                 )
-
-
-def primary_scores(tasks: Sequence[EvalTask], results: Results) -> dict[str, tuple[str, float]]:
-    """{entry: (primary metric, value)} over the results of these tasks: what tables and summaries show."""
-    return {
-        entry: (task.primary_metric, value) for task in tasks for entry, value in task.primary_scores(results).items()
-    }
-
-
-def check_tasks(tasks: Sequence[EvalTask], data_dir, key: str) -> None:
-    """Every task's data can be had, or a ConfigError naming the config key and the task."""
-    for task in tasks:
-        try:
-            task.check(data_dir)
-        except DataError as err:
-            raise ConfigError(f"{key}: task {task.spec!r}: {err}") from None

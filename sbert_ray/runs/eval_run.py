@@ -12,7 +12,7 @@ from sbert_ray.config import RESOURCE_WAIT_S, ConfigError, TrainConfig, check_de
 from sbert_ray.evaluation.baselines import load_model
 from sbert_ray.evaluation.encoder_pool import RayEncoder, replica_resources
 from sbert_ray.evaluation.results import nest
-from sbert_ray.evaluation.tasks import ArgsimTask, EvalTask, Results, check_tasks
+from sbert_ray.evaluation.tasks import ArgsimTask, EvalTask, EvalTasks, Results
 from sbert_ray.evaluation.truncation import evaluate_at_dims
 from sbert_ray.models.encoder import Precision
 from sbert_ray.progress import progress_bar
@@ -20,7 +20,7 @@ from sbert_ray.ray_compat import connect_ray
 from sbert_ray.runs.argsim_folds import finetune_argsim
 from sbert_ray.runs.cluster import input_errors_unwrapped, refuse_impossible_encoders
 from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags
-from sbert_ray.tracking.store import redact_uri
+from sbert_ray.tracking.store import TrackingStore
 
 
 @dataclass(frozen=True)
@@ -29,10 +29,10 @@ class EvalRequest:
     ``finetune``, argument-similarity tasks fine-tune a fresh copy of the model per fold first (``runs.argsim_folds``)
     from that training config. With ``truncate_dims``, every task is scored at each of those embedding sizes
     (entries ``<entry>@<dim>``). ``precision="bf16"`` encodes with 16-bit weights (``SentenceEncoder.to_precision``).
-    With ``tracking_uri``, the evaluation is an MLflow run of ``experiment``."""
+    With a tracking ``store``, the evaluation is an MLflow run of ``experiment``."""
 
     model_ref: str
-    tasks: Sequence[EvalTask]
+    tasks: EvalTasks
     data_dir: Path | None = None
     batch_size: int = 64
     baseline: str | None = None  # avg | cls | tfidf: one of the paper's baselines from the model's backbone
@@ -42,7 +42,7 @@ class EvalRequest:
     allow_unsafe_weights: bool = False
     truncate_dims: Sequence[int] = ()
     precision: Precision = "fp32"
-    tracking_uri: str | None = None
+    store: TrackingStore | None = None  # its URI goes only to MLflow; shown masked
     experiment: str = "sbert-ray-eval"
     resource_wait_s: float = RESOURCE_WAIT_S  # for the --workers replicas' CPUs/GPUs while other work holds them
 
@@ -70,11 +70,11 @@ def evaluate_model(
 ) -> Results:
     """What ``sbert-ray eval`` runs: every task's data checked first, then each task scored in this process (or
     encoding spread over ``request.workers`` Ray actors); ``progress`` hears of each task scored and its time."""
-    check_tasks(request.tasks, request.data_dir, "--tasks")
-    if request.tracking_uri is None:
+    request.tasks.check(request.data_dir)
+    if request.store is None:
         return _evaluate(request, progress)
     run_name = f"eval {request.model_ref}" + (f" ({request.baseline})" if request.baseline else "")
-    with RunTracker(request.tracking_uri, request.experiment, run_name=run_name) as tracker:
+    with RunTracker(request.store.uri, request.experiment, run_name=run_name) as tracker:
         tracker.set_tags(environment_tags())
         tracker.log_params(
             {
@@ -92,7 +92,7 @@ def evaluate_model(
         results = _evaluate(request, progress)
         tracker.log_metrics(results)
         tracker.log_dict(nest(results), "evaluation.json")
-        print(f"MLflow run {tracker.run_id} at {redact_uri(request.tracking_uri)}")
+        print(f"MLflow run {tracker.run_id} at {request.store}")
         return results
 
 

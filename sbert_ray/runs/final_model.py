@@ -9,7 +9,7 @@ from pathlib import Path
 import ray.train
 
 from sbert_ray.config import StageConfig
-from sbert_ray.evaluation.tasks import Results, primary_scores
+from sbert_ray.evaluation.tasks import Results
 from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_card
 from sbert_ray.runs import owned_paths
 from sbert_ray.runs.plan import RunPlan
@@ -57,7 +57,7 @@ def model_card_info(
         num_workers=config.scaling.max_workers,
         train_seconds=train_seconds,
         results=final,
-        primary_metrics={entry: metric for entry, (metric, _) in primary_scores(plan.final_tasks, final).items()},
+        primary_metrics={entry: metric for entry, (metric, _) in plan.tasks.final.primary_scores(final).items()},
         name=config.name,
         mlflow_run_id=tracker.run_id,
         tracking_uri=str(plan.store),

@@ -1,7 +1,8 @@
 """A training run resolved once, before the MLflow run opens: the ``RunPlan`` every later phase reads.
 
     absolute_paths  what depends on this process made absolute (data folder, tracking URI, storage, output, data
-                    files, a model folder, the files of evaluation tasks): workers and trials run elsewhere
+                    files, a model folder, the files of evaluation tasks): workers and trials run elsewhere; the
+                    evaluation tasks parsed, once for the run (``RunTasks``)
     plan_run        the checks (places, tracking store, model, data, tasks, the final model's folder), --restart's
                     archive, Ray joined, every source counted on the cluster, the workers' resources and paths
                     checked, each stage's step counts -> RunPlan
@@ -16,7 +17,6 @@ primitives only, since Ray Train's controller unpickles it too.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +24,7 @@ from sbert_ray.config import ConfigError, EvalConfig, StageConfig, TrainConfig
 from sbert_ray.data.readers import check_available, resolve_data_dir
 from sbert_ray.data.records import DataError
 from sbert_ray.evaluation.dev_score import DevSpec, dev_spec
-from sbert_ray.evaluation.tasks import EvalTask, check_tasks, parse_tasks
+from sbert_ray.evaluation.tasks import EvalTasks, parse_tasks
 from sbert_ray.files import check_folder
 from sbert_ray.models import check_model
 from sbert_ray.ray_compat import connect_ray
@@ -32,7 +32,7 @@ from sbert_ray.runs import owned_paths, record
 from sbert_ray.runs.cluster import check_resources, input_errors_unwrapped, refuse_unshared_paths
 from sbert_ray.tracking.errors import TrackingError
 from sbert_ray.tracking.mlflow_run import RunLogger, resolve_tracking_uri
-from sbert_ray.tracking.store import TrackingStore, check_reachable, warn_if_password
+from sbert_ray.tracking.store import TrackingStore
 from sbert_ray.training.sources import Source, is_path, known_rows, stage_sources
 from sbert_ray.training.stage_data import count_stages
 from sbert_ray.training.stage_plan import StagePlan, WorkerPlan, stage_plans
@@ -48,9 +48,7 @@ class RunPlan:
     config: TrainConfig  # paths absolute, output_dir filled in, checked; its tracking URI is str(store): masked
     store: TrackingStore  # the tracking store; its real URI only goes where a client is built
     run_dir: str  # <storage>/<name>: checkpoints, record, lease
-    before_tasks: tuple[EvalTask, ...]
-    final_tasks: tuple[EvalTask, ...]
-    dev: DevSpec  # what scores each checkpoint
+    tasks: RunTasks  # parsed once: "before", final, and what scores each checkpoint
     sources: tuple[list[Source], ...]  # per stage
     rows: tuple[list[int], ...]  # training examples per stage and source
     stages: tuple[StagePlan, ...]  # per stage: its batch plan's settings and optimizer steps
@@ -69,17 +67,21 @@ class RunPlan:
     @property
     def worker(self) -> WorkerPlan:
         """What every Train worker needs of the plan; ``worker.to_wire()`` carries it to them as primitives."""
-        return WorkerPlan(self.config, self.stages, self.dev)
+        return WorkerPlan(self.config, self.stages, self.tasks.dev)
 
 
 def plan_run(
-    config: TrainConfig, store: TrackingStore, run_dir: str, previous: record.RunRecord | None, restart: bool
+    config: TrainConfig,
+    tasks: RunTasks,
+    store: TrackingStore,
+    run_dir: str,
+    previous: record.RunRecord | None,
+    restart: bool,
 ) -> RunPlan:
-    """Everything checked before the MLflow run opens (``config`` made absolute; ``store`` its tracking store):
-    data, model, tasks, the final model's folder, the cluster's room for the workers, every source counted (and its
-    rows checked) on the cluster. --restart moves the old run aside here."""
-    before_tasks, final_tasks, dev = evaluation_tasks(config)  # parsed once for the whole run
-    config, sources = _checked(config, before_tasks, final_tasks, dev)
+    """Everything checked before the MLflow run opens (``config`` and ``tasks`` as ``absolute_paths`` made them;
+    ``store`` its tracking store): data, model, tasks, the final model's folder, the cluster's room for the workers,
+    every source counted (and its rows checked) on the cluster. --restart moves the old run aside here."""
+    config, sources = _checked(config, tasks, store)
     # Here, not in prepare: a sweep checks its base config there, whose output_dir holds one model per trial.
     owned_paths.refuse_model_folder_over_run(config.output_dir, run_dir)
     owned_paths.check_model_folder(config.output_dir, leaving=run_dir if restart else None)
@@ -94,9 +96,7 @@ def plan_run(
     refuse_unshared_paths(worker_paths(config), config.scaling)
     config = masked(config, store)
     plans = stage_plans(config, rows)
-    return RunPlan(
-        config, store, run_dir, before_tasks, final_tasks, dev, tuple(sources), tuple(rows), plans, previous, archived
-    )
+    return RunPlan(config, store, run_dir, tasks, tuple(sources), tuple(rows), plans, previous, archived)
 
 
 def _replace_previous(run_dir: str, previous: record.RunRecord | None, store: TrackingStore) -> str | None:
@@ -110,15 +110,41 @@ def _replace_previous(run_dir: str, previous: record.RunRecord | None, store: Tr
     return moved
 
 
-def absolute_paths(config: TrainConfig) -> TrainConfig:
+@dataclass(frozen=True)
+class RunTasks:
+    """A run's evaluation tasks, parsed once with their files absolute: "before", final, and the dev score's task
+    and metric."""
+
+    before: EvalTasks
+    final: EvalTasks
+    dev: DevSpec
+
+    @classmethod
+    def parse(cls, evaluation: EvalConfig) -> RunTasks:
+        """The tasks ``evaluation`` names; an unknown task or metric is a ConfigError naming its key."""
+        before = parse_tasks(evaluation.before_tasks, key="evaluation.before_tasks", absolute=True)
+        final = parse_tasks(evaluation.final_tasks, key="evaluation.final_tasks", absolute=True)
+        return cls(before, final, dev_spec(evaluation, absolute=True))
+
+    def check(self, data_dir: str | None) -> None:
+        """Every task's data, and the dev task's, can be had (a ConfigError naming the key and the task)."""
+        self.before.check(data_dir)
+        self.final.check(data_dir)
+        if self.dev.task:
+            self.dev.task.check_for("evaluation.dev_task", data_dir)
+
+
+def absolute_paths(config: TrainConfig) -> tuple[TrainConfig, RunTasks]:
     """Everything that depends on this process made absolute: the data folder ($SBERT_RAY_DATA_DIR), the tracking
     URI ($MLFLOW_TRACKING_URI), and every path (storage, output, user data files, a local model folder, the files of
-    evaluation tasks) against the working directory. Ray Train workers and Tune trials run in other directories."""
+    evaluation tasks) against the working directory. Ray Train workers and Tune trials run in other directories.
+    The evaluation tasks are parsed here, once for the run; the config names them by their absolute specs."""
     if config.data_dir and not Path(config.data_dir).expanduser().is_dir():
         raise ConfigError(f"data_dir: {config.data_dir} is not a directory")
     data_dir = resolve_data_dir(config.data_dir)
     model, evaluation = config.model, config.evaluation
-    return dataclasses.replace(
+    tasks = RunTasks.parse(evaluation)
+    absolute = dataclasses.replace(
         config,
         data_dir=str(data_dir.resolve()) if data_dir else None,
         output_dir=_absolute(config.output_dir) if config.output_dir else None,
@@ -126,24 +152,14 @@ def absolute_paths(config: TrainConfig) -> TrainConfig:
         stages=[_absolute_data(stage) for stage in config.stages],
         evaluation=dataclasses.replace(
             evaluation,
-            before_tasks=_absolute_tasks(evaluation, "before_tasks"),
-            final_tasks=_absolute_tasks(evaluation, "final_tasks"),
-            dev_task=_absolute_dev_task(evaluation),
+            before_tasks=tasks.before.specs,
+            final_tasks=tasks.final.specs,
+            dev_task=tasks.dev.task.spec if tasks.dev.task else None,
         ),
         checkpoint=dataclasses.replace(config.checkpoint, storage_path=resolve_storage(config.checkpoint.storage_path)),
         tracking=dataclasses.replace(config.tracking, tracking_uri=resolve_tracking_uri(config.tracking.tracking_uri)),
     )
-
-
-def _absolute_dev_task(evaluation: EvalConfig) -> str | None:
-    """``evaluation.dev_task`` with its files made absolute, once the task and ``dev_metric`` are known to exist."""
-    task = dev_spec(evaluation).task
-    return task.absolute_spec() if task else None
-
-
-def _absolute_tasks(evaluation: EvalConfig, key: str) -> list[str]:
-    """``evaluation.<key>`` parsed (an unknown task is named with its key) and its files made absolute."""
-    return [task.absolute_spec() for task in parse_tasks(getattr(evaluation, key), key=f"evaluation.{key}")]
+    return absolute, tasks
 
 
 def _absolute(path: str) -> str:
@@ -166,9 +182,9 @@ def tracking_store(config: TrainConfig) -> TrackingStore:
     return TrackingStore(config.tracking.tracking_uri)
 
 
-def masked(config: TrainConfig, store: TrackingStore | None = None) -> TrainConfig:
+def masked(config: TrainConfig, store: TrackingStore) -> TrainConfig:
     """``config`` as it is logged, written and printed: its tracking URI masked (``store``: the config's own)."""
-    shown = str(store or tracking_store(config)) if config.tracking.tracking_uri else None
+    shown = str(store) if config.tracking.tracking_uri else None
     return dataclasses.replace(config, tracking=dataclasses.replace(config.tracking, tracking_uri=shown))
 
 
@@ -202,22 +218,13 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, list[list[Source]]]:
     """Fill in what depends on where the run lives, and check the storage and output folders, the tracking store,
     data, model and evaluation tasks before Ray starts. Returns the config and each stage's sources (listed, not
     read: they are counted on the cluster, then streamed)."""
-    config = absolute_paths(config)
-    return _checked(config, *evaluation_tasks(config))
+    config, tasks = absolute_paths(config)
+    return _checked(config, tasks, tracking_store(config))
 
 
-def evaluation_tasks(config: TrainConfig) -> tuple[tuple[EvalTask, ...], tuple[EvalTask, ...], DevSpec]:
-    """``evaluation.before_tasks``, ``final_tasks`` and the dev score's task and metric of a config
-    ``absolute_paths`` made (and checked)."""
-    evaluation = config.evaluation
-    before, final = tuple(parse_tasks(evaluation.before_tasks)), tuple(parse_tasks(evaluation.final_tasks))
-    return before, final, dev_spec(evaluation)
-
-
-def _checked(
-    config: TrainConfig, before_tasks: Sequence[EvalTask], final_tasks: Sequence[EvalTask], dev: DevSpec
-) -> tuple[TrainConfig, list[list[Source]]]:
-    """``prepare`` of an absolute config and its parsed tasks: places, tracking store, model, data, in this order."""
+def _checked(config: TrainConfig, tasks: RunTasks, store: TrackingStore) -> tuple[TrainConfig, list[list[Source]]]:
+    """``prepare`` of an absolute config, its parsed tasks and its tracking store: places, tracking store, model,
+    data, in this order."""
     storage = config.checkpoint.storage_path
     # The final model is copied here from the last checkpoint (a download when storage is remote).
     output_dir = config.output_dir or (
@@ -227,13 +234,12 @@ def _checked(
     owned_paths.refuse_protected(f"{storage}/{config.name}", "checkpoint.storage_path")  # the run folder
     check_folder(storage, "checkpoint.storage_path")
     check_folder(output_dir, "output_dir")
-    warn_if_password(config.tracking.tracking_uri)
     try:
-        check_reachable(config.tracking.tracking_uri)
+        store.check()
     except TrackingError as err:
         raise ConfigError(f"tracking.tracking_uri: {err}") from None
     _check_model(config)
-    _check_datasets(config, {"before_tasks": before_tasks, "final_tasks": final_tasks}, dev.task)
+    _check_datasets(config, tasks)
     sources = [
         [_counted(source, stage, config.data_dir) for source in stage_sources(stage, i)]
         for i, stage in enumerate(config.stages)
@@ -270,15 +276,14 @@ def _check_model(config: TrainConfig) -> None:
             )
 
 
-def _check_datasets(config: TrainConfig, tasks: dict[str, Sequence[EvalTask]], dev_task: EvalTask | None) -> None:
+def _check_datasets(config: TrainConfig, tasks: RunTasks) -> None:
     """Every evaluation task's data, the dev set and each stage's dataset are there (nothing read in full yet)."""
     data_dir = config.data_dir
-    for key, parsed in tasks.items():
-        check_tasks(parsed, data_dir, f"evaluation.{key}")
-    if dev_task:
-        check_tasks([dev_task], data_dir, "evaluation.dev_task")
+    tasks.check(data_dir)
     datasets = (
-        [] if dev_task else [("evaluation.dev_dataset", config.evaluation.dev_dataset, config.evaluation.dev_split)]
+        []
+        if tasks.dev.task
+        else [("evaluation.dev_dataset", config.evaluation.dev_dataset, config.evaluation.dev_split)]
     )
     for i, stage in enumerate(config.stages):
         named = [(d.name, d.split) for d in stage.datasets or []] or [(stage.dataset, stage.split)]

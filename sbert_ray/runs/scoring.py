@@ -51,20 +51,20 @@ def evaluate_on_worker_resources(
 
 def score_before(plan: RunPlan, tracker: RunLogger) -> Results:
     """``evaluation.before_tasks`` on the configured model, logged as ``before/<entry>/<metric>``."""
-    if not plan.before_tasks:
+    if not plan.tasks.before:
         return {}
     config = plan.config
     load = functools.partial(load_encoder, **to_dict(config.model), seed=config.seed)
-    before = _score(plan, load, plan.before_tasks)
+    before = _score(plan, load, plan.tasks.before)
     tracker.log_metrics({f"before/{key}": value for key, value in before.items()})
     return before
 
 
 def score_final(plan: RunPlan, result: ray.train.Result, tracker: RunLogger) -> Results:
     """``evaluation.final_tasks`` on the last checkpoint's model, logged at the last step and as evaluation.json."""
-    if not plan.final_tasks:
+    if not plan.tasks.final:
         return {}
-    final = _score(plan, functools.partial(checkpoint_model, result.checkpoint), plan.final_tasks)
+    final = _score(plan, functools.partial(checkpoint_model, result.checkpoint), plan.tasks.final)
     tracker.log_metrics({f"final/{key}": value for key, value in final.items()}, step=result.metrics["global_step"])
     tracker.log_dict(nest(final), "evaluation.json")
     return final

@@ -25,7 +25,6 @@ from ray.tune.search.basic_variant import BasicVariantGenerator
 from ray.tune.search.optuna import OptunaSearch
 
 from sbert_ray.config import ConfigError, TrainConfig, dump_yaml, flatten, to_dict
-from sbert_ray.evaluation.dev_score import dev_spec
 from sbert_ray.ray_compat import connect_ray
 from sbert_ray.runs import owned_paths
 from sbert_ray.runs.cluster import refuse_impossible, refuse_unshared_paths, runs_that_fit
@@ -134,8 +133,8 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
 def plan_sweep(sweep: SweepConfig, resume: bool) -> SweepPlan:
     """Paths absolute, the sweep's folders allowed, every model and data set of the search space checked, and the
     sweep new (or, with ``resume``, there to continue)."""
-    sweep = dataclasses.replace(sweep, base=absolute_paths(sweep.base))
-    base = sweep.base
+    base, tasks = absolute_paths(sweep.base)
+    sweep = dataclasses.replace(sweep, base=base)
     path = f"{base.checkpoint.storage_path}/{sweep.name}"
     owned_paths.refuse_protected(path, "base.checkpoint.storage_path")  # the sweep's folder
     if base.output_dir:  # each trial's final model goes into a folder of its own under it
@@ -151,8 +150,7 @@ def plan_sweep(sweep: SweepConfig, resume: bool) -> SweepPlan:
             if not resume
             else f"--resume: no sweep to continue at {path}"
         )
-    metric = dev_spec(base.evaluation).metric
-    return SweepPlan(sweep, tracking_store(base), path, space, extremes, summary, metric)
+    return SweepPlan(sweep, tracking_store(base), path, space, extremes, summary, tasks.dev.metric)
 
 
 @contextlib.contextmanager

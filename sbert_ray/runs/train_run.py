@@ -32,7 +32,7 @@ import ray
 import ray.train
 
 from sbert_ray.config import TrainConfig, dump_yaml, flatten, to_dict
-from sbert_ray.evaluation.tasks import Results, primary_scores
+from sbert_ray.evaluation.tasks import Results
 from sbert_ray.files import check_folder
 from sbert_ray.progress import quiet
 from sbert_ray.runs import record
@@ -76,14 +76,14 @@ def run_training(
     0 waits on ``report_gate`` after each report (a sweep trial's ``tuning.trial_gate``). ``progress`` prints a
     line per report point (off under --quiet). Another process running the same name on the same storage is
     refused (``runs.run_lease``)."""
-    config = absolute_paths(config)
+    config, tasks = absolute_paths(config)
     store, run_dir = tracking_store(config), f"{config.checkpoint.storage_path}/{config.name}"
     check_folder(config.checkpoint.storage_path, "checkpoint.storage_path")  # before the lease is written there
     with run_lease(run_dir):
         previous = record.previous_run(run_dir, config, str(store), restart)
         if previous is not None and previous.status == "finished" and not restart:
             return _finished(previous.result)
-        plan = plan_run(config, store, run_dir, previous, restart)
+        plan = plan_run(config, tasks, store, run_dir, previous, restart)
         callbacks = list(callbacks or [])
         if progress and not quiet():
             callbacks.append(TrainingProgress(list(plan.steps)))
@@ -176,7 +176,7 @@ def finish(
     final = score_final(plan, result, tracker)
     log_final_model(plan, model_card_info(plan, result.metrics, train_seconds, final, tracker), tracker)
     tracker.flush(wait_s=plan.config.tracking.wait_s)  # the plots read the metric history back
-    dev_metric = plan.dev.metric
+    dev_metric = plan.tasks.dev.metric
     plot_curves(tracker, {"train/loss": "plots/loss.png", f"dev/{dev_metric}": f"plots/dev_{dev_metric}.png"})
     return TrainResult(
         run_id=tracker.run_id,
@@ -185,7 +185,7 @@ def finish(
         model_dir=plan.config.output_dir,
         before=before,
         final=final,
-        headlines=primary_scores(plan.final_tasks, final),
+        headlines=plan.tasks.final.primary_scores(final),
         metrics=dict(result.metrics),
-        before_headlines=primary_scores(plan.before_tasks, before),
+        before_headlines=plan.tasks.before.primary_scores(before),
     )

@@ -26,7 +26,7 @@ from mlflow.tracking import MlflowClient
 
 from sbert_ray.atomic_files import atomic_write
 from sbert_ray.tracking.errors import TrackingError
-from sbert_ray.tracking.store import TrackingStore, mlflow_call, open_store, redact_uri
+from sbert_ray.tracking.store import TrackingStore, mlflow_call, open_store
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +135,7 @@ class RunLogger:
 
     def __init__(self, tracking_uri: str, run_id: str, spool: str | Path | None = None, wait_s: float = 0.0):
         self.tracking_uri = tracking_uri
+        self.store = TrackingStore(tracking_uri)  # how log lines show it: masked
         self.run_id = run_id
         self.spool = Path(spool).expanduser() if spool else None
         self.wait_s = wait_s
@@ -175,7 +176,7 @@ class RunLogger:
             logger.warning(
                 "MLflow at %s: metrics still queued after %.0f s; they are sent in the background and are lost if "
                 "this process ends first",
-                redact_uri(self.tracking_uri),
+                self.store,
                 timeout_s,
             )
 
@@ -196,7 +197,7 @@ class RunLogger:
                     if time.monotonic() >= self._retry_at:
                         self._send_spool(wait_s=0.0)
             except Exception:  # tracking never fails training; the spool file keeps what reached it
-                logger.exception("logging metrics to MLflow at %s failed", redact_uri(self.tracking_uri))
+                logger.exception("logging metrics to MLflow at %s failed", self.store)
             for item in items:
                 if isinstance(item, threading.Event):
                     item.set()
@@ -231,7 +232,7 @@ class RunLogger:
             pending = pending[MAX_METRICS_PER_BATCH:]
             _write_spool(self.spool, pending)
         if self._retry_at:
-            logger.warning("MLflow at %s answers again; the waiting metrics are logged", redact_uri(self.tracking_uri))
+            logger.warning("MLflow at %s answers again; the waiting metrics are logged", self.store)
             self._retry_at = 0.0
 
     def log_artifacts(self, local_dir: str | Path, artifact_path: str | None = None) -> None:

@@ -78,12 +78,18 @@ class TrackingStore:
     def __repr__(self) -> str:
         return f"TrackingStore({str(self)!r})"
 
+    def check(self) -> None:
+        """Before any work: a password in the URI warned about, a server that does not answer refused
+        (``check_reachable``)."""
+        warn_if_password(self.uri)
+        check_reachable(self.uri)
+
 
 def open_store(uri: str) -> TrackingStore:
-    """The store at ``uri``, checked before any work (``check_reachable``); a password in ``uri`` is warned about."""
-    warn_if_password(uri)
-    check_reachable(uri)
-    return TrackingStore(uri)
+    """The store at ``uri``, checked before any work (``TrackingStore.check``)."""
+    store = TrackingStore(uri)
+    store.check()
+    return store
 
 
 def redact(text: str, uri: str) -> str:

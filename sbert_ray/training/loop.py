@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -107,6 +107,22 @@ class Reporter(Protocol):
         model sets ``state.dev_score`` before saving. ``window``: the latest ``train_loss`` and ``pairs_per_s``."""
 
 
+class Trainee(NamedTuple):
+    """What a stage trains: ``model`` (the objective; in DDP when several workers train) and its optimizer,
+    schedule and gradient scaler."""
+
+    model: torch.nn.Module
+    optimization: Optimization
+
+
+class Telemetry(NamedTuple):
+    """Where a worker's measurements go, stage after stage: ``reporter`` (metrics, and each report point with its
+    checkpoint) and ``meter`` (throughput, time to the first step, time spent at report points)."""
+
+    reporter: Reporter
+    meter: StepMeter
+
+
 class LocalReporter:
     """A reporter for one process without a tracking store: keeps what it is given; with ``checkpoints``, writes
     each report point's checkpoint to ``checkpoints/step-<global step>``."""
@@ -128,23 +144,24 @@ class LocalReporter:
 
 
 def train_stage(
-    model: torch.nn.Module,
+    trainee: Trainee,
     batches: Iterable[MicroBatch],
-    optimization: Optimization,
     settings: StepSettings,
     state: TrainState,
-    reporter: Reporter,
-    meter: StepMeter,
+    telemetry: Telemetry,
     data_metrics: Callable[[], dict[str, float]] = dict,
 ) -> TrainState:
-    """Train ``model`` (the objective, in DDP when several workers train) on ``batches`` from ``state`` until the
-    stage's last step; returns the state there. ``data_metrics()``: what the data stream did so far, logged with
-    the loss. Raises ``Diverged`` on a NaN or infinite loss.
+    """Train ``trainee.model`` (the objective, in DDP when several workers train) on ``batches`` from ``state``
+    until the stage's last step; returns the state there. Metrics and report points go to ``telemetry.reporter``;
+    ``data_metrics()``: what the data stream did so far, logged with the loss. Raises ``Diverged`` on a NaN or
+    infinite loss.
 
     Each micro-batch's loss (a mean over its rows; for in-batch negatives over its anchors, ranked against the
     candidates gathered from every worker) is weighed by its rows over the step's ``global_batch``, times the
     world size that DDP's gradient average divides by: the step is the mean over the global batch's examples,
     however unevenly the workers share it (``batches.BatchSplit``) and however each cuts its share."""
+    model, optimization = trainee
+    reporter, meter = telemetry
     objective = model.module if isinstance(model, DistributedDataParallel) else model
     world_size = dist.get_world_size() if objective is not model else 1
     sparse_embeddings = sparse_gradient_weight(objective.encoder)
@@ -290,7 +307,4 @@ def checkpoint_writer(
     if world_size > 1:
         rng_states = [None] * world_size
         dist.all_gather_object(rng_states, rng_state(device))
-    optimizer, scheduler, scaler = optimization
-    return CheckpointWriter(
-        True, lambda folder: save_checkpoint(folder, state, objective, optimizer, scheduler, scaler, rng_states)
-    )
+    return CheckpointWriter(True, lambda folder: save_checkpoint(folder, state, objective, optimization, rng_states))

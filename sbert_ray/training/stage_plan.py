@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 from sbert_ray.config import StageConfig, TrainConfig, from_dict, to_dict
 from sbert_ray.evaluation.dev_score import DevSpec, dev_spec
-from sbert_ray.evaluation.tasks import parse_tasks
 from sbert_ray.training.loop import StepSettings
 from sbert_ray.training.stream import BatchPlan, batch_plan, stage_steps
 
@@ -100,19 +99,17 @@ class WorkerPlan:
         return {
             "config": to_dict(self.config),
             "steps": [stage.steps and list(stage.steps) for stage in self.stages],
-            "dev": {"task": self.dev.task.spec if self.dev.task else None, "metric": self.dev.metric},
+            "dev": self.dev.to_wire(),
         }
 
     @classmethod
     def from_wire(cls, wire: dict) -> WorkerPlan:
         config = from_dict(TrainConfig, wire["config"])
-        task, metric = wire["dev"]["task"], wire["dev"]["metric"]
-        dev = DevSpec(parse_tasks(task, key="evaluation.dev_task")[0] if task else None, metric)
         stages = tuple(
             dataclasses.replace(plan, steps=steps and tuple(steps))
             for plan, steps in zip(stage_plans(config), wire["steps"], strict=True)
         )
-        return cls(config, stages, dev)
+        return cls(config, stages, DevSpec.from_wire(wire["dev"]))
 
     @classmethod
     def of(cls, config: TrainConfig, rows: Sequence[Sequence[int]] | None = None) -> WorkerPlan:

@@ -21,7 +21,7 @@ import torch
 from sbert_ray.config import TrainConfig
 from sbert_ray.losses.registry import build_loss
 from sbert_ray.models import SentenceEncoder, load_encoder
-from sbert_ray.training.loop import Reporter, never, train_stage
+from sbert_ray.training.loop import Reporter, Telemetry, Trainee, never, train_stage
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.optimization import prepare_optimization
 from sbert_ray.training.sparse_embeddings import sparse_embedding_gradients
@@ -162,4 +162,6 @@ def _train_stage(
         sources, batching, settings.batches_per_epoch, state.epoch, state.batch,
         collate=lambda batch: batch[0].collate(batch[1], tokenizer.pad_token_id, pad_left, device),
     )  # fmt: skip
-    return train_stage(model, batches, optimization, settings, state, reporter, meter, batches.metrics)
+    return train_stage(
+        Trainee(model, optimization), batches, settings, state, Telemetry(reporter, meter), batches.metrics
+    )

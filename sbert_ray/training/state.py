@@ -52,11 +52,11 @@ def save_weights(directory: Path, state: TrainState, objective) -> None:
     state.save(directory)
 
 
-def save_checkpoint(
-    directory: Path, state: TrainState, objective, optimizer, scheduler, scaler, rng_states: list[dict]
-) -> None:
-    """A full-state checkpoint: the weights (``save_weights``) and beside them what a resumed run needs;
-    ``rng_states`` holds one entry per rank (``rng_state()`` of each)."""
+def save_checkpoint(directory: Path, state: TrainState, objective, optimization, rng_states: list[dict]) -> None:
+    """A full-state checkpoint: the weights (``save_weights``) and beside them what a resumed run needs:
+    ``optimization``'s optimizer, scheduler and scaler (``training.optimization.Optimization``), and
+    ``rng_states``, one entry per rank (``rng_state()`` of each)."""
+    optimizer, scheduler, scaler = optimization
     save_weights(directory, state, objective)
     head = {k: v for k, v in objective.state_dict().items() if not k.startswith("encoder.")}
     training = {"head": head, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}

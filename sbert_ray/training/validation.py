@@ -10,12 +10,13 @@ import ray
 import ray.train
 import torch
 
-from sbert_ray.config import EvalConfig, TrainConfig, from_dict, to_dict
+from sbert_ray.config import EvalConfig, from_dict, to_dict
 from sbert_ray.data.readers import resolve_data_dir
-from sbert_ray.evaluation.dev_score import DEV_SCORE, DevScorer
+from sbert_ray.evaluation.dev_score import DEV_SCORE, DevScorer, DevSpec
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.reservations import call_reserved, resources_text
 from sbert_ray.tracking.errors import TrackingError
+from sbert_ray.training.stage_plan import WorkerPlan
 from sbert_ray.training.state import MODEL_DIR
 
 log = logging.getLogger(__name__)
@@ -27,43 +28,45 @@ def checkpoint_model(checkpoint: ray.train.Checkpoint) -> SentenceEncoder:
         return SentenceEncoder.load(Path(directory) / MODEL_DIR)
 
 
-def dev_validation(config: TrainConfig, tracking: dict | None) -> ray.train.ValidationConfig | None:
+def dev_validation(plan: WorkerPlan, tracking: dict | None) -> ray.train.ValidationConfig | None:
     """With ``evaluation.async_dev``: Ray Train's checkpoint validation, which scores each checkpoint a report asks
     it to (``ray.train.report(..., validation=ValidationTaskConfig({"step": ...}))``) with ``score_dev`` in a Ray
     task sized like one training worker (``score_dev_when_free``), one at a time, and merges the returned
     ``dev_score`` into that checkpoint's metrics (keep_best ranks it then; until then Ray keeps it). ``tracking``:
-    the run's (see ``RunLogger``), where each score is logged at its checkpoint's step."""
+    the run's (see ``RunLogger``), where each score is logged at its checkpoint's step. The dev task and metric
+    are the ones ``plan`` carries (resolved by the driver), as primitives."""
+    config = plan.config
     if not config.evaluation.async_dev:
         return None
     scaling = config.scaling
-    dev = {"evaluation": to_dict(config.evaluation), "data_dir": config.data_dir}
-    place = {"device": "cuda" if scaling.use_gpu else "cpu", "threads": scaling.threads_per_worker()}
+    dev = {"evaluation": to_dict(config.evaluation), "data_dir": config.data_dir, "spec": plan.dev.to_wire()}
+    place = {
+        "device": "cuda" if scaling.use_gpu else "cpu",
+        "threads": scaling.threads_per_worker(),
+        "resources": scaling.resources_per_worker(),  # reserved for each score (``score_dev_when_free``)
+        "wait_s": scaling.resource_wait_s,
+    }
     if tracking:  # straight to the store (rank 0's spool file is rank 0's), waiting out an outage as the driver does
         tracking = {"tracking_uri": tracking["tracking_uri"], "run_id": tracking["run_id"]}
         tracking["wait_s"] = config.tracking.wait_s
-    wait = {"resources": scaling.resources_per_worker(), "wait_s": scaling.resource_wait_s}
     return ray.train.ValidationConfig(
         score_dev_when_free,
-        ray.train.ValidationTaskConfig({"dev": dev, "place": place, "tracking": tracking, **wait}),
+        ray.train.ValidationTaskConfig({"dev": dev, "place": place, "tracking": tracking}),
         # Starts at once, holding nothing, outside the caller's placement group (a Tune trial's holds its token CPU).
         ray_remote_kwargs={"num_cpus": 0, "scheduling_strategy": "DEFAULT"},
     )
 
 
 def score_dev_when_free(
-    checkpoint: ray.train.Checkpoint,
-    step: int,
-    dev: dict,
-    place: dict,
-    tracking: dict | None,
-    resources: dict[str, float],
-    wait_s: float,
+    checkpoint: ray.train.Checkpoint, step: int, dev: dict, place: dict, tracking: dict | None
 ) -> dict:
-    """``score_dev`` on one worker's ``resources``, waited for at most ``wait_s`` (``scaling.resource_wait_s``);
-    Ray Train's own task would wait for ever while other work holds them. Past the wait the validation fails with
-    ``ResourcesBusy`` naming what is missing (Ray Train logs it; that checkpoint goes unscored, training goes on)."""
+    """``score_dev`` on one worker's resources (``place["resources"]``), waited for at most ``place["wait_s"]``
+    (``scaling.resource_wait_s``); Ray Train's own task would wait for ever while other work holds them. Past the
+    wait the validation fails with ``ResourcesBusy`` naming what is missing (Ray Train logs it; that checkpoint goes
+    unscored, training goes on)."""
+    resources = place["resources"]
     what = f"evaluation.async_dev: the dev score of step {step} on {resources_text(resources)}"
-    return call_reserved(score_dev, (checkpoint, step, dev, place, tracking), resources, wait_s, what)
+    return call_reserved(score_dev, (checkpoint, step, dev, place, tracking), resources, place["wait_s"], what)
 
 
 def score_dev(checkpoint: ray.train.Checkpoint, step: int, dev: dict, place: dict, tracking: dict | None) -> dict:
@@ -71,7 +74,8 @@ def score_dev(checkpoint: ray.train.Checkpoint, step: int, dev: dict, place: dic
     Spearman x100), logged to the run as ``dev/<metric>`` at ``step``; a store that stays away for the tracking
     section's wait_s loses that point, the score still counts."""
     torch.set_num_threads(place["threads"])
-    scorer = DevScorer(from_dict(EvalConfig, dev["evaluation"]), resolve_data_dir(dev["data_dir"]))
+    evaluation, spec = from_dict(EvalConfig, dev["evaluation"]), DevSpec.from_wire(dev["spec"])
+    scorer = DevScorer(evaluation, resolve_data_dir(dev["data_dir"]), spec)
     score = scorer.score(checkpoint_model(checkpoint).to(place["device"]))
     if tracking:
         # Here: the final scores' task imports this module too (checkpoint_model), where nothing is logged and
