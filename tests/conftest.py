@@ -13,7 +13,7 @@ import pytest
 import ray
 from local_cluster import tiny_training_yaml
 
-from sbert_ray.models import build_random_bert
+from sbert_ray.models import build_random_bert, build_random_cross_encoder
 
 pytest_plugins = ["cluster_fixtures"]  # the object store, MLflow server and token-authenticated Ray cluster
 
@@ -133,6 +133,12 @@ def data_dir() -> Path:
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random 2-layer BERT (hidden 32) with the bert-base-uncased vocab, in sentence-transformers layout."""
     return build_random_bert(tmp_path_factory.mktemp("tiny_bert"), shape="tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_cross_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random 2-layer BERT reranker (one label) in sentence-transformers' CrossEncoder layout."""
+    return build_random_cross_encoder(tmp_path_factory.mktemp("tiny_cross_encoder"), shape="tiny", seed=0)
 
 
 @pytest.fixture(scope="session")

@@ -111,7 +111,7 @@ def test_bad_input_is_refused_naming_the_file_before_ray(tmp_path, tiny_model_di
     def no_ray():
         raise AssertionError("Ray was started for bad input")
 
-    monkeypatch.setattr("sbert_ray.runs.encode_corpus.connect_ray", no_ray)
+    monkeypatch.setattr("sbert_ray.runs.per_file.connect_ray", no_ray)
     for name, column, message in bad_inputs(tmp_path):
         path = tmp_path / name
         with pytest.raises(DataError) as error:
@@ -228,7 +228,7 @@ def test_more_gpu_replicas_than_the_cluster_has_are_refused_at_once(local_ray, t
 
 
 def test_a_rerun_with_another_model_is_refused_before_ray(tmp_path, tiny_model_dir, monkeypatch):
-    monkeypatch.setattr("sbert_ray.runs.encode_corpus.connect_ray", lambda: pytest.fail("Ray was started"))
+    monkeypatch.setattr("sbert_ray.runs.per_file.connect_ray", lambda: pytest.fail("Ray was started"))
     path, out = tmp_path / "corpus.txt", tmp_path / "out"
     path.write_text("one sentence\n")
     out.mkdir()
@@ -299,7 +299,7 @@ def prompted_model(tiny_model_dir, tmp_path):
 
 
 def test_an_unknown_prompt_name_is_refused_before_ray(prompted_model, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr("sbert_ray.runs.encode_corpus.connect_ray", lambda: pytest.fail("Ray was started"))
+    monkeypatch.setattr("sbert_ray.runs.per_file.connect_ray", lambda: pytest.fail("Ray was started"))
     (tmp_path / "corpus.txt").write_text("a sentence\n")
     args = ["encode", "--model", str(prompted_model[0]), "--input", str(tmp_path / "corpus.txt")]
     assert main([*args, "--output", str(tmp_path / "out"), "--prompt-name", "passage"]) == 2

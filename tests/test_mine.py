@@ -22,6 +22,7 @@ from sbert_ray.data.readers import load_records
 from sbert_ray.evaluation.hard_negatives import MiningPairs, MiningSettings, mine, output_columns
 from sbert_ray.models.encoder import SentenceEncoder
 from sbert_ray.models.resolve import packaged_model_dir
+from sbert_ray.models.teachers import load_teacher
 from sbert_ray.runs.mine_negatives import MineRequest
 
 # Our encoder and sentence-transformers' give all-MiniLM-L6-v2 vectors equal to ~1e-7 (other kernels), so cosine
@@ -128,6 +129,58 @@ def _rows(columns: dict[str, list[str]]) -> list[tuple[str, ...]]:
     return list(zip(*columns.values(), strict=True))
 
 
+def test_rescored_negatives_and_scores_equal_sentence_transformers(
+    minilm, stsb_pairs, tiny_cross_encoder_dir, tmp_path_factory
+):
+    """A cross-encoder rescores the candidates and positives, and every filter uses its scores: max_score drops
+    what it finds relevant, min_score what it finds unrelated, relative_margin compares with its positive score."""
+    settings = MiningSettings(
+        num_negatives=2, max_score=0.9, min_score=0.2, relative_margin=0.05, rescored=True, output_scores=True
+    )
+    ours_encoder, theirs_model = minilm
+    teacher = load_teacher(str(tiny_cross_encoder_dir))
+    texts = set(stsb_pairs[1])
+    kept = [(a, p) for a, p in zip(*stsb_pairs, strict=True) if a not in texts][:120]  # as in the test above
+    anchors, positives = [a for a, _ in kept], [p for _, p in kept]
+    pairs = MiningPairs.build(anchors, positives)
+    rescore = lambda queries, texts: teacher.score(queries, [texts], 32)[0]  # noqa: E731
+    ours = output_columns(
+        pairs, mine(ours_encoder, pairs, settings, query_chunk=50, corpus_chunk=100, rescore=rescore), settings
+    )
+
+    theirs = mine_hard_negatives(
+        Dataset.from_dict({"anchor": anchors, "positive": positives}),
+        theirs_model,
+        cross_encoder=teacher.model,
+        max_score=settings.max_score,
+        min_score=settings.min_score,
+        relative_margin=settings.relative_margin,
+        num_negatives=settings.num_negatives,
+        output_format="n-tuple",
+        output_scores=True,
+        batch_size=32,
+        verbose=False,
+        cache_folder=str(tmp_path_factory.getbasetemp() / "st-embeddings"),
+    ).to_dict()
+    n = settings.num_negatives
+    negatives = [f"negative_{i}" for i in range(1, n + 1)]
+    assert list(theirs) == ["anchor", "positive", *negatives, "scores"]
+    assert len(ours["anchor"]) > 20  # enough mined to compare something
+    assert (ours["anchor"], ours["positive"]) == (theirs["anchor"], theirs["positive"])
+    ours_scores = np.array([ours[f"score_{name}"] for name in ("positive", *negatives)]).T
+    theirs_scores = np.array(theirs["scores"])
+    # Each pair scored alone (ours in other batches): float32 BERT and a sigmoid, so ~1e-6.
+    np.testing.assert_allclose(ours_scores, theirs_scores, atol=1e-5, rtol=0)
+    assert settings.min_score <= theirs_scores[:, 1:].min() and theirs_scores[:, 1:].max() <= settings.max_score
+    for name in negatives:
+        for anchor, ours_text, theirs_text, score in zip(
+            ours["anchor"], ours[name], theirs[name], ours[f"score_{name}"], strict=True
+        ):
+            if ours_text != theirs_text:  # only a near-tie may swap
+                their_score = teacher.score([anchor], [[theirs_text]], 1)[0, 0]
+                assert abs(score - their_score) < NEAR_TIE, (anchor, ours_text, theirs_text)
+
+
 def test_random_sampling_draws_from_the_window_in_score_order(tiny_model_dir, stsb_pairs):
     encoder = SentenceEncoder.load(str(tiny_model_dir))
     pairs = MiningPairs.build(*stsb_pairs)
@@ -228,8 +281,9 @@ def blank_anchor(folder: Path) -> str:
         (lambda cmd, tmp: cmd + ["--range-min", "4", "--range-max", "5"], "fewer than num_negatives=3"),
         (lambda cmd, tmp: cmd[:6] + [str(tmp)] + cmd[7:], "is not a mining output of sbert-ray"),
         (lambda cmd, tmp: cmd[:4] + [blank_anchor(tmp)] + cmd[5:], "blank.jsonl, row 2: column 'query' is empty"),
+        (lambda cmd, tmp: cmd + ["--rescore-with", str(tmp)], "neither a cross-encoder"),
     ],
-    ids=["column", "corpus", "range", "output", "blank"],
+    ids=["column", "corpus", "range", "output", "blank", "teacher"],
 )
 def test_bad_input_is_one_line_before_ray(tiny_model_dir, pairs_file, tmp_path, capsys, change, message):
     (tmp_path / "notes.txt").write_text("someone's file\n")

@@ -39,8 +39,25 @@ def add_arguments(subparsers) -> None:
         help="consider candidates up to this rank (default: range_min + num_negatives + the most positives of an "
         "anchor, 10 x num_negatives with a margin or --max-score)",
     )
-    mi.add_argument("--max-score", type=float, help="drop candidates scoring above this (cosine)")
-    mi.add_argument("--min-score", type=float, help="drop candidates scoring below this (cosine)")
+    mi.add_argument(
+        "--max-score", type=float, help="drop candidates scoring above this (cosine, or the --rescore-with teacher's)"
+    )
+    mi.add_argument(
+        "--min-score", type=float, help="drop candidates scoring below this (cosine, or the --rescore-with teacher's)"
+    )
+    mi.add_argument(
+        "--rescore-with",
+        metavar="MODEL",
+        help="a cross-encoder / reranker folder whose scores of the candidates and positives the filters (--max-score, "
+        "--min-score, --margin, --relative-margin) use, as sentence-transformers' cross_encoder=; e.g. --max-score "
+        "0.9 drops negatives the reranker finds relevant",
+    )
+    mi.add_argument(
+        "--output-scores",
+        action="store_true",
+        help="add score_positive and score_negative_1..n (score_negative for triplets): the scores the negatives "
+        "were chosen by, as margin_mse and distill_kl read them",
+    )
     mi.add_argument("--margin", type=float, help="drop candidates with score + margin above the positive's score")
     mi.add_argument(
         "--relative-margin",
@@ -87,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
         sampling=args.sampling,
         seed=args.seed,
         output_format="triplet" if args.triplets else "n-tuple",
+        rescored=args.rescore_with is not None,
+        output_scores=args.output_scores,
     )
     request = MineRequest(
         args.model,
@@ -103,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         shard_size=args.shard_size,
         approximate=args.approximate,
+        rescore_with=args.rescore_with,
         resource_wait_s=args.resource_wait_s,
     )
 

@@ -98,7 +98,7 @@ def open_corpus(spec: str, column: str | None = None, data_dir: str | os.PathLik
     registered dataset ``name[:split]`` (split "test" by default). Checked here, before any work: a DataError names
     the file (or dataset) and what is wrong."""
     if "://" in spec or any(c in spec for c in GLOB_CHARACTERS) or _is_local_file_or_folder(spec):
-        return [_check_file(file) for file in _corpus_files(spec, column)]
+        return [_check_file(file) for file in corpus_files(spec, column)]
     if column is not None:
         raise DataError(f"{spec}: --column applies to table files ({', '.join(TABLE_SUFFIXES)}), not datasets")
     name, _, split = spec.partition(":")
@@ -112,10 +112,11 @@ def _is_local_file_or_folder(spec: str) -> bool:
     return path.suffix.lower() in CORPUS_SUFFIXES or path.exists()
 
 
-def _corpus_files(spec: str, column: str | None) -> list[CorpusFile]:
-    """Every file ``spec`` names, sorted, keyed by its path under the folder, prefix or glob's fixed part."""
+def corpus_files(spec: str, column: str | None, suffixes: tuple[str, ...] | None = None) -> list[CorpusFile]:
+    """Every file ``spec`` names, sorted, keyed by its path under the folder, prefix or glob's fixed part; with
+    ``suffixes``, only those of a folder or glob that end so (others are no data: a manifest beside the shards)."""
     uri = spec if "://" in spec else str(Path(spec).expanduser().resolve())
-    filesystem, path = _filesystem(uri)
+    filesystem, path = file_system(uri)
     scheme = uri[: uri.index("://") + 3] if "://" in uri else ""
     wildcard = next((i for i, c in enumerate(path) if c in GLOB_CHARACTERS), None)
     base = path if wildcard is None else posixpath.dirname(path[:wildcard])
@@ -134,6 +135,7 @@ def _corpus_files(spec: str, column: str | None) -> list[CorpusFile]:
         if entry.type == fs.FileType.File
         and (wildcard is None or fnmatch.fnmatchcase(entry.path, path))
         and not is_hidden(entry.path, base)
+        and (suffixes is None or posixpath.splitext(entry.path)[1].lower() in suffixes)
     )
     if not found:
         raise DataError(f"{spec}: no files found")
@@ -151,12 +153,12 @@ def _file_column(uri: str, column: str | None) -> str | None:
 
 
 def _check_file(corpus: CorpusFile) -> CorpusFile:
-    filesystem, path = _filesystem(corpus.uri)
+    filesystem, path = file_system(corpus.uri)
     info = filesystem.get_file_info(path)
     if info.type == fs.FileType.NotFound:
         raise DataError(f"{corpus.uri}: no such file")
     try:
-        with _open(corpus.uri):
+        with open_binary(corpus.uri):
             pass
     except OSError as err:
         raise DataError(f"{corpus.uri}: cannot be read ({err.strerror or err})") from None
@@ -165,7 +167,7 @@ def _check_file(corpus: CorpusFile) -> CorpusFile:
     return corpus
 
 
-def _filesystem(uri: str) -> tuple[fs.FileSystem, str]:
+def file_system(uri: str) -> tuple[fs.FileSystem, str]:
     if "://" not in uri:
         return fs.LocalFileSystem(), uri
     try:
@@ -175,9 +177,9 @@ def _filesystem(uri: str) -> tuple[fs.FileSystem, str]:
 
 
 @contextmanager
-def _open(uri: str) -> Iterator[BinaryIO]:
+def open_binary(uri: str) -> Iterator[BinaryIO]:
     """A buffered binary stream of the file (local or object storage)."""
-    filesystem, path = _filesystem(uri)
+    filesystem, path = file_system(uri)
     with filesystem.open_input_stream(path) as stream:
         yield io.BufferedReader(stream)
 
@@ -191,7 +193,7 @@ def _tables(rows: Iterable[tuple[int, str]], rows_per_table: int) -> Iterator[pa
 
 def _lines(path: str) -> Iterator[tuple[int, str]]:
     """(line number, text without its LF or CRLF) of a UTF-8 file; a byte that is not UTF-8 names its line."""
-    with _open(path) as file:
+    with open_binary(path) as file:
         for number, raw in enumerate(file, start=1):
             try:
                 line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
@@ -215,30 +217,47 @@ def _json_text(path: str, number: int, line: str, column: str) -> str:
 
 def _table_texts(path: str, column: str) -> Iterator[str]:
     """The column of a CSV (RFC-4180 quoting, values may span lines) or TSV (TAB, no quoting) file, streamed."""
-    tsv = path.lower().endswith(".tsv")
-    parse = (
-        pa_csv.ParseOptions(delimiter="\t", quote_char=False) if tsv else pa_csv.ParseOptions(newlines_in_values=True)
-    )
-    convert = pa_csv.ConvertOptions(include_columns=[column], column_types={column: pa.string()})
-    try:
-        with _open(path) as stream, io.TextIOWrapper(stream, encoding="utf-8-sig", newline="") as file:
-            header = next(csv.reader(file, delimiter="\t", quoting=csv.QUOTE_NONE) if tsv else csv.reader(file), [])
-    except UnicodeDecodeError:
-        raise DataError(f"{path}, line 1: not UTF-8 text") from None
+    header = csv_header(path)
     if not header:
         return
     if column not in header:
         raise DataError(f"{path}, line 1: no column {column!r} (columns: {header})")
+    convert = pa_csv.ConvertOptions(include_columns=[column], column_types={column: pa.string()})
+    for batch in csv_batches(path, convert):
+        yield from batch.column(0).to_pylist()
+
+
+def csv_header(path: str) -> list[str]:
+    """The column names on the first line of a CSV or TSV file ([] for an empty file)."""
     try:
-        with _open(path) as stream:
-            for batch in pa_csv.open_csv(stream, parse_options=parse, convert_options=convert):
-                yield from batch.column(0).to_pylist()
+        with open_binary(path) as stream, io.TextIOWrapper(stream, encoding="utf-8-sig", newline="") as file:
+            return next(
+                csv.reader(file, delimiter="\t", quoting=csv.QUOTE_NONE) if _tsv(path) else csv.reader(file), []
+            )
+    except UnicodeDecodeError:
+        raise DataError(f"{path}, line 1: not UTF-8 text") from None
+
+
+def csv_batches(path: str, convert: pa_csv.ConvertOptions) -> Iterator[pa.RecordBatch]:
+    """The records of a CSV (RFC-4180 quoting, values may span lines) or TSV (TAB, no quoting) file, streamed."""
+    parse = (
+        pa_csv.ParseOptions(delimiter="\t", quote_char=False)
+        if _tsv(path)
+        else pa_csv.ParseOptions(newlines_in_values=True)
+    )
+    try:
+        with open_binary(path) as stream:
+            yield from pa_csv.open_csv(stream, parse_options=parse, convert_options=convert)
     except pa.ArrowInvalid as err:  # a row with the wrong number of fields, text that is not UTF-8
         raise DataError(f"{path}: {err}") from None
 
 
+def _tsv(path: str) -> bool:
+    return path.lower().endswith(".tsv")
+
+
 def _parquet_texts(path: str, column: str) -> Iterator[str]:
-    filesystem, fs_path = _filesystem(path)
+    filesystem, fs_path = file_system(path)
     try:
         file = pq.ParquetFile(filesystem.open_input_file(fs_path))
     except (pa.ArrowException, OSError) as err:

@@ -20,6 +20,10 @@ The semantics, read off sentence-transformers 5.x/6.x (``util/hard_negatives.py`
   ``num_negatives`` of them (fewer when fewer remain), kept in score order.
 - n-tuples: one row per (anchor, positive) whose anchor has all ``num_negatives`` negatives; the others are left
   out (and counted). Triplets: one row per (anchor, positive, negative).
+- With a teacher (``cross_encoder=``, our ``rescore``) and any of the four filters, every candidate's and every
+  positive pair's score is the teacher's before the filters and the ranking; without a filter the teacher is not
+  used. ``range_max``'s default then also widens for ``min_score``. ``output_scores`` adds the scores of each row's
+  positive and negatives (sentence-transformers' ``scores`` list; here ``score_positive``, ``score_negative_1..n``).
 
 Equal scores go to the lower corpus row here (sentence-transformers leaves ties to ``torch.topk``).
 """
@@ -57,6 +61,8 @@ class MiningSettings:
     sampling: Sampling = "top"
     seed: int = 0  # for random sampling
     output_format: OutputFormat = "n-tuple"
+    rescored: bool = False  # a teacher (a cross-encoder) rescores the candidates and positives when a filter applies
+    output_scores: bool = False  # score_positive, score_negative_1..n (or score_negative) beside the texts
 
     def __post_init__(self) -> None:
         if self.num_negatives < 1:
@@ -79,7 +85,15 @@ class MiningSettings:
 
     @property
     def filters_candidates(self) -> bool:
-        return self.margin is not None or self.relative_margin is not None or self.max_score is not None
+        """Whether filters may drop many candidates (then the default window is 10 per negative)."""
+        widened = self.margin, self.relative_margin, self.max_score, (self.min_score if self.rescored else None)
+        return any(value is not None for value in widened)
+
+    @property
+    def rescores(self) -> bool:
+        """Whether the teacher's scores replace the search's (only a filter uses them, as in sentence-transformers)."""
+        filters = self.margin, self.relative_margin, self.max_score, self.min_score
+        return self.rescored and any(value is not None for value in filters)
 
     def window_end(self, max_positives: int) -> int:
         """range_max, or its default (the module docstring)."""
@@ -142,6 +156,7 @@ class Negatives:
     rows: list[list[int]]
     scores: list[list[float]]
     dropped: dict[str, int]  # candidates each filter removed (positive, margin, relative_margin, max/min_score)
+    positive_scores: list[list[float]]  # each anchor's positive pairs' scores, in ``MiningPairs.positives`` order
 
 
 def choose_negatives(
@@ -182,7 +197,9 @@ def choose_negatives(
         kept = picked(int(query_scores.isfinite().sum()), settings.num_negatives)
         chosen_rows.append(query_rows[kept].tolist())
         chosen_scores.append(query_scores[kept].tolist())
-    return Negatives(chosen_rows, chosen_scores, dropped)
+    counts = [len(rows) for rows in pairs.positives]
+    per_anchor = [scores.tolist() for scores in positive_scores.split(counts)]
+    return Negatives(chosen_rows, chosen_scores, dropped, per_anchor)
 
 
 def _lowest_per_anchor(positive_scores: Tensor, pairs: MiningPairs) -> Tensor:
@@ -203,29 +220,35 @@ def _random(generator: torch.Generator) -> Callable[[int, int], Tensor]:
     return pick
 
 
-def output_columns(pairs: MiningPairs, negatives: Negatives, settings: MiningSettings) -> dict[str, list[str]]:
+def output_columns(pairs: MiningPairs, negatives: Negatives, settings: MiningSettings) -> dict[str, list]:
     """``anchor, positive, negative_1..negative_n`` (n-tuples: anchors with all n negatives) or ``anchor,
-    positive, negative`` (triplets: one row per negative), as sentence-transformers names and orders them."""
+    positive, negative`` (triplets: one row per negative), as sentence-transformers names and orders them; with
+    ``output_scores``, then ``score_positive`` and ``score_`` + each negative column."""
     corpus = pairs.corpus
     n = settings.num_negatives
-    if settings.output_format == "triplet":
-        columns = {"anchor": [], "positive": [], "negative": []}
-        for query, positive_rows, negative_rows in zip(pairs.queries, pairs.positives, negatives.rows, strict=True):
-            for positive in positive_rows:
-                for negative in negative_rows:
-                    columns["anchor"].append(query)
-                    columns["positive"].append(corpus[positive])
-                    columns["negative"].append(corpus[negative])
-        return columns
-    columns = {"anchor": [], "positive": [], **{f"negative_{i}": [] for i in range(1, n + 1)}}
-    for query, positive_rows, negative_rows in zip(pairs.queries, pairs.positives, negatives.rows, strict=True):
-        if len(negative_rows) < n:
+    triplets = settings.output_format == "triplet"
+    negative_columns = ["negative"] if triplets else [f"negative_{i}" for i in range(1, n + 1)]
+    names = ["anchor", "positive", *negative_columns]
+    if settings.output_scores:
+        names += [f"score_{name}" for name in names[1:]]
+    columns = {name: [] for name in names}
+    anchors = zip(
+        pairs.queries, pairs.positives, negatives.positive_scores, negatives.rows, negatives.scores, strict=True
+    )
+    for query, positive_rows, positive_scores, negative_rows, negative_scores in anchors:
+        if not triplets and len(negative_rows) < n:
             continue
-        for positive in positive_rows:
-            columns["anchor"].append(query)
-            columns["positive"].append(corpus[positive])
-            for i, negative in enumerate(negative_rows, start=1):
-                columns[f"negative_{i}"].append(corpus[negative])
+        tuples = (
+            [([row], [score]) for row, score in zip(negative_rows, negative_scores, strict=True)]
+            if triplets
+            else [(negative_rows, negative_scores)]
+        )
+        for positive, positive_score in zip(positive_rows, positive_scores, strict=True):
+            for rows, scores in tuples:
+                texts = [query, corpus[positive], *(corpus[row] for row in rows)]
+                values = texts + [positive_score, *scores] if settings.output_scores else texts
+                for name, value in zip(names, values, strict=True):
+                    columns[name].append(value)
     return columns
 
 
@@ -238,13 +261,30 @@ def mine(
     corpus_chunk: int = CORPUS_CHUNK,
     progress: Callable[[int], None] = lambda chunks: None,
     approximate: bool = False,
+    rescore: Callable[[list[str], list[str]], np.ndarray] | None = None,
 ) -> Negatives:
     """Encode the anchors, search the corpus in chunks (here, or on a ``RayEncoder``'s workers) and choose each
     anchor's negatives. Memory: ``search_corpus``'s bound with k = ``settings.candidates(pairs.max_positives)``.
-    ``approximate``: each chunk searched by a faiss HNSW graph (``retrieval.approximate_top_k``), not exactly."""
+    ``approximate``: each chunk searched by a faiss HNSW graph (``retrieval.approximate_top_k``), not exactly.
+    ``rescore``: the teacher's scores of (query, text) pairs, used when ``settings.rescores``."""
     queries = torch.as_tensor(np.asarray(encoder.encode(pairs.queries, batch_size=batch_size, convert_to="numpy")))
     k = settings.candidates(pairs.max_positives)
     search = ChunkSearch(k, ("cosine",), query_chunk, pairs.pair_rows(), approximate)
     ranked, positive_scores = search_corpus(encoder, queries, pairs.corpus, search, batch_size, corpus_chunk, progress)
     scores, rows = ranked["cosine"]
+    if settings.rescores:
+        scores, positive_scores = _rescored(rescore, pairs, rows)
     return choose_negatives(scores, rows, pairs, positive_scores, settings)
+
+
+def _rescored(rescore: Callable[[list[str], list[str]], np.ndarray], pairs: MiningPairs, rows: Tensor):
+    """The teacher's scores of each anchor's candidates (-inf where the search found fewer: row -1) and of its
+    positive pairs (``MiningPairs.pair_rows`` order)."""
+    found = rows >= 0
+    anchors = found.nonzero()[:, 0].tolist()
+    candidates = rescore([pairs.queries[q] for q in anchors], [pairs.corpus[row] for row in rows[found].tolist()])
+    scores = torch.full(rows.shape, -math.inf)
+    scores[found] = torch.as_tensor(np.asarray(candidates), dtype=scores.dtype)
+    anchor, positive = pairs.pair_rows().T.tolist()
+    positives = rescore([pairs.queries[q] for q in anchor], [pairs.corpus[row] for row in positive])
+    return scores, torch.as_tensor(np.asarray(positives), dtype=scores.dtype)

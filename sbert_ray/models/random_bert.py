@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -69,17 +70,42 @@ def random_bert(
     if shape not in BERT_SHAPES:
         raise ValueError(f"unknown BERT shape {shape!r}; expected one of {sorted(BERT_SHAPES)}")
     tokenizer = bert_tokenizer(vocab_file)
+    config = _bert_config(shape, tokenizer, attn_implementation=check_attention(attn_implementation))
+    with torch.random.fork_rng(devices=[]):  # seeded weights without disturbing the caller's RNG stream
+        torch.manual_seed(seed)
+        transformer = BertModel(config)
+    return SentenceEncoder(transformer, tokenizer, pooling, max_seq_length, normalize)
+
+
+def _bert_config(shape: str, tokenizer: BertTokenizer, **settings) -> BertConfig:
     layers, hidden, heads, intermediate = BERT_SHAPES[shape]
-    config = BertConfig(
+    return BertConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
         num_hidden_layers=layers,
         num_attention_heads=heads,
         intermediate_size=intermediate,
         pad_token_id=tokenizer.pad_token_id,
-        attn_implementation=check_attention(attn_implementation),
+        **settings,
     )
-    with torch.random.fork_rng(devices=[]):  # seeded weights without disturbing the caller's RNG stream
+
+
+def build_random_cross_encoder(out_dir: str | os.PathLike[str], shape: str = "tiny", seed: int = 0) -> Path:
+    """Save a randomly initialised BERT reranker (one label: a sequence-classification head) in
+    sentence-transformers' CrossEncoder layout at ``out_dir``, so ``CrossEncoder(out_dir)`` loads it."""
+    from sentence_transformers import CrossEncoder
+    from transformers import BertForSequenceClassification
+
+    if shape not in BERT_SHAPES:
+        raise ValueError(f"unknown BERT shape {shape!r}; expected one of {sorted(BERT_SHAPES)}")
+    tokenizer = bert_tokenizer()
+    with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        transformer = BertModel(config)
-    return SentenceEncoder(transformer, tokenizer, pooling, max_seq_length, normalize)
+        # BERT's initialisation (std 0.02) gives every pair nearly the same score; wider weights spread the scores
+        # over (0, 1), so comparisons of scores compare different numbers.
+        model = BertForSequenceClassification(_bert_config(shape, tokenizer, num_labels=1, initializer_range=0.5))
+    with tempfile.TemporaryDirectory() as plain:  # a Hugging Face model folder, which CrossEncoder loads as such
+        model.save_pretrained(plain)
+        tokenizer.save_pretrained(plain)
+        CrossEncoder(plain, device="cpu").save(str(out_dir))
+    return Path(out_dir)

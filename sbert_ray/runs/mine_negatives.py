@@ -18,6 +18,7 @@ fewer times, a smaller one loses less to an interruption.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -40,6 +41,7 @@ from sbert_ray.evaluation.encoder_pool import RayEncoder, replica_resources
 from sbert_ray.evaluation.hard_negatives import MiningPairs, MiningSettings, Negatives, mine, output_columns
 from sbert_ray.evaluation.retrieval import CORPUS_CHUNK, QUERY_CHUNK, check_faiss
 from sbert_ray.models import load_encoder
+from sbert_ray.models.teachers import Teacher, load_teacher
 from sbert_ray.progress import progress_bar
 from sbert_ray.ray_compat import connect_ray
 from sbert_ray.runs import owned_paths
@@ -73,6 +75,7 @@ class MineRequest:
     shard_size: int = SHARD_ANCHORS
     corpus_chunk: int = CORPUS_CHUNK
     approximate: bool = False  # faiss HNSW per corpus chunk instead of the exact search
+    rescore_with: str | None = None  # a teacher (a cross-encoder) whose scores the filters use (settings.rescored)
     resource_wait_s: float = RESOURCE_WAIT_S  # for the --workers replicas' CPUs/GPUs while other work holds them
 
     def __post_init__(self) -> None:
@@ -84,6 +87,8 @@ class MineRequest:
         owned_paths.refuse_protected(self.output, "--output")
         if self.approximate:
             check_faiss()
+        if (self.rescore_with is not None) != self.settings.rescored:
+            raise ConfigError("settings.rescored says whether --rescore-with names a teacher: set both or neither")
         if is_remote(str(self.output)):
             raise ConfigError(f"--output {self.output}: mining writes a local folder (copy it to object storage after)")
 
@@ -120,6 +125,7 @@ def mine_negatives(request: MineRequest, progress: Callable[[ShardDone], None] =
     corpus = _check_corpus(request)
     output = Path(request.output).expanduser().resolve()
     _check_output_folder(output)
+    teacher = load_teacher(request.rescore_with) if request.rescore_with else None
     encoder = load_encoder(request.model_ref)
     if isinstance(corpus, RemoteCorpus):  # streamed by Ray Data; a local corpus is read already
         connect_ray()
@@ -138,13 +144,16 @@ def mine_negatives(request: MineRequest, progress: Callable[[ShardDone], None] =
                 result.shards_skipped += 1
                 progress(ShardDone(index, len(shards), pq.ParquetFile(path).metadata.num_rows, True, 0.0))
                 continue
-            rows = _mine_shard(pool, pairs.slice(first, first + request.shard_size), request, path, result)
+            shard = pairs.slice(first, first + request.shard_size)
+            rows = _mine_shard(pool, teacher, shard, request, path, result)
             progress(ShardDone(index, len(shards), rows, False, time.perf_counter() - shard_start))
     result.seconds = time.perf_counter() - start
     return result
 
 
-def _mine_shard(pool: RayEncoder, pairs: MiningPairs, request: MineRequest, path: Path, result: MineResult) -> int:
+def _mine_shard(
+    pool: RayEncoder, teacher: Teacher | None, pairs: MiningPairs, request: MineRequest, path: Path, result: MineResult
+) -> int:
     chunks = progress_bar(total=-(-len(pairs.corpus) // request.corpus_chunk), desc="corpus chunks", unit="chunk")
     with chunks:
         negatives = mine(
@@ -156,6 +165,7 @@ def _mine_shard(pool: RayEncoder, pairs: MiningPairs, request: MineRequest, path
             request.corpus_chunk,
             chunks.update,
             request.approximate,
+            None if teacher is None else functools.partial(_teacher_scores, teacher, request.batch_size),
         )
     table = pa.table(output_columns(pairs, negatives, request.settings), schema=_schema(request.settings))
     if table.num_rows == 0:  # training would refuse the shard; say why here, with what the filters dropped
@@ -171,13 +181,20 @@ def _mine_shard(pool: RayEncoder, pairs: MiningPairs, request: MineRequest, path
     return table.num_rows
 
 
+def _teacher_scores(teacher: Teacher, batch_size: int, queries: list[str], texts: list[str]):
+    """The teacher's score of each (query, text) pair."""
+    return teacher.score(queries, [texts], batch_size)[0]
+
+
 def _schema(settings: MiningSettings) -> pa.Schema:
     negatives = (
         ["negative"]
         if settings.output_format == "triplet"
         else [f"negative_{i}" for i in range(1, settings.num_negatives + 1)]
     )
-    return pa.schema([(name, pa.string()) for name in ("anchor", "positive", *negatives)])
+    texts = ["anchor", "positive", *negatives]
+    scores = [f"score_{name}" for name in texts[1:]] if settings.output_scores else []
+    return pa.schema([(name, pa.string()) for name in texts] + [(name, pa.float32()) for name in scores])
 
 
 def _count(result: MineResult, negatives: Negatives, settings: MiningSettings, rows: int) -> None:
@@ -267,6 +284,7 @@ def _manifest(request: MineRequest, pairs: MiningPairs) -> dict:
         "settings": asdict(request.settings),
         "shard_size": request.shard_size,
         "approximate": request.approximate,
+        "rescore_with": request.rescore_with,
         "anchors": len(pairs.queries),
         "corpus_size": len(pairs.corpus),
     }
