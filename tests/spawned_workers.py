@@ -10,17 +10,24 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from sbert_ray.losses import CachedMultipleNegativesRankingLoss, CosineSimilarityLoss, MultipleNegativesRankingLoss
 from sbert_ray.models import SentenceEncoder
+from sbert_ray.training.sharding import gradients_kept_local, shard_encoder
 from sbert_ray.training.sparse_embeddings import densify, sparse_embedding_gradients
 
 CPU = torch.device("cpu")
 
 
 def trainable_grads(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {name: p.grad.clone() for name, p in module.named_parameters() if p.requires_grad}
+    """Every trainable parameter's gradient, whole (a collective under FSDP: each rank holds a shard of it)."""
+    return {name: _whole(p.grad).clone() for name, p in module.named_parameters() if p.requires_grad}
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 @dataclass(frozen=True)
@@ -91,11 +98,11 @@ def word_embedding_gradients_both_ways(rank: int, model_dir: str, port: int, out
 
 
 def ddp_plain_and_cached_mnrl(
-    rank: int, world_size: int, model_dir: str, tmp: str, column_sets: dict[bool, list[list[str]]]
+    rank: int, world_size: int, model_dir: str, tmp: str, column_sets: dict[bool, list[list[str]]], fsdp: bool = False
 ) -> None:
-    """One DDP worker, as the training loop runs it: its shard of the batch in two micro-batches, the first
-    under no_sync (gradient accumulation), each loss divided by the number of micro-batches; plain and cached MNRL,
-    without and with hard negatives."""
+    """One DDP worker (``fsdp``: one FSDP worker, its encoder sharded), as the training loop runs it: its shard of
+    the batch in two micro-batches, the first without gradient sync (accumulation), each loss divided by the number
+    of micro-batches; plain and cached MNRL, without and with hard negatives."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world_size)
     results = {}
@@ -107,10 +114,13 @@ def ddp_plain_and_cached_mnrl(
                 objective = MultipleNegativesRankingLoss(encoder)
             else:
                 objective = CachedMultipleNegativesRankingLoss(encoder, mini_batch_size=1)
-            model = DistributedDataParallel(objective)
+            if fsdp:
+                shard_encoder(encoder, keep_meta_copy=False)
+            model = objective if fsdp else DistributedDataParallel(objective)
             for micro in range(2):
                 features = [encoder.tokenize(column[micro * 2 : micro * 2 + 2]) for column in shard]
-                with model.no_sync() if micro == 0 else nullcontext():
+                unsynced = gradients_kept_local(encoder) if fsdp else model.no_sync()
+                with unsynced if micro == 0 else nullcontext():
                     (model(features) / 2).backward()
             results[(name, with_hard_negatives)] = trainable_grads(encoder)
     if rank == 0:

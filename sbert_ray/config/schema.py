@@ -149,6 +149,11 @@ class ScalingConfig:
     # shape (seconds to minutes each; widths are padded to multiples of 8, so at most max_seq_length / 8 of them
     # per batch size). Off by default: on CPUs and in short runs the compilation costs more than it gains.
     compile: bool = False
+    # How the workers share the model. ddp: each holds all of it (parameters, gradients, AdamW state: 16 bytes per
+    # parameter before activations) and gradients are all-reduced. fsdp: each holds 1/num_workers of them (torch's
+    # FSDP2, per transformer layer), gathering a layer's parameters while it computes: for models one device cannot
+    # hold whole with their optimizer state (docs/large-models.md). Checkpoints are whole either way.
+    strategy: Literal["ddp", "fsdp"] = "ddp"
 
     @property
     def min_workers(self) -> int:
