@@ -227,3 +227,62 @@ def uneven_split_steps(
     if rank == 0:
         torch.save(results, f"{tmp}/results.pt")
     dist.destroy_process_group()
+
+
+def strategy_run(rank: int, world_size: int, tmp: str, model_dir: str, data_dir: str, fsdp: bool, resume: str) -> None:
+    """One worker of a 2-stage run (``strategy_config``) as the Ray Train worker runs it, without Ray: encoder and
+    stages from ``training.stages``, DDP or (``fsdp``) the encoder sharded; rank r streams every world_size-th row
+    of each source (as a Ray Data shard would hold its share). ``resume``: a full-state checkpoint folder to resume
+    from ("": a new run). Rank 0 writes each report point's checkpoint under ``tmp`` and saves its losses."""
+    import functools
+    import time
+    from pathlib import Path
+
+    from sbert_ray.training.loop import LocalReporter
+    from sbert_ray.training.meter import StepMeter
+    from sbert_ray.training.stage_plan import stage_plans
+    from sbert_ray.training.stages import Worker, alone, start_worker, train_stages
+    from sbert_ray.training.stream import SourceStream, local_sources
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world_size)
+    config = strategy_config(model_dir, data_dir)
+    worker = Worker(CPU, "fp32", rank, world_size, alone if fsdp else DistributedDataParallel, shard=fsdp)
+    started = start_worker(config, worker, Path(resume) if resume else None)
+
+    def rank_share(index: int) -> list[SourceStream]:
+        return [
+            SourceStream(source.name, source.rows, source.weight, functools.partial(_every_nth, source, rank))
+            for source in local_sources(config, index, started.encoder)
+        ]
+
+    reporter = LocalReporter(Path(tmp) / "checkpoints" if rank == 0 else None)
+    train_stages(stage_plans(config), started, rank_share, worker, reporter, StepMeter(time.time(), CPU))
+    if rank == 0:
+        torch.save(reporter.reports, f"{tmp}/reports.pt")
+    dist.destroy_process_group()
+
+
+def _every_nth(source, rank: int):
+    world_size = dist.get_world_size()
+    return (table.take(list(range(rank, table.num_rows, world_size))) for table in source.open_pass())
+
+
+def strategy_config(model_dir: str, data_dir: str):
+    """Regression on 32 STSb pairs (batch 8 in 2 micro-batches: accumulation), then MNRL on 32 NLI triplets (the
+    cross-worker gather), a report every 2 steps (each a full-state checkpoint); planned for 2 workers."""
+    from sbert_ray.config import EvalConfig, ModelConfig, ScalingConfig, StageConfig, TrainConfig
+
+    return TrainConfig(
+        seed=3,
+        data_dir=data_dir,
+        model=ModelConfig(name=model_dir),
+        stages=[
+            StageConfig(limit=32, batch_size=8, grad_accum_steps=2, learning_rate=1e-3, warmup_ratio=0.0),
+            StageConfig(
+                dataset="nli-triplets", split="dev", objective="mnrl", limit=32, batch_size=8, learning_rate=1e-3
+            ),
+        ],
+        evaluation=EvalConfig(eval_every=2, final_tasks=[]),
+        scaling=ScalingConfig(num_workers=2, torch_threads=1),
+    )
