@@ -14,6 +14,7 @@ import torch
 import torch.multiprocessing as mp
 from spawned_workers import strategy_config, strategy_run
 
+from sbert_ray.cli import main
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.training.loop import LocalReporter
 from sbert_ray.training.meter import StepMeter
@@ -93,3 +94,21 @@ def test_a_run_resumes_from_an_fsdp_checkpoint_on_one_worker(runs, tiny_model_di
         resumed[strategy] = [report["train_loss"] for report in reporter.reports]
     assert len(resumed["fsdp"]) == 3
     torch.testing.assert_close(resumed["fsdp"], resumed["ddp"], rtol=CURVE_RTOL, atol=0)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["scaling.strategy=zero3"], "scaling.strategy: 'zero3' is not one of ddp, fsdp"),
+        (
+            ["scaling.strategy=fsdp", "stages.0.objective=softmax", "stages.0.dataset=nli-offline"],
+            "stages.0.objective: softmax trains a head beside the encoder, which scaling.strategy: fsdp does not shard",
+        ),
+    ],
+)
+def test_a_strategy_fsdp_cannot_train_is_refused_before_ray(tiny_train_config, capsys, overrides, message):
+    """One line naming the config file and the key, before Ray or MLflow start."""
+    config = tiny_train_config()
+    code = main(["train", str(config), *overrides])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"sbert-ray train: error: {config}: {message}") and err.count("\n") == 1, err

@@ -109,16 +109,6 @@ def _restored_encoder(config: TrainConfig, model_dir: Path) -> SentenceEncoder:
     return encoder
 
 
-def _check_shardable(objective: torch.nn.Module, name: str) -> None:
-    """FSDP shards the encoder only: a head's gradients would not be averaged across the workers."""
-    head = [n for n, p in objective.named_parameters() if p.requires_grad and not n.startswith("encoder.")]
-    if head:
-        raise ValueError(
-            f"scaling.strategy: fsdp does not train objective {name!r}: it has trainable parameters beside the "
-            f"encoder ({head[0]}, ...); use scaling.strategy: ddp"
-        )
-
-
 def train_stages(
     plans: Sequence[StagePlan],
     start: Started,
@@ -170,9 +160,7 @@ def _train_stage(
     optimization = prepare_optimization(objective, stage, settings.total_steps, device, worker.precision, resume_from)
     if resume_from is not None:
         reporter.log({"train/resumed_from_step": state.step}, step=state.global_step)
-    if worker.shard:
-        _check_shardable(objective, stage.objective)
-    else:
+    if not worker.shard:  # (FSDP: the config refused objectives with a head; embedding gradients stay dense)
         sparse_embedding_gradients(encoder, device, world_size)  # before DDP wraps the objective: it decides then
     model = worker.distribute(objective)
     tokenizer = encoder.tokenizer
