@@ -229,11 +229,22 @@ def uneven_split_steps(
     dist.destroy_process_group()
 
 
-def strategy_run(rank: int, world_size: int, tmp: str, model_dir: str, data_dir: str, fsdp: bool, resume: str) -> None:
-    """One worker of a 2-stage run (``strategy_config``) as the Ray Train worker runs it, without Ray: encoder and
-    stages from ``training.stages``, DDP or (``fsdp``) the encoder sharded; rank r streams every world_size-th row
-    of each source (as a Ray Data shard would hold its share). ``resume``: a full-state checkpoint folder to resume
-    from ("": a new run). Rank 0 writes each report point's checkpoint under ``tmp`` and saves its losses."""
+@dataclass(frozen=True)
+class StrategyRun:
+    """One run of ``strategy_runs``: its folder's name, whether the encoder is sharded (FSDP) rather than in DDP, and
+    the checkpoint folder it resumes from, relative to the runs' folder ("": a new run)."""
+
+    name: str
+    fsdp: bool
+    resume: str = ""
+
+
+def strategy_runs(rank: int, world_size: int, tmp: str, model_dir: str, data_dir: str, runs: list[StrategyRun]) -> None:
+    """One worker of each 2-stage run (``strategy_config``) in turn, as the Ray Train worker runs it, without Ray:
+    encoder and stages from ``training.stages``; rank r streams every world_size-th row of each source (as a Ray
+    Data shard would hold its share). Rank 0 writes each report point's checkpoint under ``tmp/<run>/checkpoints``
+    and the run's reports to ``tmp/<run>/reports.pt``. One process group for all: each process start costs seconds
+    of imports."""
     import functools
     import time
     from pathlib import Path
@@ -247,19 +258,20 @@ def strategy_run(rank: int, world_size: int, tmp: str, model_dir: str, data_dir:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world_size)
     config = strategy_config(model_dir, data_dir)
-    worker = Worker(CPU, "fp32", rank, world_size, alone if fsdp else DistributedDataParallel, shard=fsdp)
-    started = start_worker(config, worker, Path(resume) if resume else None)
+    for run in runs:
+        worker = Worker(CPU, "fp32", rank, world_size, alone if run.fsdp else DistributedDataParallel, shard=run.fsdp)
+        started = start_worker(config, worker, Path(tmp, run.resume) if run.resume else None)
 
-    def rank_share(index: int) -> list[SourceStream]:
-        return [
-            SourceStream(source.name, source.rows, source.weight, functools.partial(_every_nth, source, rank))
-            for source in local_sources(config, index, started.encoder)
-        ]
+        def rank_share(index: int, encoder=started.encoder) -> list[SourceStream]:
+            return [
+                SourceStream(source.name, source.rows, source.weight, functools.partial(_every_nth, source, rank))
+                for source in local_sources(config, index, encoder)
+            ]
 
-    reporter = LocalReporter(Path(tmp) / "checkpoints" if rank == 0 else None)
-    train_stages(stage_plans(config), started, rank_share, worker, reporter, StepMeter(time.time(), CPU))
-    if rank == 0:
-        torch.save(reporter.reports, f"{tmp}/reports.pt")
+        reporter = LocalReporter(Path(tmp, run.name, "checkpoints") if rank == 0 else None)
+        train_stages(stage_plans(config), started, rank_share, worker, reporter, StepMeter(time.time(), CPU))
+        if rank == 0:
+            torch.save(reporter.reports, Path(tmp, run.name, "reports.pt"))
     dist.destroy_process_group()
 
 

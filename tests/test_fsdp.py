@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
-from spawned_workers import strategy_config, strategy_run
+from spawned_workers import StrategyRun, strategy_config, strategy_runs
 
 from sbert_ray.cli import main
 from sbert_ray.models import SentenceEncoder
@@ -38,13 +38,16 @@ SENTENCES = ["A man plays a guitar.", "Two dogs run in the park.", "The train le
 
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir: Path, data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The recipe trained by two DDP workers and by two FSDP workers: each run's folder (reports.pt, checkpoints/)."""
-    folders = {}
-    for strategy in ("ddp", "fsdp"):
-        folder = folders[strategy] = tmp_path_factory.mktemp(strategy)
-        args = (2, str(folder), str(tiny_model_dir), str(data_dir), strategy == "fsdp", "")
-        mp.spawn(strategy_run, args=args, nprocs=2, join=True)
-    return folders
+    """The recipe trained by two DDP workers, by two FSDP workers, and by two FSDP workers resumed from the DDP run's
+    checkpoint of step 2: each run's folder (reports.pt, checkpoints/)."""
+    tmp = tmp_path_factory.mktemp("runs")
+    runs = [
+        StrategyRun("ddp", False),
+        StrategyRun("fsdp", True),
+        StrategyRun("fsdp_from_ddp", True, "ddp/checkpoints/step-2"),
+    ]
+    mp.spawn(strategy_runs, args=(2, str(tmp), str(tiny_model_dir), str(data_dir), runs), nprocs=2, join=True)
+    return {run.name: tmp / run.name for run in runs}
 
 
 def losses(folder: Path) -> list[float]:
@@ -56,6 +59,12 @@ def test_two_fsdp_workers_train_the_ddp_curve(runs):
     losses_ddp, losses_fsdp = losses(runs["ddp"]), losses(runs["fsdp"])
     assert len(losses_fsdp) == 4
     torch.testing.assert_close(losses_fsdp, losses_ddp, rtol=CURVE_RTOL, atol=0)
+
+
+def test_fsdp_workers_resume_a_ddp_checkpoint_on_its_curve(runs):
+    """The whole state DDP saved at step 2, sharded into two FSDP workers (weights and AdamW state): the losses of
+    the uninterrupted DDP run at every later report point."""
+    torch.testing.assert_close(losses(runs["fsdp_from_ddp"]), losses(runs["ddp"])[1:], rtol=CURVE_RTOL, atol=0)
 
 
 def test_an_fsdp_checkpoint_is_a_ddp_checkpoint(runs):

@@ -1,5 +1,6 @@
 """``train_loop_per_worker``: what every Ray Train worker runs, a thin adapter around the Ray-free training core
-(``training.stages``, ``training.loop``): DDP set up by Ray Train, each stage's data from its Ray Data shards, and a
+(``training.stages``, ``training.loop``): DDP set up by Ray Train (or, with ``scaling.strategy: fsdp``, the encoder
+sharded: ``training.sharding``), each stage's data from its Ray Data shards, and a
 reporter that logs rank 0's metrics to the run the driver opened and calls ``ray.train.report``.
 
 Rank 0 additionally scores the dev set (or, with ``evaluation.async_dev``, has Ray Train score each checkpoint in a
