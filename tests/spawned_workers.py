@@ -10,17 +10,24 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from sbert_ray.losses import CachedMultipleNegativesRankingLoss, CosineSimilarityLoss, MultipleNegativesRankingLoss
 from sbert_ray.models import SentenceEncoder
+from sbert_ray.training.sharding import gradients_kept_local, shard_encoder
 from sbert_ray.training.sparse_embeddings import densify, sparse_embedding_gradients
 
 CPU = torch.device("cpu")
 
 
 def trainable_grads(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {name: p.grad.clone() for name, p in module.named_parameters() if p.requires_grad}
+    """Every trainable parameter's gradient, whole (a collective under FSDP: each rank holds a shard of it)."""
+    return {name: _whole(p.grad).clone() for name, p in module.named_parameters() if p.requires_grad}
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 @dataclass(frozen=True)
@@ -91,11 +98,11 @@ def word_embedding_gradients_both_ways(rank: int, model_dir: str, port: int, out
 
 
 def ddp_plain_and_cached_mnrl(
-    rank: int, world_size: int, model_dir: str, tmp: str, column_sets: dict[bool, list[list[str]]]
+    rank: int, world_size: int, model_dir: str, tmp: str, column_sets: dict[bool, list[list[str]]], fsdp: bool = False
 ) -> None:
-    """One DDP worker, as the training loop runs it: its shard of the batch in two micro-batches, the first
-    under no_sync (gradient accumulation), each loss divided by the number of micro-batches; plain and cached MNRL,
-    without and with hard negatives."""
+    """One DDP worker (``fsdp``: one FSDP worker, its encoder sharded), as the training loop runs it: its shard of
+    the batch in two micro-batches, the first without gradient sync (accumulation), each loss divided by the number
+    of micro-batches; plain and cached MNRL, without and with hard negatives."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world_size)
     results = {}
@@ -107,10 +114,13 @@ def ddp_plain_and_cached_mnrl(
                 objective = MultipleNegativesRankingLoss(encoder)
             else:
                 objective = CachedMultipleNegativesRankingLoss(encoder, mini_batch_size=1)
-            model = DistributedDataParallel(objective)
+            if fsdp:
+                shard_encoder(encoder, keep_meta_copy=False)
+            model = objective if fsdp else DistributedDataParallel(objective)
             for micro in range(2):
                 features = [encoder.tokenize(column[micro * 2 : micro * 2 + 2]) for column in shard]
-                with model.no_sync() if micro == 0 else nullcontext():
+                unsynced = gradients_kept_local(encoder) if fsdp else model.no_sync()
+                with unsynced if micro == 0 else nullcontext():
                     (model(features) / 2).backward()
             results[(name, with_hard_negatives)] = trainable_grads(encoder)
     if rank == 0:
@@ -219,3 +229,74 @@ def uneven_split_steps(
     if rank == 0:
         torch.save(results, f"{tmp}/results.pt")
     dist.destroy_process_group()
+
+
+@dataclass(frozen=True)
+class StrategyRun:
+    """One run of ``strategy_runs``: its folder's name, whether the encoder is sharded (FSDP) rather than in DDP, and
+    the checkpoint folder it resumes from, relative to the runs' folder ("": a new run)."""
+
+    name: str
+    fsdp: bool
+    resume: str = ""
+
+
+def strategy_runs(rank: int, world_size: int, tmp: str, model_dir: str, data_dir: str, runs: list[StrategyRun]) -> None:
+    """One worker of each 2-stage run (``strategy_config``) in turn, as the Ray Train worker runs it, without Ray:
+    encoder and stages from ``training.stages``; rank r streams every world_size-th row of each source (as a Ray
+    Data shard would hold its share). Rank 0 writes each report point's checkpoint under ``tmp/<run>/checkpoints``
+    and the run's reports to ``tmp/<run>/reports.pt``. One process group for all: each process start costs seconds
+    of imports."""
+    import functools
+    import time
+    from pathlib import Path
+
+    from sbert_ray.training.loop import LocalReporter
+    from sbert_ray.training.meter import StepMeter
+    from sbert_ray.training.stage_plan import stage_plans
+    from sbert_ray.training.stages import Worker, alone, start_worker, train_stages
+    from sbert_ray.training.stream import SourceStream, local_sources
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world_size)
+    config = strategy_config(model_dir, data_dir)
+    for run in runs:
+        worker = Worker(CPU, "fp32", rank, world_size, alone if run.fsdp else DistributedDataParallel, shard=run.fsdp)
+        started = start_worker(config, worker, Path(tmp, run.resume) if run.resume else None)
+
+        def rank_share(index: int, encoder=started.encoder) -> list[SourceStream]:
+            return [
+                SourceStream(source.name, source.rows, source.weight, functools.partial(_every_nth, source, rank))
+                for source in local_sources(config, index, encoder)
+            ]
+
+        reporter = LocalReporter(Path(tmp, run.name, "checkpoints") if rank == 0 else None)
+        train_stages(stage_plans(config), started, rank_share, worker, reporter, StepMeter(time.time(), CPU))
+        if rank == 0:
+            torch.save(reporter.reports, Path(tmp, run.name, "reports.pt"))
+    dist.destroy_process_group()
+
+
+def _every_nth(source, rank: int):
+    world_size = dist.get_world_size()
+    return (table.take(list(range(rank, table.num_rows, world_size))) for table in source.open_pass())
+
+
+def strategy_config(model_dir: str, data_dir: str):
+    """Regression on 32 STSb pairs (batch 8 in 2 micro-batches: accumulation), then MNRL on 32 NLI triplets (the
+    cross-worker gather), a report every 2 steps (each a full-state checkpoint); planned for 2 workers."""
+    from sbert_ray.config import EvalConfig, ModelConfig, ScalingConfig, StageConfig, TrainConfig
+
+    return TrainConfig(
+        seed=3,
+        data_dir=data_dir,
+        model=ModelConfig(name=model_dir),
+        stages=[
+            StageConfig(limit=32, batch_size=8, grad_accum_steps=2, learning_rate=1e-3, warmup_ratio=0.0),
+            StageConfig(
+                dataset="nli-triplets", split="dev", objective="mnrl", limit=32, batch_size=8, learning_rate=1e-3
+            ),
+        ],
+        evaluation=EvalConfig(eval_every=2, final_tasks=[]),
+        scaling=ScalingConfig(num_workers=2, torch_threads=1),
+    )

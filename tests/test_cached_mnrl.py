@@ -215,11 +215,15 @@ def test_the_cached_loss_reads_the_device_once_per_step_beyond_its_encoder(
 
 
 @pytest.mark.slow  # spawns a two-process group
-def test_two_ddp_workers_give_the_global_batch_gradients(tiny_model_dir: Path, tmp_path: Path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_workers_give_the_global_batch_gradients(tiny_model_dir: Path, tmp_path: Path, strategy: str):
     """Two workers, each 2 micro-batches of 2: DDP averages the 4 per-micro-batch losses, each of which ranks
-    its anchors against the candidates of both workers' micro-batch."""
+    its anchors against the candidates of both workers' micro-batch. Under FSDP (the encoder sharded, gradients
+    reduce-scattered, cached MNRL's second forward gathering each layer again) the same: the embeddings the
+    losses gather are whole whatever holds the weights."""
     column_sets = {with_hard_negatives: _columns(with_hard_negatives) for with_hard_negatives in (False, True)}
-    mp.spawn(ddp_plain_and_cached_mnrl, args=(2, str(tiny_model_dir), str(tmp_path), column_sets), nprocs=2, join=True)
+    args = (2, str(tiny_model_dir), str(tmp_path), column_sets, strategy == "fsdp")
+    mp.spawn(ddp_plain_and_cached_mnrl, args=args, nprocs=2, join=True)
     results = torch.load(tmp_path / "grads.pt")
     encoder = SentenceEncoder.load(tiny_model_dir).double()
     for with_hard_negatives in (False, True):

@@ -216,8 +216,10 @@ def test_eval_scores_each_size_as_sentence_transformers_truncates(tiny_model_dir
 
 
 def test_two_workers_train_cached_mnrl_under_matryoshka(local_ray, tiny_train_config):
-    """The training loop as it is (DDP, no_sync accumulation, checkpoints) with cached MNRL inside Matryoshka."""
+    """The training loop as it is (no_sync accumulation, checkpoints) with cached MNRL inside Matryoshka, the
+    encoder sharded by FSDP (scaling.strategy: fsdp): dev scoring, checkpoints and the final model gathered whole."""
     overrides = [
+        "scaling.strategy=fsdp",
         "stages.0.dataset=nli-triplets",
         "stages.0.split=dev",
         "stages.0.objective=cached_mnrl",

@@ -149,6 +149,11 @@ class ScalingConfig:
     # shape (seconds to minutes each; widths are padded to multiples of 8, so at most max_seq_length / 8 of them
     # per batch size). Off by default: on CPUs and in short runs the compilation costs more than it gains.
     compile: bool = False
+    # How the workers share the model. ddp: each holds all of it (parameters, gradients, AdamW state: 16 bytes per
+    # parameter before activations) and gradients are all-reduced. fsdp: each holds 1/num_workers of them (torch's
+    # FSDP2, per transformer layer), gathering a layer's parameters while it computes: for models one device cannot
+    # hold whole with their optimizer state (docs/large-models.md). Checkpoints are whole either way.
+    strategy: Literal["ddp", "fsdp"] = "ddp"
 
     @property
     def min_workers(self) -> int:
@@ -258,6 +263,7 @@ class TrainConfig:
             raise ConfigError("stages: at least one training stage is required")
         for i, stage in enumerate(self.stages):
             self._validate_stage(f"stages.{i}", stage)
+        self._validate_strategy()
         evaluation = self.evaluation
         _at_least("evaluation.dev_limit", evaluation.dev_limit, 2, none_means="all dev pairs")  # Spearman needs 2
         _check_dev_task(evaluation)
@@ -292,6 +298,19 @@ class TrainConfig:
                 f"scaling.gpus_per_worker: {gpus} GPU per worker with scaling.num_workers={scaling.num_workers} "
                 "would put several workers on one GPU, which NCCL refuses; use 1 or more"
             )
+
+    def _validate_strategy(self) -> None:
+        """FSDP shards the encoder only: an objective's own trainable head would train unaveraged on each worker."""
+        from sbert_ray.losses.registry import OBJECTIVES  # torch: the stages were checked against it already
+
+        if self.scaling.strategy != "fsdp":
+            return
+        for i, stage in enumerate(self.stages):
+            if OBJECTIVES[stage.objective].has_head:
+                raise ConfigError(
+                    f"stages.{i}.objective: {stage.objective} trains a head beside the encoder, which "
+                    "scaling.strategy: fsdp does not shard; use scaling.strategy: ddp"
+                )
 
     def _validate_stage(self, key: str, stage: StageConfig) -> None:
         for name in ("epochs", "batch_size", "grad_accum_steps"):

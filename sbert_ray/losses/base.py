@@ -37,6 +37,8 @@ class EncoderLoss(nn.Module, ABC):
     # [score_positive, score_negative_1..n], from a parquet source's columns of those names)
     label_field: ClassVar[str | None] = None
     in_batch_negatives: ClassVar[bool] = False  # the batch's other examples are negatives: duplicates hurt
+    # Trainable parameters beside the encoder's (softmax's classifier): FSDP, which shards the encoder only, refuses it.
+    has_head: ClassVar[bool] = False
     # Candidates the last forward left out of the negatives as duplicates of an anchor's positive (a tensor on the
     # device, so reading it is the reader's host sync); None where that forward masked nothing.
     masked_duplicates: Tensor | None = None

@@ -32,6 +32,7 @@ class SoftmaxLoss(EncoderLoss):
 
     record_types = (LabelledPair,)
     user_file_kind = "labelled"
+    has_head = True
     label_field = "label"
 
     def __init__(

@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.optimization import Optimization
 from sbert_ray.training.precision import autocast
+from sbert_ray.training.sharding import Whole, gather_whole, gradients_kept_local, is_sharded
 from sbert_ray.training.sparse_embeddings import densify, sparse_gradient_weight
 from sbert_ray.training.state import TrainState, rng_state, save_checkpoint, save_weights
 
@@ -163,7 +164,8 @@ def train_stage(
     model, optimization = trainee
     reporter, meter = telemetry
     objective = model.module if isinstance(model, DistributedDataParallel) else model
-    world_size = dist.get_world_size() if objective is not model else 1
+    sharded = is_sharded(objective.encoder)  # FSDP: the objective as it is, its encoder sharded
+    world_size = dist.get_world_size() if (objective is not model or sharded) else 1
     sparse_embeddings = sparse_gradient_weight(objective.encoder)
     accum, device = settings.grad_accum_steps, settings.device
     window_losses = torch.zeros(LOG_EVERY, device=device)  # each step's loss summed over micro-batches, on device
@@ -173,8 +175,8 @@ def train_stage(
     meter.restart()
     for micro, batch in enumerate(batches, start=1):
         syncs = micro % accum == 0
-        # Accumulating micro-batches skip DDP's all-reduce; the last one of a step syncs the gradients.
-        with model.no_sync() if (world_size > 1 and not syncs) else nullcontext():
+        # Accumulating micro-batches skip the gradients' all-reduce; the last one of a step syncs them.
+        with _without_gradient_sync(model, objective) if (world_size > 1 and not syncs) else nullcontext():
             share = batch.size * world_size / settings.global_batch
             with autocast(settings.precision, device):
                 loss = model(batch.features, batch.labels, batch.text_hashes, batch.used_widths) * share
@@ -224,6 +226,11 @@ def train_stage(
         if last:
             break
     return state
+
+
+def _without_gradient_sync(model: torch.nn.Module, objective: torch.nn.Module):
+    """DDP's ``no_sync``, or FSDP's counterpart on the sharded encoder."""
+    return gradients_kept_local(objective.encoder) if model is objective else model.no_sync()
 
 
 def optimizer_step(
@@ -280,10 +287,12 @@ def read_count(count: torch.Tensor, world_size: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class CheckpointWriter:
     """``save(folder)`` of a report point: a full-state checkpoint when ``full_state``, else the weights only;
-    ``stopping``: the last before the workers stop (``Stopped``), whose report waits for its upload."""
+    ``whole``: under FSDP, what rank 0 gathered to write (and score); ``stopping``: the last before the workers stop
+    (``Stopped``), whose report waits for its upload."""
 
     full_state: bool
     write: Callable[[Path], None]
+    whole: Whole | None = None
     stopping: bool = False
 
     def __call__(self, folder: Path) -> None:
@@ -301,10 +310,15 @@ def checkpoint_writer(
     """The writer of a report point's checkpoint. For a full-state one every rank's random state is gathered now
     (a collective: each rank calls this with the same ``full_state``), so that a resumed run draws the dropout
     masks the uninterrupted one would."""
+    whole = None
+    if is_sharded(objective.encoder):  # every rank gathers; rank 0 writes (and scores) the whole model
+        whole = gather_whole(objective.encoder, objective, optimization.optimizer if full_state else None)
     if not full_state:
-        return CheckpointWriter(False, lambda folder: save_weights(folder, state, objective))
+        return CheckpointWriter(False, lambda folder: save_weights(folder, state, objective, whole), whole)
     rng_states = [rng_state(device)]
     if world_size > 1:
         rng_states = [None] * world_size
         dist.all_gather_object(rng_states, rng_state(device))
-    return CheckpointWriter(True, lambda folder: save_checkpoint(folder, state, objective, optimization, rng_states))
+    return CheckpointWriter(
+        True, lambda folder: save_checkpoint(folder, state, objective, optimization, rng_states, whole), whole
+    )

@@ -24,6 +24,7 @@ from sbert_ray.models import SentenceEncoder, load_encoder
 from sbert_ray.training.loop import Reporter, Telemetry, Trainee, never, train_stage
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.optimization import prepare_optimization
+from sbert_ray.training.sharding import shard_encoder
 from sbert_ray.training.sparse_embeddings import sparse_embedding_gradients
 from sbert_ray.training.stage_plan import StagePlan
 from sbert_ray.training.state import MODEL_DIR, TrainState, is_full_state, load_rng_states, set_rng_state
@@ -32,21 +33,24 @@ from sbert_ray.training.stream import SourceStream, StageBatches
 log = logging.getLogger(__name__)
 
 
-def _alone(objective: torch.nn.Module) -> torch.nn.Module:
+def alone(objective: torch.nn.Module) -> torch.nn.Module:
     return objective
 
 
 @dataclasses.dataclass(frozen=True)
 class Worker:
     """This training process: its device and arithmetic (a resolved precision), its rank among ``world_size``
-    workers, how its objective joins theirs (``distribute``: DDP from the Ray adapter; as it is alone), and whether
-    it was asked to stop (``stop_requested``: a preemption notice, ``training.preemption``)."""
+    workers, how its objective joins theirs (``distribute``: DDP from the Ray adapter; as it is alone), whether the
+    encoder is sharded across them instead (``shard``: FSDP, ``training.sharding``; ``distribute`` leaves the
+    objective as it is), and whether it was asked to stop (``stop_requested``: a preemption notice,
+    ``training.preemption``)."""
 
     device: torch.device
     precision: str = "fp32"
     rank: int = 0
     world_size: int = 1
-    distribute: Callable[[torch.nn.Module], torch.nn.Module] = _alone
+    distribute: Callable[[torch.nn.Module], torch.nn.Module] = alone
+    shard: bool = False
     stop_requested: Callable[[], bool] = never
 
 
@@ -80,6 +84,8 @@ def start_worker(config: TrainConfig, worker: Worker, restored: Path | None) -> 
         encoder, state = _restored_encoder(config, restored / MODEL_DIR), TrainState.load(restored)
     # On its device before any optimizer is built or restored: optimizer state follows its parameters' device.
     encoder.to(worker.device)
+    if worker.shard:  # from whole weights (a new or a restored model): any world size shards them
+        shard_encoder(encoder, keep_meta_copy=worker.rank == 0)
     if restored is not None:
         rng_states = load_rng_states(restored)
         if len(rng_states) == worker.world_size:
@@ -154,7 +160,8 @@ def _train_stage(
     optimization = prepare_optimization(objective, stage, settings.total_steps, device, worker.precision, resume_from)
     if resume_from is not None:
         reporter.log({"train/resumed_from_step": state.step}, step=state.global_step)
-    sparse_embedding_gradients(encoder, device, world_size)  # before DDP wraps the objective: it decides then
+    if not worker.shard:  # (FSDP: the config refused objectives with a head; embedding gradients stay dense)
+        sparse_embedding_gradients(encoder, device, world_size)  # before DDP wraps the objective: it decides then
     model = worker.distribute(objective)
     tokenizer = encoder.tokenizer
     pad_left = tokenizer.padding_side == "left"

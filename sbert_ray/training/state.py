@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from sbert_ray.training.sharding import Whole, is_sharded, load_whole_optimizer_state
+
 STATE_FILE = "train_state.json"
 MODEL_DIR = "model"
 TRAINING_FILE = "training.pt"
@@ -45,21 +47,25 @@ class TrainState:
         return cls(**saved)
 
 
-def save_weights(directory: Path, state: TrainState, objective) -> None:
+def save_weights(directory: Path, state: TrainState, objective, whole: Whole | None = None) -> None:
     """A weights-only checkpoint: the encoder in sentence-transformers layout (a checkpoint is a usable model) and
-    where training stood."""
-    objective.encoder.save(directory / MODEL_DIR)
+    where training stood. ``whole``: a sharded encoder's weights as rank 0 gathered them (``training.sharding``)."""
+    (whole.encoder if whole else objective.encoder).save(directory / MODEL_DIR)
     state.save(directory)
 
 
-def save_checkpoint(directory: Path, state: TrainState, objective, optimization, rng_states: list[dict]) -> None:
+def save_checkpoint(
+    directory: Path, state: TrainState, objective, optimization, rng_states: list[dict], whole: Whole | None = None
+) -> None:
     """A full-state checkpoint: the weights (``save_weights``) and beside them what a resumed run needs:
     ``optimization``'s optimizer, scheduler and scaler (``training.optimization.Optimization``), and
-    ``rng_states``, one entry per rank (``rng_state()`` of each)."""
+    ``rng_states``, one entry per rank (``rng_state()`` of each); ``whole``: a sharded encoder's weights and
+    optimizer state, gathered whole (the same files as an unsharded run's)."""
     optimizer, scheduler, scaler = optimization
-    save_weights(directory, state, objective)
+    save_weights(directory, state, objective, whole)
     head = {k: v for k, v in objective.state_dict().items() if not k.startswith("encoder.")}
-    training = {"head": head, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+    optimizer_state = whole.optimizer_state if whole else optimizer.state_dict()
+    training = {"head": head, "optimizer": optimizer_state, "scheduler": scheduler.state_dict()}
     if scaler is not None:
         training["scaler"] = scaler.state_dict()
     torch.save(training, directory / TRAINING_FILE)
@@ -79,7 +85,10 @@ def restore_training(directory: Path, objective, optimizer, scheduler, scaler) -
     missing, unexpected = objective.load_state_dict(saved["head"], strict=False)
     if unexpected or any(not key.startswith("encoder.") for key in missing):
         raise RuntimeError(f"checkpoint {directory} does not match the objective: {missing=} {unexpected=}")
-    optimizer.load_state_dict(saved["optimizer"])
+    if is_sharded(objective.encoder):
+        load_whole_optimizer_state(objective, optimizer, saved["optimizer"])
+    else:
+        optimizer.load_state_dict(saved["optimizer"])
     scheduler.load_state_dict(saved["scheduler"])
     if scaler is not None and "scaler" in saved:
         scaler.load_state_dict(saved["scaler"])

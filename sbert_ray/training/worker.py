@@ -1,5 +1,6 @@
 """``train_loop_per_worker``: what every Ray Train worker runs, a thin adapter around the Ray-free training core
-(``training.stages``, ``training.loop``): DDP set up by Ray Train, each stage's data from its Ray Data shards, and a
+(``training.stages``, ``training.loop``): DDP set up by Ray Train (or, with ``scaling.strategy: fsdp``, the encoder
+sharded: ``training.sharding``), each stage's data from its Ray Data shards, and a
 reporter that logs rank 0's metrics to the run the driver opened and calls ``ray.train.report``.
 
 Rank 0 additionally scores the dev set (or, with ``evaluation.async_dev``, has Ray Train score each checkpoint in a
@@ -53,7 +54,7 @@ from sbert_ray.training.resume_points import (
     weights_of,
 )
 from sbert_ray.training.stage_plan import WorkerPlan
-from sbert_ray.training.stages import Worker, start_worker, train_stages
+from sbert_ray.training.stages import Worker, alone, start_worker, train_stages
 from sbert_ray.training.state import TrainState
 from sbert_ray.training.stream import SourceStream
 
@@ -78,8 +79,11 @@ def train_loop_per_worker(loop_config: dict) -> dict:
     precision, world_size = resolve_precision(config.scaling.precision, device), context.get_world_size()
     # Gradients travel as bf16 (half the bytes) and are averaged back into fp32.
     bf16_gradients = world_size > 1 and device.type == "cuda" and precision == "bf16"
-    ddp = functools.partial(_ddp, bf16_gradients=bf16_gradients)
-    worker = Worker(device, precision, context.get_world_rank(), world_size, ddp, stop_requested=watch_sigterm())
+    shard = config.scaling.strategy == "fsdp"  # the encoder sharded (``training.sharding``), not wrapped in DDP
+    distribute = alone if shard else functools.partial(_ddp, bf16_gradients=bf16_gradients)
+    worker = Worker(
+        device, precision, context.get_world_rank(), world_size, distribute, shard, stop_requested=watch_sigterm()
+    )
     tracking = loop_config["tracking"]  # run id, URI, file for metrics in outages; None: no MLflow run (benchmarks)
     faults = WorkerFaults(config)  # an error a restart would meet again ends the run (``training.faults``)
     with faults:
@@ -211,7 +215,7 @@ class RayReporter:
             return
         metrics["hardware"] = describe_hardware(self.device)  # for the model card
         metrics |= window
-        validation = self.score_dev(state, metrics)
+        validation = self.score_dev(state, metrics, save)
         if self.logger:
             self.logger.drain()  # the metrics up to this checkpoint survive this worker's loss after it
         directory = Path(tempfile.mkdtemp(prefix="sbert-ray-ckpt-"))  # Ray Train deletes it once uploaded
@@ -231,12 +235,16 @@ class RayReporter:
         if self.gate:  # returns when Tune lets the trial go on; a trial Tune stopped is aborted while it waits
             ray.get(self.gate.ask.remote(metrics))
 
-    def score_dev(self, state: TrainState, metrics: dict) -> ray.train.ValidationTaskConfig | bool:
+    def score_dev(
+        self, state: TrainState, metrics: dict, save: CheckpointWriter
+    ) -> ray.train.ValidationTaskConfig | bool:
         """Score the dev set now (into ``metrics``, the state and the run), or with ``evaluation.async_dev`` return
         the request that Ray Train score this report's checkpoint beside training, logged at this step."""
         if self.async_dev:
             return ray.train.ValidationTaskConfig({"step": state.global_step})
-        metrics[DEV_SCORE] = state.dev_score = self.dev.score(self.encoder)
+        # Under FSDP the whole model rank 0 gathered for the checkpoint, on the device while it scores.
+        encoder = save.whole.encoder.to(self.device) if save.whole else self.encoder
+        metrics[DEV_SCORE] = state.dev_score = self.dev.score(encoder)
         self.log({f"dev/{self.dev.metric}": state.dev_score}, step=state.global_step)
         return False
 

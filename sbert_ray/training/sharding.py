@@ -1,0 +1,147 @@
+"""FSDP (``scaling.strategy: fsdp``): the encoder sharded across the workers with torch's FSDP2 ``fully_shard``, and
+the whole model and optimizer state gathered back for checkpoints and dev scoring. The one module that uses FSDP2 and
+``torch.distributed.checkpoint.state_dict`` (tests/test_fsdp.py fails when torch changes them under it).
+
+Each worker holds 1/world of every parameter, gradient and AdamW state (DDP: all of them); a transformer layer's
+parameters are all-gathered just before its forward and backward and freed after, and gradients reduce-scattered
+(averaged, as DDP's all-reduce). Only the encoder is sharded: an objective with trainable parameters of its own
+(a head) is refused, as its gradients would not be averaged. On CPUs FSDP2 runs over gloo as on GPUs over NCCL.
+
+A checkpoint holds the whole model and the whole optimizer state, as under DDP (rank 0 writes the same
+sentence-transformers folder and the same ``training.pt``), so a run resumes at any world size and from a DDP
+checkpoint into FSDP and back. Gathering is a collective: every rank calls ``gather_whole`` at each report point;
+rank 0 receives the weights on the host, assigned into a copy of the encoder whose parameters live on the meta
+device (no storage) between report points.
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from contextlib import contextmanager
+from typing import NamedTuple
+
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule, fully_shard
+
+from sbert_ray.models import SentenceEncoder
+
+# Whole tensors, on rank 0's host only (the other ranks get empty dicts): a model the device could not hold whole.
+WHOLE_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
+# Loading: every rank passes the whole state it read from the checkpoint and keeps its shard of it.
+WHOLE_FROM_EVERY_RANK = StateDictOptions(full_state_dict=True)
+
+# Rank 0's copy of each sharded encoder, parameters on the meta device: what the gathered weights are assigned into.
+_META_COPIES: weakref.WeakKeyDictionary[SentenceEncoder, SentenceEncoder] = weakref.WeakKeyDictionary()
+
+
+class Whole(NamedTuple):
+    """What one report point gathered: on rank 0 the encoder with whole weights on the host and the optimizer
+    state in ``optimizer.state_dict()``'s layout (None when the checkpoint holds weights only); None elsewhere."""
+
+    encoder: SentenceEncoder | None
+    optimizer_state: dict | None
+
+
+def shard_encoder(encoder: SentenceEncoder, keep_meta_copy: bool) -> None:
+    """Shard ``encoder`` (on its training device) in place: every transformer block its own FSDP unit (gathered
+    only while it computes), the rest (embeddings, norms) the root's. ``keep_meta_copy``: rank 0, which writes
+    checkpoints and scores the dev set, keeps a storage-free copy to gather into."""
+    if keep_meta_copy:
+        _META_COPIES[encoder] = _meta_copy(encoder)
+    for module in _blocks(encoder.transformer):
+        fully_shard(module)
+    fully_shard(encoder)
+
+
+def is_sharded(encoder: torch.nn.Module) -> bool:
+    return isinstance(encoder, FSDPModule)
+
+
+def _blocks(transformer: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules transformers' ``_no_split_modules`` names (a decoder or encoder layer, BERT's embeddings);
+    under peft's wrapper, those of the model it wraps. Innermost first: fully_shard takes children before parents."""
+    names = set()
+    for module in transformer.modules():
+        names.update(getattr(module, "_no_split_modules", None) or ())
+    blocks = [module for module in transformer.modules() if type(module).__name__ in names]
+    return blocks[::-1]
+
+
+def _meta_copy(encoder: SentenceEncoder) -> SentenceEncoder:
+    """A deep copy whose parameters are on the meta device (shape and dtype, no storage); buffers (position ids,
+    rotary frequencies: small, some not in a state dict) are copied whole."""
+    memo = {
+        id(param): torch.nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=param.requires_grad)
+        for param in encoder.parameters()
+    }
+    return copy.deepcopy(encoder, memo).eval()
+
+
+def gather_whole(
+    encoder: SentenceEncoder, objective: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+) -> Whole:
+    """Every rank: gather the sharded ``encoder``'s whole weights (and with an ``optimizer``, its whole state) to
+    rank 0's host. Rank 0 gets them back in its meta copy of the encoder; the others get ``Whole(None, None)``."""
+    weights = get_model_state_dict(encoder, options=WHOLE_ON_RANK0)
+    optimizer_state = None
+    if optimizer is not None:
+        by_name = get_optimizer_state_dict(objective, optimizer, options=WHOLE_ON_RANK0)
+        optimizer_state = _by_position(by_name, _names_in_order(objective, optimizer)) if by_name else None
+    meta = _META_COPIES.get(encoder)
+    if meta is None:
+        return Whole(None, None)
+    # A copy sharing the meta parameters and the tokenizer, whose modules the weights are assigned into: the meta
+    # copy stays storage-free, and the weights are freed with the copy after the report point.
+    shared = {id(param): param for param in meta.parameters()} | {id(meta.tokenizer): meta.tokenizer}
+    whole = copy.deepcopy(meta, shared)
+    whole.load_state_dict(weights, assign=True)
+    return Whole(whole, optimizer_state)
+
+
+def load_whole_optimizer_state(objective: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """Every rank: the whole optimizer state of a checkpoint (``optimizer.state_dict()``'s layout, from a DDP or an
+    FSDP run of any size) into this rank's shards of it."""
+    names = _names_in_order(objective, optimizer)
+    by_name = {
+        "state": {names[position]: value for position, value in saved["state"].items()},
+        "param_groups": [
+            {**group, "params": [names[position] for position in group["params"]]} for group in saved["param_groups"]
+        ],
+    }
+    set_optimizer_state_dict(objective, optimizer, by_name, options=WHOLE_FROM_EVERY_RANK)
+
+
+def _names_in_order(objective: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The parameters' names in the order ``optimizer.state_dict()`` numbers them (group by group)."""
+    name_of = {param: name for name, param in objective.named_parameters()}
+    return [name_of[param] for group in optimizer.param_groups for param in group["params"]]
+
+
+def _by_position(by_name: dict, names: list[str]) -> dict:
+    """A whole optimizer state keyed by parameter name (``get_optimizer_state_dict``'s) in the layout of
+    ``optimizer.state_dict()``: parameters numbered in group order, as a DDP checkpoint holds it."""
+    position = {name: index for index, name in enumerate(names)}
+    return {
+        "state": {position[name]: value for name, value in by_name["state"].items()},
+        "param_groups": [
+            {**group, "params": [position[name] for name in group["params"]]} for group in by_name["param_groups"]
+        ],
+    }
+
+
+@contextmanager
+def gradients_kept_local(encoder: SentenceEncoder):
+    """Accumulating micro-batches: gradients stay whole on each rank and are reduce-scattered once, with the last
+    micro-batch of the step (FSDP's counterpart of DDP's ``no_sync``)."""
+    encoder.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        encoder.set_requires_gradient_sync(True)

@@ -1,0 +1,134 @@
+"""FSDP (``scaling.strategy: fsdp``, ``training.sharding``) without a cluster: two gloo processes train the same
+2-stage recipe under DDP and under FSDP through the Ray Train worker's core (``training.stages``); the curves, the
+checkpoints and a resume compared."""
+
+from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+from spawned_workers import StrategyRun, strategy_config, strategy_runs
+
+from sbert_ray.cli import main
+from sbert_ray.models import SentenceEncoder
+from sbert_ray.training.loop import LocalReporter
+from sbert_ray.training.meter import StepMeter
+from sbert_ray.training.stage_plan import stage_plans
+from sbert_ray.training.stages import Worker, start_worker, train_stages
+from sbert_ray.training.state import MODEL_DIR, TRAINING_FILE
+from sbert_ray.training.stream import local_sources
+
+CPU = torch.device("cpu")
+# How far DDP's and FSDP's float32 runs may drift apart. Both compute every forward on the same whole weights
+# (FSDP all-gathers copies) and average the two ranks' gradients as (a + b) / 2, exact in either order (two
+# terms commute; halving is exact). What is summed in another order: the gradient norm for clipping (per shard,
+# then across ranks, vs per tensor) and the word-embedding gradient (DDP's sparse rows on gloo, coalesced, vs
+# FSDP's dense backward): a few ulps (~1e-7 relative) in an update. AdamW's step m / sqrt(v) is invariant to a
+# gradient's scale, so the updates, and through 8 steps of a tiny model the losses, move by about as much:
+# 1e-5 leaves two orders of magnitude for that drift, while a rank's gradient left out or counted twice, or a
+# micro-batch synced wrongly, moves a loss by percents.
+CURVE_RTOL = 1e-5
+SENTENCES = ["A man plays a guitar.", "Two dogs run in the park.", "The train leaves at noon."]
+
+
+# The tests on these runs are slow (one spawn of two processes) and stay in one pytest-xdist process (it runs once).
+@pytest.fixture(scope="module")
+def runs(tiny_model_dir: Path, data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The recipe trained by two DDP workers, by two FSDP workers, and by two FSDP workers resumed from the DDP run's
+    checkpoint of step 2: each run's folder (reports.pt, checkpoints/)."""
+    tmp = tmp_path_factory.mktemp("runs")
+    runs = [
+        StrategyRun("ddp", False),
+        StrategyRun("fsdp", True),
+        StrategyRun("fsdp_from_ddp", True, "ddp/checkpoints/step-2"),
+    ]
+    mp.spawn(strategy_runs, args=(2, str(tmp), str(tiny_model_dir), str(data_dir), runs), nprocs=2, join=True)
+    return {run.name: tmp / run.name for run in runs}
+
+
+def losses(folder: Path) -> list[float]:
+    return [report["train_loss"] for report in torch.load(folder / "reports.pt")]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("fsdp runs")
+def test_two_fsdp_workers_train_the_ddp_curve(runs):
+    """Regression with accumulation, then MNRL gathering across the workers: the losses at every report point."""
+    losses_ddp, losses_fsdp = losses(runs["ddp"]), losses(runs["fsdp"])
+    assert len(losses_fsdp) == 4
+    torch.testing.assert_close(losses_fsdp, losses_ddp, rtol=CURVE_RTOL, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("fsdp runs")
+def test_fsdp_workers_resume_a_ddp_checkpoint_on_its_curve(runs):
+    """The whole state DDP saved at step 2, sharded into two FSDP workers (weights and AdamW state): the losses of
+    the uninterrupted DDP run at every later report point."""
+    torch.testing.assert_close(losses(runs["fsdp_from_ddp"]), losses(runs["ddp"])[1:], rtol=CURVE_RTOL, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("fsdp runs")
+def test_an_fsdp_checkpoint_is_a_ddp_checkpoint(runs):
+    """Rank 0 wrote the whole optimizer state in ``optimizer.state_dict()``'s layout, the same as DDP's."""
+    step = "step-2"
+    ddp = torch.load(runs["ddp"] / "checkpoints" / step / TRAINING_FILE, weights_only=True)
+    fsdp = torch.load(runs["fsdp"] / "checkpoints" / step / TRAINING_FILE, weights_only=True)
+    assert fsdp["optimizer"]["param_groups"] == ddp["optimizer"]["param_groups"]
+    assert fsdp["optimizer"]["state"].keys() == ddp["optimizer"]["state"].keys()
+    torch.testing.assert_close(fsdp["optimizer"]["state"], ddp["optimizer"]["state"], rtol=CURVE_RTOL, atol=1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("fsdp runs")
+def test_the_fsdp_model_reloads_in_sentence_transformers(runs):
+    from sentence_transformers import SentenceTransformer
+
+    final = runs["fsdp"] / "checkpoints" / "step-8" / MODEL_DIR
+    theirs = SentenceTransformer(str(final), device="cpu").encode(SENTENCES)
+    np.testing.assert_allclose(theirs, SentenceEncoder.load(final).encode(SENTENCES), rtol=0, atol=1e-5)
+    ddp = SentenceEncoder.load(runs["ddp"] / "checkpoints" / "step-8" / MODEL_DIR).encode(SENTENCES)
+    np.testing.assert_allclose(theirs, ddp, rtol=0, atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("fsdp runs")
+def test_a_run_resumes_from_an_fsdp_checkpoint_on_one_worker(runs, tiny_model_dir: Path, data_dir: Path):
+    """The full state FSDP wrote at step 2 (mid stage 1), resumed by one worker (no process group: the whole model
+    and optimizer state, as saved): the same later losses as the one-worker resume of the DDP checkpoint of the
+    same step. (Not the two-worker run's losses: at another world size each worker cuts its smart-batching windows
+    from other rows, ``training.stream``.)"""
+    resumed = {}
+    for strategy in ("ddp", "fsdp"):
+        config = strategy_config(str(tiny_model_dir), str(data_dir))
+        worker = Worker(CPU)
+        started = start_worker(config, worker, runs[strategy] / "checkpoints" / "step-2")
+        reporter = LocalReporter()
+        data = functools.partial(local_sources, config, encoder=started.encoder)
+        train_stages(stage_plans(config), started, data, worker, reporter, StepMeter(time.time(), CPU))
+        resumed[strategy] = [report["train_loss"] for report in reporter.reports]
+    assert len(resumed["fsdp"]) == 3
+    torch.testing.assert_close(resumed["fsdp"], resumed["ddp"], rtol=CURVE_RTOL, atol=0)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["scaling.strategy=zero3"], "scaling.strategy: 'zero3' is not one of ddp, fsdp"),
+        (
+            ["scaling.strategy=fsdp", "stages.0.objective=softmax", "stages.0.dataset=nli-offline"],
+            "stages.0.objective: softmax trains a head beside the encoder, which scaling.strategy: fsdp does not shard",
+        ),
+    ],
+)
+def test_a_strategy_fsdp_cannot_train_is_refused_before_ray(tiny_train_config, capsys, overrides, message):
+    """One line naming the config file and the key, before Ray or MLflow start."""
+    config = tiny_train_config()
+    code = main(["train", str(config), *overrides])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"sbert-ray train: error: {config}: {message}") and err.count("\n") == 1, err
