@@ -88,7 +88,7 @@ def _is_cross_encoder(resolved: str) -> bool:
         from transformers import AutoConfig
 
         try:
-            return _classifies(AutoConfig.from_pretrained(resolved).to_dict())
+            return _classifies(AutoConfig.from_pretrained(resolved, trust_remote_code=False).to_dict())
         except OSError:
             return False
     st_config, config = (folder / name for name in ("config_sentence_transformers.json", "config.json"))
