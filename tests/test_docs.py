@@ -21,12 +21,13 @@ REPO = Path(__file__).resolve().parents[1]
 def dataclass_keys(cls: type, prefix: str = "") -> list[str]:
     """Every dotted key of a config dataclass, as the reference names them (`stages.N.` for list items)."""
     keys = []
+    hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         name = f.name
         keys.append(f"{prefix}{name}")
         value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        if isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
-            keys += dataclass_keys(type(value[0]), f"{prefix}{name}.N.")
+        if typing.get_origin(hints[name]) is list and dataclasses.is_dataclass(item := typing.get_args(hints[name])[0]):
+            keys += dataclass_keys(item, f"{prefix}{name}.N.")  # stages, evaluation.dev_tasks (empty by default)
         elif dataclasses.is_dataclass(value) and not isinstance(value, TrainConfig):
             keys += dataclass_keys(type(value), f"{prefix}{name}.")
         elif value is None and (optional := _optional_dataclass(typing.get_type_hints(cls)[name])):

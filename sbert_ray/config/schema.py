@@ -97,6 +97,15 @@ class StageConfig:
 
 
 @dataclass
+class DevTaskConfig:
+    """One task of a multi-task dev score (``evaluation.dev_tasks``)."""
+
+    task: str = ""  # any one task --tasks takes, e.g. stsb-retrieval:dev or retrieval:/path/to/beir-folder
+    metric: str | None = None  # as the task reports it; None: the task's primary metric
+    weight: float = 1.0  # its share of the weighted mean (weights need not sum to 1)
+
+
+@dataclass
 class EvalConfig:
     dev_dataset: str = "stsb"  # scored on every checkpoint (unless dev_task): its Spearman picks the best checkpoints
     dev_split: str = "dev"  # the split of dev_dataset
@@ -108,6 +117,9 @@ class EvalConfig:
     # The metric of the dev task (or of the dev pairs) that does so, named as the task reports it, e.g.
     # ndcg_at_10_cosine or spearman_cosine; logged as dev/<metric>. None: the task's primary metric.
     dev_metric: str | None = None
+    # Several tasks instead: each logged as dev/<task>/<metric>, and their weighted mean (dev/weighted_mean) is the
+    # dev score. Replaces dev_task/dev_metric and the dev pairs.
+    dev_tasks: list[DevTaskConfig] = field(default_factory=list)
     eval_every: int = 0  # optimizer steps between dev evaluations; 0 = only at the end of each stage
     batch_size: int = 64  # sentences per encoding batch when scoring
     # Score the dev set off the training ranks: each checkpoint in a Ray task sized like one training worker, while
@@ -374,16 +386,23 @@ def _folder_name_problem(name: str) -> str | None:
 
 
 def _check_dev_task(evaluation: EvalConfig) -> None:
-    """A dev task replaces the dev pairs: settings of the dev pairs beside it would be silently unused."""
-    if evaluation.dev_task is None:
+    """A dev task replaces the dev pairs, and dev tasks replace both: settings of what is replaced would be silently
+    unused. Each of the dev tasks names its task and weighs more than nothing."""
+    if evaluation.dev_tasks:
+        replaced, by = ("dev_task", "dev_metric", "dev_dataset", "dev_split", "dev_limit"), "evaluation.dev_tasks"
+    elif evaluation.dev_task is not None:
+        replaced, by = ("dev_dataset", "dev_split", "dev_limit"), f"evaluation.dev_task ({evaluation.dev_task!r})"
+    else:
         return
     defaults = EvalConfig()
-    for name in ("dev_dataset", "dev_split", "dev_limit"):
+    for name in replaced:
         if getattr(evaluation, name) != getattr(defaults, name):
-            raise ConfigError(
-                f"evaluation.{name} is for the dev pairs, which evaluation.dev_task ({evaluation.dev_task!r}) "
-                "replaces; leave it out"
-            )
+            raise ConfigError(f"evaluation.{name} is replaced by {by}; leave it out")
+    for i, part in enumerate(evaluation.dev_tasks):
+        if not part.task:
+            raise ConfigError(f"evaluation.dev_tasks.{i}.task: required (a task, e.g. stsb-retrieval:dev)")
+        if not part.weight > 0:
+            raise ConfigError(f"evaluation.dev_tasks.{i}.weight: must be > 0, got {part.weight}")
 
 
 def _objective_settings(key: str, stage: StageConfig) -> dict[str, Any]:

@@ -4,9 +4,11 @@ By default the STSb dev Spearman of the paper (the scored pairs of ``evaluation.
 first ``dev_limit`` of them). ``evaluation.dev_task`` names any evaluation task instead (``stsb-retrieval:dev``,
 ``retrieval:<folder>``, ``pairs:<file>``, ...) and ``evaluation.dev_metric`` one of its metrics (default: the task's
 primary metric); a task with several entries (``sts``, ``senteval``) scores the mean of their values. Higher is
-better for every metric a task reports.
+better for every metric a task reports. ``evaluation.dev_tasks`` ({task, metric, weight} each) makes the dev score
+the weighted mean of several tasks' metrics (a model selected for retrieval and STS at once).
 
-Ray Train reports carry the score as ``dev_score`` (``DEV_SCORE``); MLflow logs it as ``dev/<metric>``.
+Ray Train reports carry the score as ``dev_score`` (``DEV_SCORE``); MLflow logs it as ``dev/<metric>`` (with several
+dev tasks ``dev/weighted_mean``, beside each task's ``dev/<task>/<metric>``).
 """
 
 from __future__ import annotations
@@ -25,60 +27,126 @@ DEV_PAIRS_METRIC = "spearman_cosine"  # the default dev metric (of the dev pairs
 DEV_PAIRS_METRICS = correlation_names(("cosine",))  # what the dev pairs are scored by
 
 
+WEIGHTED_MEAN = "weighted_mean"  # the dev score's name with several dev tasks (dev/weighted_mean)
+
+
 @dataclass(frozen=True)
-class DevSpec:
-    """What the dev score is, resolved from the config once: a task (None: the dev pairs) and its metric."""
+class DevPart:
+    """One scored part of the dev score: a task (None: the dev pairs), its metric and its weight in the mean."""
 
     task: EvalTask | None
     metric: str
+    weight: float = 1.0
+    key: str = "evaluation.dev_task"  # the config key naming the task, for errors
 
-    def to_wire(self) -> dict:
-        """Primitives, for other processes: the task's spec (absolute where the driver made it so) and the metric."""
-        return {"task": self.task.spec if self.task else None, "metric": self.metric}
+    @property
+    def label(self) -> str:
+        """The task as logged, dev/<label>/<metric>: its one entry (stsb-dev), or its kind (sts, senteval)."""
+        entries = self.task.entries()
+        return entries[0] if len(entries) == 1 else self.task.spec.partition(":")[0]
+
+
+@dataclass(frozen=True)
+class DevSpec:
+    """What the dev score is, resolved from the config once: its parts (one, unless ``evaluation.dev_tasks``)."""
+
+    parts: tuple[DevPart, ...]
+
+    @property
+    def metric(self) -> str:
+        """The dev score's name, logged as dev/<metric>: the one part's metric, or the weighted mean of several."""
+        return self.parts[0].metric if len(self.parts) == 1 else WEIGHTED_MEAN
+
+    @property
+    def reads_dev_pairs(self) -> bool:
+        return any(part.task is None for part in self.parts)
+
+    def to_wire(self) -> list[dict]:
+        """Primitives, for other processes: each task's spec (absolute where the driver made it so), metric, weight."""
+        return [
+            {"task": p.task.spec if p.task else None, "metric": p.metric, "weight": p.weight, "key": p.key}
+            for p in self.parts
+        ]
 
     @classmethod
-    def from_wire(cls, wire: dict) -> DevSpec:
-        return cls(_dev_task(wire["task"]), wire["metric"])
+    def from_wire(cls, wire: list[dict]) -> DevSpec:
+        return cls(tuple(DevPart(_dev_task(p["task"], key=p["key"]), p["metric"], p["weight"], p["key"]) for p in wire))
+
+    def checked(self, data_dir) -> None:
+        """Every dev task's data can be had (a ConfigError naming its key and the task)."""
+        for part in self.parts:
+            if part.task:
+                part.task.check_for(part.key, data_dir)
 
 
 def dev_spec(evaluation: EvalConfig, absolute: bool = False) -> DevSpec:
-    """The dev task and metric of ``evaluation``, or a ConfigError naming the key (an unknown task or metric, or a
-    dev_task that is not exactly one task). Reads no data. ``absolute``: the task's file or folder made absolute."""
-    task = _dev_task(evaluation.dev_task, absolute)
+    """The dev tasks and metrics of ``evaluation``, or a ConfigError naming the key (an unknown task or metric, or a
+    dev task that is not exactly one task). Reads no data. ``absolute``: each task's file or folder made absolute."""
+    if not evaluation.dev_tasks:
+        return DevSpec((_dev_part("evaluation.dev_task", evaluation.dev_task, evaluation, absolute),))
+    parts = tuple(
+        _dev_part(f"evaluation.dev_tasks.{i}", entry.task, evaluation, absolute, entry.metric, entry.weight)
+        for i, entry in enumerate(evaluation.dev_tasks)
+    )
+    names = [(part.label, part.metric) for part in parts]
+    repeated = next((name for name in names if names.count(name) > 1), None)
+    if repeated:
+        raise ConfigError(f"evaluation.dev_tasks: {'/'.join(repeated)} is named twice; name each task and metric once")
+    return DevSpec(parts)
+
+
+def _dev_part(
+    key: str, spec: str | None, evaluation: EvalConfig, absolute: bool, metric: str | None = None, weight: float = 1.0
+) -> DevPart:
+    """One dev task (``spec``; None: the dev pairs) and its metric: ``metric``, else evaluation.dev_metric, else the
+    task's primary metric."""
+    task_key = f"{key}.task" if evaluation.dev_tasks else key
+    task = _dev_task(spec, absolute, task_key)
     known = task.metric_names() if task else DEV_PAIRS_METRICS
-    metric = evaluation.dev_metric or (task.primary_metric if task else DEV_PAIRS_METRIC)
+    metric = metric or evaluation.dev_metric or (task.primary_metric if task else DEV_PAIRS_METRIC)
     if metric not in known:
         scored = f"task {task.spec!r}" if task else f"the dev pairs of {evaluation.dev_dataset!r}"
-        raise ConfigError(
-            f"evaluation.dev_metric: {metric!r} is not a metric of {scored}; choose from {', '.join(known)}"
-        )
-    return DevSpec(task, metric)
+        metric_key = f"{key}.metric" if evaluation.dev_tasks else "evaluation.dev_metric"
+        raise ConfigError(f"{metric_key}: {metric!r} is not a metric of {scored}; choose from {', '.join(known)}")
+    return DevPart(task, metric, weight, task_key)
 
 
-def _dev_task(spec: str | None, absolute: bool = False) -> EvalTask | None:
-    """The one task of ``evaluation.dev_task`` (None: the dev pairs score)."""
+def _dev_task(spec: str | None, absolute: bool = False, key: str = "evaluation.dev_task") -> EvalTask | None:
+    """The one task of a dev task's spec (None: the dev pairs score)."""
     if spec is None:
         return None
-    tasks = parse_tasks(spec, key="evaluation.dev_task", absolute=absolute)
+    tasks = parse_tasks(spec, key=key, absolute=absolute)
     if len(tasks) != 1:
-        raise ConfigError(f"evaluation.dev_task: one task, got {len(tasks)} ({spec!r})")
+        raise ConfigError(f"{key}: one task, got {len(tasks)} ({spec!r})")
     return tasks[0]
 
 
 class DevScorer:
-    """Scores an encoder on the dev set: ``score(encoder)`` is the dev score, ``metric`` its name."""
+    """Scores an encoder on the dev set: ``scores(encoder)`` are the dev score's MLflow metrics, ``key`` the one of
+    them that is the dev score."""
 
     def __init__(self, evaluation: EvalConfig, data_dir=None, spec: DevSpec | None = None) -> None:
-        spec = spec or dev_spec(evaluation)  # ``spec``: as the driver resolved it (``runs.plan``)
-        self.task, self.metric, self.data_dir = spec.task, spec.metric, data_dir
-        self.batch_size = evaluation.batch_size
+        self.spec = spec or dev_spec(evaluation)  # ``spec``: as the driver resolved it (``runs.plan``)
+        self.key = f"dev/{self.spec.metric}"
+        self.data_dir, self.batch_size = data_dir, evaluation.batch_size
         self.pairs = None
-        if self.task is None:  # read once: the dev pairs are scored at every checkpoint
+        if self.spec.reads_dev_pairs:  # read once: the dev pairs are scored at every checkpoint
             pairs = load_records(evaluation.dev_dataset, evaluation.dev_split, data_dir)
             self.pairs = pairs[: evaluation.dev_limit] if evaluation.dev_limit else pairs
 
-    def score(self, encoder) -> float:
-        if self.task is None:
-            return evaluate_pairs(encoder, self.pairs, batch_size=self.batch_size)[self.metric]
-        values = self.task.entry_scores(self.task.run(encoder, self.data_dir, self.batch_size), self.metric)
-        return float(np.mean(list(values.values())))
+    def scores(self, encoder) -> dict[str, float]:
+        """{dev/<metric>: the dev score}; with several dev tasks also each one's dev/<label>/<metric>, of which the
+        dev score is the weighted mean."""
+        values = [self._score(part, encoder) for part in self.spec.parts]
+        if len(values) == 1:
+            return {self.key: values[0]}
+        weights = [part.weight for part in self.spec.parts]
+        each = {f"dev/{part.label}/{part.metric}": value for part, value in zip(self.spec.parts, values, strict=True)}
+        return {**each, self.key: float(np.average(values, weights=weights))}
+
+    def _score(self, part: DevPart, encoder) -> float:
+        """A task with several entries (sts, senteval) scores the mean of their values."""
+        if part.task is None:
+            return evaluate_pairs(encoder, self.pairs, batch_size=self.batch_size)[part.metric]
+        results = part.task.run(encoder, self.data_dir, self.batch_size)
+        return float(np.mean(list(part.task.entry_scores(results, part.metric).values())))

@@ -43,8 +43,11 @@ def finetune_config(model_ref: str, data_dir=None, pooling: str | None = None, o
             f"checkpoint.storage_path={config.checkpoint.storage_path}: fine-tuning writes each fold's pairs under "
             "it for the workers to read, so it must be a local or shared folder (e.g. NFS), not object storage"
         )
-    if config.evaluation.dev_task is not None:  # fold_config sets each fold's dev pairs, which a dev_task replaces
-        raise ConfigError("evaluation.dev_task: argument-similarity folds choose checkpoints on each fold's dev pairs")
+    for key in ("dev_task", "dev_tasks"):  # fold_config sets each fold's dev pairs, which a dev task replaces
+        if getattr(config.evaluation, key):
+            raise ConfigError(
+                f"evaluation.{key}: argument-similarity folds choose checkpoints on each fold's dev pairs"
+            )
     return config
 
 

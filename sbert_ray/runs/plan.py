@@ -130,8 +130,7 @@ class RunTasks:
         """Every task's data, and the dev task's, can be had (a ConfigError naming the key and the task)."""
         self.before.check(data_dir)
         self.final.check(data_dir)
-        if self.dev.task:
-            self.dev.task.check_for("evaluation.dev_task", data_dir)
+        self.dev.checked(data_dir)
 
 
 def absolute_paths(config: TrainConfig) -> tuple[TrainConfig, RunTasks]:
@@ -154,12 +153,20 @@ def absolute_paths(config: TrainConfig) -> tuple[TrainConfig, RunTasks]:
             evaluation,
             before_tasks=tasks.before.specs,
             final_tasks=tasks.final.specs,
-            dev_task=tasks.dev.task.spec if tasks.dev.task else None,
+            **_absolute_dev_tasks(evaluation, tasks.dev),
         ),
         checkpoint=dataclasses.replace(config.checkpoint, storage_path=resolve_storage(config.checkpoint.storage_path)),
         tracking=dataclasses.replace(config.tracking, tracking_uri=resolve_tracking_uri(config.tracking.tracking_uri)),
     )
     return absolute, tasks
+
+
+def _absolute_dev_tasks(evaluation: EvalConfig, dev: DevSpec) -> dict:
+    """The config's dev task, or each of its dev tasks, by its absolute spec."""
+    specs = [part.task.spec if part.task else None for part in dev.parts]
+    if not evaluation.dev_tasks:
+        return {"dev_task": specs[0]}
+    return {"dev_tasks": [dataclasses.replace(e, task=s) for e, s in zip(evaluation.dev_tasks, specs, strict=True)]}
 
 
 def _absolute(path: str) -> str:
@@ -282,7 +289,7 @@ def _check_datasets(config: TrainConfig, tasks: RunTasks) -> None:
     tasks.check(data_dir)
     datasets = (
         []
-        if tasks.dev.task
+        if not tasks.dev.reads_dev_pairs
         else [("evaluation.dev_dataset", config.evaluation.dev_dataset, config.evaluation.dev_split)]
     )
     for i, stage in enumerate(config.stages):

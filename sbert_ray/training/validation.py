@@ -70,20 +70,21 @@ def score_dev_when_free(
 
 
 def score_dev(checkpoint: ray.train.Checkpoint, step: int, dev: dict, place: dict, tracking: dict | None) -> dict:
-    """The dev score of a checkpoint's model (``evaluation.dev_task``/``dev_metric``; by default the STSb dev
-    Spearman x100), logged to the run as ``dev/<metric>`` at ``step``; a store that stays away for the tracking
-    section's wait_s loses that point, the score still counts."""
+    """The dev score of a checkpoint's model (``evaluation.dev_task``/``dev_metric`` or ``dev_tasks``; by default the
+    STSb dev Spearman x100), logged to the run as ``dev/<metric>`` (and each dev task's) at ``step``; a store that
+    stays away for the tracking section's wait_s loses that point, the score still counts."""
     torch.set_num_threads(place["threads"])
     evaluation, spec = from_dict(EvalConfig, dev["evaluation"]), DevSpec.from_wire(dev["spec"])
     scorer = DevScorer(evaluation, resolve_data_dir(dev["data_dir"]), spec)
-    score = scorer.score(checkpoint_model(checkpoint).to(place["device"]))
+    scores = scorer.scores(checkpoint_model(checkpoint).to(place["device"]))
+    score = scores[scorer.key]
     if tracking:
         # Here: the final scores' task imports this module too (checkpoint_model), where nothing is logged and
         # importing mlflow would cost its start a second or more.
         from sbert_ray.tracking.mlflow_run import RunLogger
 
         try:
-            RunLogger(**tracking).log_metrics({f"dev/{scorer.metric}": score}, step=step)
+            RunLogger(**tracking).log_metrics(scores, step=step)
         except TrackingError as err:
             log.warning("dev score %.2f of step %d not logged: %s", score, step, err)
     return {DEV_SCORE: score}

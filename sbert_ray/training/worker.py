@@ -244,8 +244,9 @@ class RayReporter:
             return ray.train.ValidationTaskConfig({"step": state.global_step})
         # Under FSDP the whole model rank 0 gathered for the checkpoint, on the device while it scores.
         encoder = save.whole.encoder.to(self.device) if save.whole else self.encoder
-        metrics[DEV_SCORE] = state.dev_score = self.dev.score(encoder)
-        self.log({f"dev/{self.dev.metric}": state.dev_score}, step=state.global_step)
+        scores = self.dev.scores(encoder)
+        metrics[DEV_SCORE] = state.dev_score = scores[self.dev.key]
+        self.log(scores, step=state.global_step)
         return False
 
 

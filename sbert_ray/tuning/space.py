@@ -24,15 +24,14 @@ from typing import Any
 
 from ray import tune
 
-from sbert_ray.config import ConfigError, TrainConfig, check_folder_name, from_dict, to_dict
+from sbert_ray.config import ConfigError, EvalConfig, TrainConfig, check_folder_name, from_dict, to_dict
 from sbert_ray.evaluation.dev_score import DEV_SCORE
 
 KINDS = ("choice", "grid", "loguniform", "uniform")
 SEARCHES = ("random", "grid", "optuna")  # random: Tune's variant generator (grid keys crossed, others sampled)
 SCHEDULERS = ("asha", "fifo")
-METRIC = (
-    DEV_SCORE  # what every trial reports: the dev score of base.evaluation (dev_task, dev_metric); higher is better
-)
+# What every trial reports: the dev score of base.evaluation (dev_task/dev_metric, or dev_tasks); higher is better.
+METRIC = DEV_SCORE
 
 
 @dataclass
@@ -84,15 +83,20 @@ class SweepConfig:
             raise ConfigError("search: grid needs every search_space key to be a grid")
         if self.search == "optuna" and "grid" in kinds:
             raise ConfigError("search: optuna samples its own points; use choice instead of grid")
-        dev = (self.base.evaluation.dev_task, self.base.evaluation.dev_metric)
+        dev = _dev_settings(self.base.evaluation)
         for config in space.extreme_configs():  # every combination of options builds a valid training config
             if config.scaling.elastic:
                 raise ConfigError("search_space: scaling.num_workers must stay one number (sweeps are not elastic)")
-            if (config.evaluation.dev_task, config.evaluation.dev_metric) != dev:
+            if _dev_settings(config.evaluation) != dev:
                 raise ConfigError(
-                    "search_space: trials are ranked by one dev score; set evaluation.dev_task and dev_metric in "
-                    "base, not in the search space"
+                    "search_space: trials are ranked by one dev score; set evaluation.dev_task, dev_metric and "
+                    "dev_tasks in base, not in the search space"
                 )
+
+
+def _dev_settings(evaluation: EvalConfig) -> tuple:
+    """What the dev score is, as the config sets it."""
+    return evaluation.dev_task, evaluation.dev_metric, evaluation.dev_tasks
 
 
 @dataclass(frozen=True)
