@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib.util
+from pathlib import Path
 
 import numpy as np
 import peft
@@ -46,6 +48,8 @@ from sbert_ray.training.state import MODEL_DIR
 SETTINGS = LoraSettings(r=4, alpha=8.0, target_modules=["query", "value", "dense"])
 SENTENCES = ["A man plays a guitar.", "Two dogs run in the park.", "The weather is sunny and warm today."]
 CLOSE = 1e-5  # float32 embeddings of the same weights through two libraries' kernels
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def lora_layers(transformer: peft.PeftModel) -> dict[str, peft.tuners.lora.LoraLayer]:
@@ -211,3 +215,19 @@ def test_no_lora_is_full_fine_tuning():
     with pytest.raises(ConfigError, match=r"^model\.lora\.r must be >= 1"):
         config.validate()
     assert dataclasses.asdict(ModelConfig(lora=LoraSettings()))["lora"]["target_modules"] is None
+
+
+def test_the_footprint_benchmark_times_both_variants_and_counts_only_the_adapters_state(monkeypatch):
+    """benchmarks/lora_footprint.py (docs/large-models.md's table), at its smallest: what it prints holds together."""
+    spec = importlib.util.spec_from_file_location("lora_footprint", REPO / "benchmarks" / "lora_footprint.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    full, adapted = bench.measure("random:tiny", LoraSettings(r=4, alpha=8.0), steps=2)
+    assert (full["lora"], adapted["lora"]["r"]) == (None, 4) and full["parameters"] < adapted["parameters"]
+    assert adapted["trainable"] < full["trainable"] <= full["parameters"]  # (an unused pooler stays frozen)
+    # AdamW keeps two moments per trainable parameter, in float32: 8 bytes each
+    for row in (full, adapted):
+        assert row["adamw_state_mib"] == pytest.approx(8 * row["trainable"] / 2**20, abs=1e-3)
+        assert row["gradients_mib"] == pytest.approx(4 * row["trainable"] / 2**20, abs=1e-3)
+        assert row["step_ms_median"] > 0
+    assert adapted["step_time_vs_full"] > 0
