@@ -233,12 +233,15 @@ def uneven_split_steps(
 
 @dataclass(frozen=True)
 class StrategyRun:
-    """One run of ``strategy_runs``: its folder's name, whether the encoder is sharded (FSDP) rather than in DDP, and
-    the checkpoint folder it resumes from, relative to the runs' folder ("": a new run)."""
+    """One run of ``strategy_runs``: its folder's name, whether the encoder is sharded (FSDP) rather than in DDP, the
+    checkpoint folder it resumes from, relative to the runs' folder ("": a new run), its resolved precision and
+    whether it trains LoRA adapters (``LORA``)."""
 
     name: str
     fsdp: bool
     resume: str = ""
+    precision: str = "fp32"
+    lora: bool = False
 
 
 def strategy_runs(rank: int, world_size: int, tmp: str, model_dir: str, data_dir: str, runs: list[StrategyRun]) -> None:
@@ -259,12 +262,13 @@ def strategy_runs(rank: int, world_size: int, tmp: str, model_dir: str, data_dir
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world_size)
-    config = strategy_config(model_dir, data_dir)
     for run in runs:
-        worker = Worker(CPU, "fp32", rank, world_size, alone if run.fsdp else DistributedDataParallel, shard=run.fsdp)
+        config = strategy_config(model_dir, data_dir, run.lora)
+        distribute = alone if run.fsdp else DistributedDataParallel
+        worker = Worker(CPU, run.precision, rank, world_size, distribute, shard=run.fsdp)
         started = start_worker(config, worker, Path(tmp, run.resume) if run.resume else None)
 
-        def rank_share(index: int, encoder=started.encoder) -> list[SourceStream]:
+        def rank_share(index: int, encoder=started.encoder, config=config) -> list[SourceStream]:
             return [
                 SourceStream(source.name, source.rows, source.weight, functools.partial(_every_nth, source, rank))
                 for source in local_sources(config, index, encoder)
@@ -282,15 +286,17 @@ def _every_nth(source, rank: int):
     return (table.take(list(range(rank, table.num_rows, world_size))) for table in source.open_pass())
 
 
-def strategy_config(model_dir: str, data_dir: str):
+def strategy_config(model_dir: str, data_dir: str, lora: bool = False):
     """Regression on 32 STSb pairs (batch 8 in 2 micro-batches: accumulation), then MNRL on 32 NLI triplets (the
-    cross-worker gather), a report every 2 steps (each a full-state checkpoint); planned for 2 workers."""
+    cross-worker gather), a report every 2 steps (each a full-state checkpoint); planned for 2 workers. ``lora``:
+    adapters on the attention's query and value projections."""
     from sbert_ray.config import EvalConfig, ModelConfig, ScalingConfig, StageConfig, TrainConfig
+    from sbert_ray.models.lora_settings import LoraSettings
 
     return TrainConfig(
         seed=3,
         data_dir=data_dir,
-        model=ModelConfig(name=model_dir),
+        model=ModelConfig(name=model_dir, lora=LoraSettings(r=4, alpha=8.0) if lora else None),
         stages=[
             StageConfig(limit=32, batch_size=8, grad_accum_steps=2, learning_rate=1e-3, warmup_ratio=0.0),
             StageConfig(

@@ -1,5 +1,6 @@
 """Training arithmetic per device: ``scaling.precision`` resolved to an autocast dtype (and a gradient scaler for
-fp16). Weights, gradients and optimizer state stay fp32 in every mode; autocast runs the matrix products in 16 bit."""
+fp16). Weights, gradients and optimizer state stay fp32 in every mode; autocast runs the matrix products in 16 bit
+(under FSDP in bf16 the blocks also compute on bf16 copies of the fp32 shards: ``training.sharding``)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_optimizer_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from sbert_ray.models import SentenceEncoder
 
@@ -49,15 +49,22 @@ class Whole(NamedTuple):
     optimizer_state: dict | None
 
 
-def shard_encoder(encoder: SentenceEncoder, keep_meta_copy: bool) -> None:
+def shard_encoder(encoder: SentenceEncoder, keep_meta_copy: bool, precision: str = "fp32") -> None:
     """Shard ``encoder`` (on its training device) in place: every transformer block its own FSDP unit (gathered
     only while it computes), the rest (embeddings, norms) the root's. ``keep_meta_copy``: rank 0, which writes
-    checkpoints and scores the dev set, keeps a storage-free copy to gather into."""
+    checkpoints and scores the dev set, keeps a storage-free copy to gather into.
+
+    Under bf16 the blocks compute on bf16 copies of the weights (FSDP's mixed precision: all-gathered and held
+    unsharded in half the bytes) while each rank's shard, its gradients' reduction and AdamW's state stay fp32:
+    the fp32 master weights of mixed-precision training at no extra memory. The embeddings come out in fp32."""
     if keep_meta_copy:
         _META_COPIES[encoder] = _meta_copy(encoder)
+    half = precision == "bf16"
+    compute = torch.bfloat16 if half else None
     for module in _blocks(encoder.transformer):
-        fully_shard(module)
-    fully_shard(encoder)
+        fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32))
+    root = MixedPrecisionPolicy(compute, torch.float32, output_dtype=torch.float32 if half else None)
+    fully_shard(encoder, mp_policy=root)
 
 
 def is_sharded(encoder: torch.nn.Module) -> bool:

@@ -85,7 +85,7 @@ def start_worker(config: TrainConfig, worker: Worker, restored: Path | None) -> 
     # On its device before any optimizer is built or restored: optimizer state follows its parameters' device.
     encoder.to(worker.device)
     if worker.shard:  # from whole weights (a new or a restored model): any world size shards them
-        shard_encoder(encoder, keep_meta_copy=worker.rank == 0)
+        shard_encoder(encoder, keep_meta_copy=worker.rank == 0, precision=worker.precision)
     if restored is not None:
         rng_states = load_rng_states(restored)
         if len(rng_states) == worker.world_size:
