@@ -59,12 +59,12 @@ def shard_encoder(encoder: SentenceEncoder, keep_meta_copy: bool, precision: str
     the fp32 master weights of mixed-precision training at no extra memory. The embeddings come out in fp32."""
     if keep_meta_copy:
         _META_COPIES[encoder] = _meta_copy(encoder)
+    # Without bf16 every dtype stays the parameters' own (None): a float64 test encoder must reduce in float64.
     half = precision == "bf16"
-    compute = torch.bfloat16 if half else None
+    compute, full = (torch.bfloat16, torch.float32) if half else (None, None)
     for module in _blocks(encoder.transformer):
-        fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32))
-    root = MixedPrecisionPolicy(compute, torch.float32, output_dtype=torch.float32 if half else None)
-    fully_shard(encoder, mp_policy=root)
+        fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=full))
+    fully_shard(encoder, mp_policy=MixedPrecisionPolicy(compute, full, output_dtype=full))
 
 
 def is_sharded(encoder: torch.nn.Module) -> bool:
