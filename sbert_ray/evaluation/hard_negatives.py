@@ -2,17 +2,17 @@
 sentence-transformers' ``util.mine_hard_negatives`` chooses them (same negatives with exact search and ``top``
 sampling, up to ties), from an exact chunked top-k search (``retrieval.search_corpus``: no full score matrix).
 
-The semantics, read off sentence-transformers 5.x/6.x (``util/hard_negatives.py``):
+The semantics, read off sentence-transformers 6.3 (``util/hard_negatives.py``; pyproject asks for >= 6.3):
 
 - The data set's anchors are deduplicated (first seen first); an anchor's positives are the distinct positives of
   its rows. The corpus is the separate corpus, if any, then the positives, deduplicated (``dict.fromkeys``).
 - Embeddings are unit length; scores are cosine similarities.
-- Each anchor's candidates are its ``range_max + max_positives`` best corpus rows (``max_positives``: the most rows
-  any one anchor has, repeats counted). ``range_max`` defaults to ``range_min + num_negatives + max_positives``,
-  or ``range_min + 10 * num_negatives + max_positives`` when a margin or ``max_score`` may drop candidates.
-- Candidates are dropped when they are the anchor's own text (sentence-transformers keeps it, as the anchor's
-  best negative, when a corpus holds it) or a positive of the anchor; with ``margin`` when ``score + margin``
-  exceeds the anchor's lowest positive score; with ``relative_margin`` when ``score`` exceeds
+- Each anchor's candidates are its ``range_max + max_positives + 1`` best corpus rows (``max_positives``: the most
+  rows any one anchor has, repeats counted; the one more stands in for the anchor's own text). ``range_max``
+  defaults to ``range_min + num_negatives + max_positives``, or ``range_min + 10 * num_negatives + max_positives``
+  when a margin or ``max_score`` may drop candidates.
+- Candidates are dropped when they are the anchor's own text or a positive of the anchor; with ``margin`` when
+  ``score + margin`` exceeds the anchor's lowest positive score; with ``relative_margin`` when ``score`` exceeds
   ``p - |p| * relative_margin`` (``p`` that lowest positive score); with ``max_score`` when above it, with
   ``min_score`` when below it.
 - What remains, best first, is cut to ranks ``[range_min, range_max)``: ``range_min`` skips the best *remaining*
@@ -103,8 +103,8 @@ class MiningSettings:
         return self.range_min + per_negative * self.num_negatives + max_positives
 
     def candidates(self, max_positives: int) -> int:
-        """How many of the best corpus rows each anchor's search keeps."""
-        return self.window_end(max_positives) + max_positives
+        """How many of the best corpus rows each anchor's search keeps: the window, the positives and the anchor."""
+        return self.window_end(max_positives) + max_positives + 1
 
 
 @dataclass(frozen=True)
