@@ -234,14 +234,15 @@ def uneven_split_steps(
 @dataclass(frozen=True)
 class StrategyRun:
     """One run of ``strategy_runs``: its folder's name, whether the encoder is sharded (FSDP) rather than in DDP, the
-    checkpoint folder it resumes from, relative to the runs' folder ("": a new run), its resolved precision and
-    whether it trains LoRA adapters (``LORA``)."""
+    checkpoint folder it resumes from, relative to the runs' folder ("": a new run), its resolved precision,
+    whether it trains LoRA adapters and its model folder ("": the one ``strategy_runs`` is given)."""
 
     name: str
     fsdp: bool
     resume: str = ""
     precision: str = "fp32"
     lora: bool = False
+    model_dir: str = ""
 
 
 def strategy_runs(rank: int, world_size: int, tmp: str, model_dir: str, data_dir: str, runs: list[StrategyRun]) -> None:
@@ -263,7 +264,7 @@ def strategy_runs(rank: int, world_size: int, tmp: str, model_dir: str, data_dir
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world_size)
     for run in runs:
-        config = strategy_config(model_dir, data_dir, run.lora)
+        config = strategy_config(run.model_dir or model_dir, data_dir, run.lora)
         distribute = alone if run.fsdp else DistributedDataParallel
         worker = Worker(CPU, run.precision, rank, world_size, distribute, shard=run.fsdp)
         started = start_worker(config, worker, Path(tmp, run.resume) if run.resume else None)
@@ -289,7 +290,7 @@ def _every_nth(source, rank: int):
 def strategy_config(model_dir: str, data_dir: str, lora: bool = False):
     """Regression on 32 STSb pairs (batch 8 in 2 micro-batches: accumulation), then MNRL on 32 NLI triplets (the
     cross-worker gather), a report every 2 steps (each a full-state checkpoint); planned for 2 workers. ``lora``:
-    adapters on the attention's query and value projections."""
+    adapters on peft's default targets for the model (the attention's query and value projections)."""
     from sbert_ray.config import EvalConfig, ModelConfig, ScalingConfig, StageConfig, TrainConfig
     from sbert_ray.models.lora_settings import LoraSettings
 

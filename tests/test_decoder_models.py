@@ -1,7 +1,7 @@
-"""Decoder embedders (Qwen3, Qwen2, Llama, Mistral shapes, built offline): last-token and position-weighted pooling,
-left and right padding and instruction prompts give sentence-transformers' embeddings; such a model trains and its
-saved folder reloads in sentence-transformers with the same embeddings. RoBERTa and ModernBERT encoders load too;
-the attention kernels and gradient checkpointing leave the arithmetic as it was."""
+"""Decoder embedders (Qwen3, Qwen2, Llama, Mistral, Gemma 2 shapes, built offline): last-token and
+position-weighted pooling, left and right padding and instruction prompts give sentence-transformers' embeddings;
+such a model trains and its saved folder reloads in sentence-transformers with the same embeddings. RoBERTa and
+ModernBERT encoders load too; the attention kernels and gradient checkpointing leave the arithmetic as it was."""
 
 from __future__ import annotations
 
@@ -64,6 +64,7 @@ def test_pooling_equals_sentence_transformers_on_left_right_and_mixed_padding(mo
         ("qwen2", "weightedmean", "right"),
         ("llama", "lasttoken", "left"),
         ("mistral", "lasttoken", "left"),
+        ("gemma2", "lasttoken", "left"),  # no sdpa in transformers: loads with eager attention
     ],
 )
 def test_a_decoder_folder_encodes_as_sentence_transformers_does(tmp_path, model_type, pooling, padding_side):

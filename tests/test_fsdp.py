@@ -18,6 +18,7 @@ from spawned_workers import StrategyRun, strategy_config, strategy_runs
 from sbert_ray.cli import main
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.models.lora import ADAPTER_DIR
+from sbert_ray.models.random_decoder import build_random_decoder
 from sbert_ray.training.loop import LocalReporter
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.sharding import shard_encoder
@@ -43,8 +44,10 @@ SENTENCES = ["A man plays a guitar.", "Two dogs run in the park.", "The train le
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir: Path, data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The recipe trained by two DDP workers, by two FSDP workers, and by two FSDP workers resumed from the DDP run's
-    checkpoint of step 2; and by both strategies in bf16 and with LoRA: each run's folder (reports.pt, checkpoints/)."""
+    checkpoint of step 2; by both strategies in bf16 and with LoRA; and both ways, with and without LoRA, on a
+    Mistral-shaped decoder (lasttoken pooling, left padding): each run's folder (reports.pt, checkpoints/)."""
     tmp = tmp_path_factory.mktemp("runs")
+    decoder = str(build_random_decoder(tmp / "mistral", model_type="mistral"))
     runs = [
         StrategyRun("ddp", False),
         StrategyRun("fsdp", True),
@@ -53,6 +56,8 @@ def runs(tiny_model_dir: Path, data_dir: Path, tmp_path_factory: pytest.TempPath
         StrategyRun("fsdp_bf16", True, precision="bf16"),
         StrategyRun("ddp_lora", False, lora=True),
         StrategyRun("fsdp_lora", True, lora=True),
+        *(StrategyRun(f"{way}_decoder", way == "fsdp", model_dir=decoder) for way in ("ddp", "fsdp")),
+        *(StrategyRun(f"{way}_decoder_lora", way == "fsdp", lora=True, model_dir=decoder) for way in ("ddp", "fsdp")),
     ]
     mp.spawn(strategy_runs, args=(2, str(tmp), str(tiny_model_dir), str(data_dir), runs), nprocs=2, join=True)
     return {run.name: tmp / run.name for run in runs}
@@ -173,6 +178,26 @@ def test_lora_under_fsdp_trains_the_ddp_curve_and_saves_the_merged_model(runs):
     theirs = SentenceTransformer(str(final), device="cpu").encode(SENTENCES)
     ddp = SentenceEncoder.load(runs["ddp_lora"] / "checkpoints" / "step-8" / MODEL_DIR).encode(SENTENCES)
     np.testing.assert_allclose(theirs, ddp, rtol=0, atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("fsdp runs")
+@pytest.mark.parametrize("training", ["decoder", "decoder_lora"])
+def test_a_decoder_trains_the_ddp_curve_under_fsdp_and_reloads_in_sentence_transformers(runs, training):
+    """Another family than BERT (Mistral's blocks, grouped-query attention, left padding, lasttoken pooling), all
+    weights or LoRA adapters: FSDP's losses are DDP's, and the final model, loaded by sentence-transformers, embeds
+    as ours does and as DDP's does."""
+    from sentence_transformers import SentenceTransformer
+
+    fsdp, ddp = runs[f"fsdp_{training}"], runs[f"ddp_{training}"]
+    assert len(losses(fsdp)) == 4
+    torch.testing.assert_close(losses(fsdp), losses(ddp), rtol=CURVE_RTOL, atol=0)
+    final = fsdp / "checkpoints" / "step-8" / MODEL_DIR
+    assert (final / ADAPTER_DIR).is_dir() == training.endswith("lora")
+    theirs = SentenceTransformer(str(final), device="cpu").encode(SENTENCES)
+    np.testing.assert_allclose(theirs, SentenceEncoder.load(final).encode(SENTENCES), rtol=0, atol=1e-5)
+    ddp_embeddings = SentenceEncoder.load(ddp / "checkpoints" / "step-8" / MODEL_DIR).encode(SENTENCES)
+    np.testing.assert_allclose(theirs, ddp_embeddings, rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize(

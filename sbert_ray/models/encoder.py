@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import math
 import os
 import sys
@@ -23,6 +24,8 @@ from sbert_ray.models.prompts import check_prompts, resolve_prompt
 from sbert_ray.models.resolve import ModelFiles, resolve_model_ref
 from sbert_ray.models.st_layout import ModelError, StLayout, write_st_layout
 from sbert_ray.progress import progress_bar
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -95,19 +98,21 @@ class SentenceEncoder(nn.Module):
         load from safetensors files only, unless ``allow_unsafe_weights`` (pickled PyTorch files can run code); the
         model's own code never runs.
         """
-        from transformers import AutoModel  # here: importing the package must not load model code
+        from transformers import AutoConfig, AutoModel  # here: importing the package must not load model code
 
         files = ModelFiles.read(resolve_model_ref(ref))
         files.check_weights(allow_pickle=allow_unsafe_weights)
+        config = AutoConfig.from_pretrained(files.path, subfolder=files.subfolder, trust_remote_code=False)
         # fp32 whatever the checkpoint holds (transformers 5 defaults to dtype="auto"): training and published
         # numbers need fp32 weights; 16-bit runs cast or autocast explicitly.
         transformer = AutoModel.from_pretrained(
             files.path,
+            config=config,
             subfolder=files.subfolder,
             dtype=torch.float32,
             use_safetensors=None if allow_unsafe_weights else True,
             trust_remote_code=False,
-            attn_implementation=check_attention(attn_implementation),
+            attn_implementation=supported_attention(config, check_attention(attn_implementation), str(ref)),
         )
         tokenizer, layout = files.tokenizer(), files.layout
         if max_seq_length is None:
@@ -508,6 +513,18 @@ def check_attention(attn_implementation: str) -> str:
             "model.attn_implementation: flash_attention_2 needs the flash-attn package (>= 2.3.3) and a CUDA GPU, "
             "and this process has not both; use sdpa"
         )
+    return attn_implementation
+
+
+def supported_attention(config, attn_implementation: str, ref: str) -> str:
+    """``attn_implementation``, except that a model whose transformers class has no sdpa attention (Gemma 2: its
+    logit soft-capping has no fused kernel) runs eager, said in the log, as sentence-transformers loads it."""
+    from transformers import MODEL_MAPPING  # here: importing the package must not load model code
+
+    model_class = MODEL_MAPPING.get(type(config), None)
+    if attn_implementation == "sdpa" and model_class is not None and not model_class._supports_sdpa:
+        log.warning("%s: %s has no sdpa attention in transformers; using eager", ref, model_class.__name__)
+        return "eager"
     return attn_implementation
 
 

@@ -47,7 +47,7 @@ def decoder_tokenizer(padding_side: str = "left", vocab_size: int = 400):
 
 # transformers model types of the decoder families embedders are built on (Qwen3-Embedding, gte-Qwen2, E5-Mistral,
 # Llama-based ones); each with the same small shape.
-DECODER_TYPES = ("qwen3", "qwen2", "llama", "mistral")
+DECODER_TYPES = ("qwen3", "qwen2", "llama", "mistral", "gemma2")
 
 
 def random_decoder(
