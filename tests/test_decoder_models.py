@@ -139,6 +139,23 @@ def test_flash_attention_without_flash_attn_is_refused_before_training(tiny_trai
         load_config(tiny_train_config(), ["model.attn_implementation=flash"])
 
 
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and importlib.util.find_spec("flash_attn")), reason="needs a CUDA GPU and flash-attn"
+)
+@pytest.mark.parametrize("padding_side", ["left", "right"])
+def test_flash_attention_2_embeds_as_sdpa_does_on_a_gpu(tmp_path, padding_side):
+    """flash-attn runs the rows unpadded (varlen), sdpa masks the padding: in bf16 both round to 8 significant
+    bits, so each embedding keeps its direction (cosine > 0.999; a padding token attended or the wrong last token
+    pooled turns it by far more)."""
+    path = str(build_random_decoder(tmp_path, padding_side=padding_side, prompts=INSTRUCTION))
+    embeddings = [
+        SentenceEncoder.load(path, attn_implementation=kernel).to("cuda").encode(SENTENCES, precision="bf16")
+        for kernel in ("sdpa", "flash_attention_2")
+    ]
+    cosines = torch.nn.functional.cosine_similarity(*(torch.as_tensor(e) for e in embeddings))
+    assert cosines.min() > 0.999, cosines
+
+
 def test_a_left_padded_decoder_trains_and_reloads_in_sentence_transformers(tmp_path, data_dir):
     """Regression on 24 STSb pairs, 4 epochs, the anchors after the instruction: the loss falls, and the saved
     model (left padding, last-token pooling, the prompt) encodes in sentence-transformers as in sbert-ray."""
