@@ -25,7 +25,6 @@ import torch
 
 from sbert_ray.bench import tables
 from sbert_ray.config import ConfigError, ModelConfig, StageConfig, TrainConfig
-from sbert_ray.files import json_text
 from sbert_ray.models import load_encoder
 from sbert_ray.training.sources import stage_sources
 from sbert_ray.training.stream import SourceStream, StageBatches, batch_plan, local_sources, stage_steps
@@ -206,13 +205,4 @@ def format_table(records: list[dict]) -> str:
 
 def log_records(records: list[dict], params: dict, tracking_uri: str, experiment: str) -> str:
     """One MLflow run: params, the headline numbers per record, the records as JSON; returns its id."""
-    from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags
-
-    with RunTracker(tracking_uri, experiment, run_name="bench-ingest") as tracker:
-        tracker.set_tags(environment_tags())
-        tracker.log_params(params)
-        tracker.log_metrics(
-            {f"{r['mode']}/{key}": r[key] for r in records for key in LOGGED_METRICS if r.get(key) is not None}
-        )
-        tracker.log_text(json_text(records), "bench_ingest.json")
-        return tracker.run_id
+    return tables.log_records(records, "ingest", lambda r: r["mode"], LOGGED_METRICS, params, tracking_uri, experiment)

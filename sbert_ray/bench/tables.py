@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sbert_ray.files import json_text
 
@@ -98,3 +98,26 @@ def log_bench(records: Sequence[dict], kind: str, params: dict, tracking_uri: st
         tracker.log_figure(figure, f"bench_{kind}.png")
         plt.close(figure)
     return tracker.run_id
+
+
+def log_records(
+    records: Sequence[dict],
+    kind: str,
+    name_of: Callable[[dict], str],
+    metrics: Sequence[str],
+    params: dict,
+    tracking_uri: str,
+    experiment: str,
+) -> str:
+    """One MLflow run ``bench-<kind>``: params, ``metrics`` of each record under ``name_of(record)``, the records as
+    JSON; returns its id."""
+    from sbert_ray.tracking.mlflow_run import RunTracker, environment_tags
+
+    with RunTracker(tracking_uri, experiment, run_name=f"bench-{kind}") as tracker:
+        tracker.set_tags(environment_tags())
+        tracker.log_params(params)
+        tracker.log_metrics(
+            {f"{name_of(r)}/{key}": r[key] for r in records for key in metrics if r.get(key) is not None}
+        )
+        tracker.log_text(json_text(list(records)), f"bench_{kind}.json")
+        return tracker.run_id

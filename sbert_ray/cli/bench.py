@@ -1,5 +1,6 @@
-"""``sbert-ray bench encode | train | ingest``: throughput side by side with sentence-transformers (ingest: the input
-pipeline beside the training step), as a table, JSON and an MLflow run."""
+"""``sbert-ray bench encode | train | ingest | eval``: throughput side by side with sentence-transformers (ingest: the
+input pipeline beside the training step; eval: an evaluation on 1, 2, 4 ... Ray workers), as a table, JSON and an
+MLflow run."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from sbert_ray.cli.arguments import (
     sizes,
     tracking_store,
 )
-from sbert_ray.config import parse_device
+from sbert_ray.config import ConfigError, parse_device
 from sbert_ray.files import check_folder, json_text, write_json
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ def add_arguments(subparsers) -> None:
     _add_encode_arguments(bench_sub, bench_common)
     _add_train_arguments(bench_sub, bench_common)
     _add_ingest_arguments(bench_sub, bench_common)
+    _add_eval_arguments(bench_sub, bench_common)
 
 
 def _add_encode_arguments(bench_sub, bench_common: argparse.ArgumentParser) -> None:
@@ -152,6 +154,25 @@ def _add_ingest_arguments(bench_sub, bench_common: argparse.ArgumentParser) -> N
         "--target-pairs-per-s", type=float, default=6400.0, help="a worker's need (default: 256 pairs per 40 ms)"
     )
     bi.set_defaults(func=run_ingest)
+
+
+def _add_eval_arguments(bench_sub, bench_common: argparse.ArgumentParser) -> None:
+    bv = add_command(
+        bench_sub,
+        "eval",
+        parents=[bench_common],
+        help="an evaluation's time on 1, 2, 4 ... Ray workers (scaling efficiency) beside one process and "
+        "sentence-transformers' evaluator",
+    )
+    bv.add_argument("--tasks", default="stsb", help="as sbert-ray eval --tasks (default: stsb)")
+    bv.add_argument(
+        "--workers", type=positive_ints, default=[1, 2], help="Ray worker counts, e.g. 1,2,4 (default: 1,2)"
+    )
+    bv.add_argument("--threads-per-worker", type=positive_int, default=1,
+                    help="torch threads (= CPUs) of each worker, and of the one-process runs (default: 1)")  # fmt: skip
+    bv.add_argument("--batch-size", type=positive_int, default=64)
+    bv.add_argument("--no-reference", action="store_true", help="skip sentence-transformers' evaluator")
+    bv.set_defaults(func=run_eval)
 
 
 def run_encode(args: argparse.Namespace) -> int:
@@ -314,4 +335,46 @@ def run_ingest(args: argparse.Namespace) -> int:
         run_id = log_records([record], {**vars(settings), "repeats": args.repeats}, store.uri, args.experiment)
         print(f"MLflow run {run_id} at {store}", file=sys.stderr)
     print(json_text([record]))
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """The table on stderr, ``--output`` JSON, an MLflow run, then the records as JSON on stdout."""
+    from sbert_ray.bench import tables
+    from sbert_ray.bench.eval_speed import COLUMNS, LOGGED_METRICS, EvalBench, EvalBenchSettings, record_name
+    from sbert_ray.data.readers import resolve_data_dir
+    from sbert_ray.evaluation.encoder_pool import replica_resources
+    from sbert_ray.ray_compat import connect_ray
+    from sbert_ray.runs.cluster import refuse_impossible_encoders
+
+    check_output(args, "--output")
+    if args.device != "cpu":
+        raise ConfigError(f"--device {args.device}: bench eval measures CPU workers only (for now)")
+    data_dir = resolve_data_dir(args.data_dir)
+    settings = EvalBenchSettings(
+        model=args.model,
+        tasks=args.tasks,
+        data_dir=str(data_dir.resolve()) if data_dir else None,
+        batch_size=args.batch_size,
+        threads_per_worker=args.threads_per_worker,
+    )
+    store = None if args.no_mlflow else tracking_store(args)
+    bench = EvalBench.load(settings)  # tasks, data and model checked before Ray starts
+    connect_ray()
+    refuse_impossible_encoders(replica_resources(False, args.threads_per_worker), max(args.workers))
+    records = bench.run(
+        args.workers,
+        repeats=args.repeats,
+        reference=not args.no_reference,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    print(tables.format_table(records, COLUMNS), file=sys.stderr)
+    if args.output:
+        write_json(records, args.output)
+        print(f"wrote {args.output}", file=sys.stderr)
+    if store is not None:
+        params = {**vars(settings), "workers": args.workers, "repeats": args.repeats}
+        run_id = tables.log_records(records, "eval", record_name, LOGGED_METRICS, params, store.uri, args.experiment)
+        print(f"MLflow run {run_id} at {store}", file=sys.stderr)
+    print(json_text(records))
     return 0
