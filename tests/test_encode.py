@@ -316,3 +316,59 @@ def test_prompt_name_puts_the_prompt_before_every_text(local_ray, prompted_model
     expected = prompted_model[1].encode(sentences[:40], batch_size=16, prompt_name="document")
     np.testing.assert_allclose(vectors, expected, atol=1e-5, rtol=1e-5)  # as assert_embedded
     assert np.abs(vectors - prompted_model[1].encode(sentences[:40])).max() > 1e-3  # the prompt made a difference
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl", ".parquet"])
+def test_whole_rows_are_every_column_of_a_table_with_its_id(tmp_path, suffix):
+    path = tmp_path / f"rows{suffix}"
+    texts = [text.replace("\n", " ") for text in AWKWARD]  # TSV has no quoting
+    write_table(path, texts)
+    (corpus,) = open_corpus(str(path), "sentence")
+    tables = list(corpus.whole_rows(3, "row"))
+    assert [t.num_rows for t in tables] == [3, 1]
+    whole = pa.concat_tables(tables)
+    assert whole.column_names == ["row", "other", "sentence"] and whole.column("row").to_pylist() == [0, 1, 2, 3]
+    assert whole.column("sentence").to_pylist() == texts
+    assert [str(v) for v in whole.column("other").to_pylist()] == ["0", "1", "2", "3"]  # CSV/TSV values as text
+
+
+def test_keep_columns_refuses_what_has_no_columns_or_a_vector_already_before_ray(tmp_path, tiny_model_dir, capsys):
+    (tmp_path / "corpus.txt").write_text("a sentence\n")
+    pq.write_table(pa.table({"text": ["a dog"], "vector": [[1.0]]}), tmp_path / "encoded.parquet")
+    for name, message in [
+        ("corpus.txt", "--keep-columns keeps the columns of table files (.csv, .tsv, .jsonl, .parquet)"),
+        ("encoded.parquet", "already has a column 'vector', where the embeddings would go"),
+    ]:
+        args = ["encode", "--model", str(tiny_model_dir), "--input", str(tmp_path / name), "--keep-columns"]
+        assert main([*args, "--output", str(tmp_path / "out")]) == 2
+        assert capsys.readouterr().err == f"sbert-ray encode: error: {tmp_path / name}: {message}\n"
+    assert not (tmp_path / "out").exists()
+
+
+def test_keep_columns_writes_each_row_beside_its_vector_as_objective_mse_reads_it(
+    local_ray, tmp_path, tiny_model_dir, sentences
+):
+    """The teacher as a stage of multilingual distillation: its vectors of one column written beside the row's
+    other columns (an ``id`` of the input's own among them), which a stage of objective mse reads as (text,
+    translation) with the vector as the label; the teacher's size is known before the cluster from the first row."""
+    from sbert_ray.config import StageConfig
+    from sbert_ray.training.sources import read_tables, stage_sources, teacher_dimension
+
+    rows = pa.table({"id": list(range(40, 0, -1)), "english": sentences[:40], "translation": sentences[40:80]})
+    pq.write_table(rows, tmp_path / "parallel.parquet")
+    out = tmp_path / "teacher"
+    args = ["encode", "--model", str(tiny_model_dir), "--input", str(tmp_path / "parallel.parquet"), "--column"]
+    assert main([*args, "english", "--keep-columns", "--output", str(out), "--batch-size", "8"]) == 0
+    table = pq.read_table(out / "parallel.parquet.parquet")
+    assert table.drop_columns(["vector"]).equals(rows)  # every row once, in file order, as it came
+    vectors = np.array(table.column("vector").to_pylist(), dtype=np.float32)
+    expected = SentenceEncoder.load(str(tiny_model_dir)).encode(sentences[:40], batch_size=16)
+    np.testing.assert_allclose(vectors, expected, atol=1e-5, rtol=1e-5)  # as assert_embedded
+
+    stage = StageConfig(dataset=str(out), objective="mse", columns={"text": "english"})
+    (source,) = stage_sources(stage, 0)
+    assert teacher_dimension(source, stage) == 32
+    (read,) = read_tables(source, source.files[0], stage, None)
+    assert read.column("text_0").to_pylist() == sentences[:40]
+    assert read.column("text_1").to_pylist() == sentences[40:80]
+    np.testing.assert_array_equal(np.array(read.column("label").to_pylist(), dtype=np.float32), vectors)

@@ -24,6 +24,7 @@ from sbert_ray.losses import (
     DistillKLDivLoss,
     EncoderLoss,
     MarginMSELoss,
+    MSELoss,
     MultipleNegativesRankingLoss,
     SoftmaxLoss,
     TripletLoss,
@@ -148,8 +149,8 @@ def test_mnrl_keeps_entailed_pairs_and_objectives_refuse_other_records() -> None
 
 def test_every_registered_objective_declares_what_it_trains_on() -> None:
     for name, loss in OBJECTIVES.items():
-        assert loss.record_types and loss.user_file_kind in ("scored", "labelled", "triplet"), name
-        assert loss.label_field in (None, "label", "score", "scores"), name
+        assert loss.record_types and loss.user_file_kind in ("scored", "labelled", "triplet", "sentence"), name
+        assert loss.label_field in (None, "label", "score", "scores", "vector"), name
 
 
 # --- TripletLoss ---------------------------------------------------------------------------------------
@@ -327,3 +328,39 @@ def test_teacher_score_losses_refuse_rows_without_a_negative(encoder) -> None:
     for loss in (MarginMSELoss(encoder), DistillKLDivLoss(encoder)):
         with pytest.raises(ValueError, match="expects a query, a positive and negatives, got 2 columns"):
             loss.compute_loss_from_embeddings(_random_columns(2), torch.zeros(8, 1))
+
+
+class _OneTeacherVectorPerRow(torch.nn.Module):
+    """sentence-transformers' MSELoss as its forward calls it: a [rows, dim] label is the target of every column."""
+
+    def __init__(self, loss: st_losses.MSELoss) -> None:
+        super().__init__()
+        self.loss = loss
+
+    def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor) -> Tensor:
+        return self.loss.compute_loss_from_embeddings(embeddings, [labels] * len(embeddings))
+
+
+@pytest.mark.parametrize("texts", [1, 2])  # a text (compression), or a text and its translation (multilingual)
+def test_mse_equals_sentence_transformers(reference, encoder, texts: int) -> None:
+    columns = _random_columns(texts)
+    teacher = torch.randn(8, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    theirs = _OneTeacherVectorPerRow(st_losses.MSELoss(reference))
+    # 8 rows x 16 values x the columns of squared differences of values below 5 in size (each below 100)
+    _assert_equals_reference_in_float64(MSELoss(encoder), theirs, columns, teacher, 8 * 16 * texts, 100.0)
+
+
+def test_mse_on_the_model_equals_sentence_transformers_forward_and_trains_the_encoder(encoder, reference) -> None:
+    """Through both forwards: sentence-transformers' own broadcasting of one teacher vector per row to each column."""
+    teacher = torch.randn(len(ANCHORS), encoder.embedding_dim, generator=torch.Generator().manual_seed(6))
+    features = _features(encoder, ANCHORS, POSITIVES)
+    _assert_matches_reference_and_trains_encoder(MSELoss(encoder), st_losses.MSELoss(reference), features, teacher)
+
+
+def test_mse_by_hand_and_a_teacher_of_another_size_is_refused(encoder) -> None:
+    text, translation = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 0.0]])
+    teacher = torch.tensor([[1.0, 2.0]])
+    # text: ((1-1)² + (0-2)²) / 2 = 2; translation: (1 + 4) / 2 = 2.5; the mean over the columns
+    assert MSELoss(encoder).compute_loss_from_embeddings([text, translation], teacher).item() == pytest.approx(2.25)
+    with pytest.raises(ValueError, match="the teacher's embeddings have 3 dimensions, the student's 2"):
+        MSELoss(encoder).compute_loss_from_embeddings([text], torch.zeros(1, 3))

@@ -419,3 +419,57 @@ def test_a_teachers_scores_are_read_beside_the_negatives_and_a_missing_one_is_re
         err = capsys.readouterr().err
         assert code == 2 and err.startswith("sbert-ray train: error: ") and err.count("\n") == 1, err
         assert f"{dataset}: " in err and message in err, err
+
+
+def test_a_teachers_embeddings_are_read_beside_the_texts_and_refused_before_ray_where_they_do_not_fit(
+    tmp_path, tiny_train_config, capsys, tokenizer
+) -> None:
+    """mse reads ``text`` (and ``translation`` where there is one) with the teacher's ``vector`` of the text as each
+    row's label; a vector missing, of another length or not finite is refused naming its row, and a source without
+    the column, a csv, a teacher of another size than the model or matryoshka_dims as one line of ``sbert-ray
+    train`` before Ray, naming the column, file, both sizes or the key."""
+    rows = {"text": ["a dog", "a cat"], "translation": ["ein Hund", "eine Katze"]}
+    path = tmp_path / "teacher.parquet"
+    pq.write_table(pa.table(rows | {"vector": [[0.5, 1.0, -2.0], [3.0, 0.0, 1.5]]}), path)
+    stage = StageConfig(dataset=str(path), objective="mse")
+    (source,) = stage_sources(stage, 0)
+    (table,) = read_tables(source, source.files[0], stage, None)
+    assert table.column("text_1").to_pylist() == ["ein Hund", "eine Katze"]
+    tokens = tokenize_table(table, SimpleNamespace(tokenizer=tokenizer, max_seq_length=8, prompts={}))
+    assert TokenizedRows.from_arrow(tokens).labels.tolist() == [[0.5, 1.0, -2.0], [3.0, 0.0, 1.5]]
+    fixed_size = pa.array([[1.0, 2.0]], pa.list_(pa.float32(), 2))  # as encode writes it
+    pq.write_table(pa.table({"sentence": ["a dog"], "teacher": fixed_size}), path)
+    renamed = StageConfig(dataset=str(path), objective="mse", columns={"text": "sentence", "vector": "teacher"})
+    (renamed_source,) = stage_sources(renamed, 0)
+    (table,) = read_tables(renamed_source, str(path), renamed, None)
+    assert table.column_names == ["text_0", "label"] and table.column("label").to_pylist() == [[1.0, 2.0]]
+
+    for vectors, message in [
+        ([[1.0, 2.0, 3.0], None], "row 2: column 'vector' holds no embedding, the file's row 1 3 values"),
+        ([[1.0, 2.0, 3.0], [1.0, 2.0]], "row 2: column 'vector' holds 2 values, the file's row 1 3 values"),
+        ([[1.0, 2.0, 3.0], [1.0, float("nan"), 2.0]], "row 2: column 'vector' holds a value that is not a finite"),
+    ]:
+        pq.write_table(pa.table(rows | {"vector": vectors}), path)
+        with pytest.raises(DataError, match=rf"^{path}, {message}"):
+            list(read_tables(source, source.files[0], stage, None))
+
+    model_size = 32  # random:tiny's hidden size
+    right_size = [[0.0] * model_size] * 2
+    csv = tmp_path / "teacher.csv"
+    csv.write_text("text,vector\na dog,0.5\n")
+    cases = [
+        ({"text": ["a dog", "a cat"], "embedding": right_size}, path, [], "no column 'vector'"),
+        (None, csv, [], "trains on a teacher's embeddings, read from parquet"),
+        (rows | {"vector": [[0.5, 1.0, -2.0]] * 2}, path, [], "the teacher's embeddings have 3 dimensions and the "
+         f"model's {model_size}; objective 'mse' needs one size"),
+        (rows | {"vector": right_size}, path, ["stages.0.matryoshka_dims=[32,16]"], "stages.0.matryoshka_dims: "
+         "objective 'mse' regresses the whole embedding onto a teacher's"),
+    ]  # fmt: skip
+    for columns, dataset, more, message in cases:
+        if columns:
+            pq.write_table(pa.table(columns), dataset)
+        overrides = [f"stages.0.dataset={dataset}", "stages.0.objective=mse", "stages.0.limit=null", *more]
+        code = main(["train", str(tiny_train_config()), *overrides])
+        err = capsys.readouterr().err
+        assert code == 2 and err.startswith("sbert-ray train: error: ") and err.count("\n") == 1, err
+        assert message in err and (more or f"stages.0.dataset: {dataset}: " in err), err

@@ -378,6 +378,11 @@ TEACHER_ROWS = {
     "score_negative_1": [1.0, -2.0, 0.5, 3.0, -1.0, 2.0, 0.0, 1.5],
     "score_negative_2": [-4.0, -3.0, -5.0, -2.5, -3.5, -4.5, -2.0, -3.0],
 }
+TEACHER_VECTOR_ROWS = {  # a teacher's 32-value vector (the tiny model's size) of each text, as encode writes them
+    "text": [f"{p[0]} ({i})" for i, p in enumerate(PAIRS * 2)],
+    "translation": [f"{p[1]} ({i})" for i, p in enumerate(PAIRS * 2)],
+    "vector": torch.randn(8, 32, generator=torch.Generator().manual_seed(0)).tolist(),
+}
 
 
 @pytest.mark.parametrize(
@@ -388,6 +393,7 @@ TEACHER_ROWS = {
         ("margin_mse", {}, TEACHER_ROWS),
         ("distill_kl", {"temperature": 2.0}, TEACHER_ROWS),
         ("mnrl", {"symmetric": True}, TEACHER_ROWS),  # the scores are simply not read
+        ("mse", {}, TEACHER_VECTOR_ROWS),
     ],
 )
 def test_each_new_objective_trains_on_a_parquet_file_with_its_columns(

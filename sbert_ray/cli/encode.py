@@ -49,6 +49,13 @@ def add_arguments(subparsers) -> None:
         help="one of the model's prompts (config_sentence_transformers.json), e.g. query or document, put before "
         "every text; default: the model's default prompt, if it has one",
     )
+    en.add_argument(
+        "--keep-columns",
+        action="store_true",
+        help="table files: write every column of each row beside its vector, instead of (file, id, text, vector): "
+        "e.g. a teacher's vectors of --column english beside the translations a student is distilled on (objective "
+        "mse)",
+    )
     en.add_argument("--data-dir", help="for a registered dataset: local data folder (default: $SBERT_RAY_DATA_DIR)")
     en.set_defaults(func=run)
 
@@ -66,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         data_dir=args.data_dir,
         prompt_name=args.prompt_name,
+        keep_columns=args.keep_columns,
         resource_wait_s=args.resource_wait_s,
     )
     result = encode_corpus(request)

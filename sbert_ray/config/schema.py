@@ -406,11 +406,16 @@ def _check_dev_task(evaluation: EvalConfig) -> None:
 
 
 def _objective_settings(key: str, stage: StageConfig) -> dict[str, Any]:
-    """The stage's objective checked against the registry, and its ``loss`` settings against (and converted to) the
-    loss class's keyword arguments."""
+    """The stage's objective checked against the registry (with what it cannot be combined with), and its ``loss``
+    settings against (and converted to) the loss class's keyword arguments."""
     from sbert_ray.losses.registry import OBJECTIVES, loss_settings  # torch: only once everything else is valid
 
     check_choice(f"{key}.objective", stage.objective, tuple(OBJECTIVES))
+    if stage.matryoshka_dims and OBJECTIVES[stage.objective].label_field == "vector":
+        raise ConfigError(
+            f"{key}.matryoshka_dims: objective {stage.objective!r} regresses the whole embedding onto a teacher's "
+            "of that size, so its prefixes have no target; leave matryoshka_dims out"
+        )
     declared = loss_settings(stage.objective)
     unknown = sorted(set(stage.loss) - set(declared))
     if unknown:

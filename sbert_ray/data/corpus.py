@@ -28,6 +28,7 @@ from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.csv as pa_csv
+import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 from pyarrow import fs
 
@@ -67,6 +68,16 @@ class CorpusFile:
 
     def tables(self, rows_per_table: int) -> Iterator[pa.Table]:
         return _tables(self.rows(), rows_per_table)
+
+    def whole_rows(self, rows_per_table: int, row_column: str) -> Iterator[pa.Table]:
+        """Every column of a table file's rows, ``rows_per_table`` at a time, each row's ``id`` first in
+        ``row_column``; the text column as text, a null naming its row (``encode --keep-columns``)."""
+        row = 0
+        for table in table_rows(self.uri, rows_per_table):
+            table = checked_text_column(table, self.column, self.uri, row)
+            table = table.add_column(0, row_column, pa.array(range(row, row + table.num_rows), pa.int64()))
+            row += table.num_rows
+            yield table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,3 +286,62 @@ def _parquet_texts(path: str, column: str) -> Iterator[str]:
             raise DataError(f"{path}, row {row + first}: {column!r} is null, not text")
         yield from texts.to_pylist()
         row += len(texts)
+
+
+def table_rows(uri: str, rows_per_table: int) -> Iterator[pa.Table]:
+    """Every column of a CSV, TSV, JSONL or parquet file's rows, ``rows_per_table`` at a time (``sbert-ray score``
+    and ``encode --keep-columns`` write them out beside what they add)."""
+    suffix = posixpath.splitext(uri)[1].lower()
+    if suffix == ".parquet":
+        return _parquet_tables(uri, rows_per_table)
+    if suffix == ".jsonl":
+        return _rebatched(_json_tables(uri), rows_per_table)
+    return _rebatched(_csv_tables(uri), rows_per_table)
+
+
+def _parquet_tables(uri: str, rows_per_table: int) -> Iterator[pa.Table]:
+    filesystem, path = file_system(uri)
+    try:
+        file = pq.ParquetFile(filesystem.open_input_file(path))
+    except (pa.ArrowException, OSError) as err:
+        raise DataError(f"{uri}: not a readable parquet file ({err})") from None
+    for batch in file.iter_batches(batch_size=rows_per_table):
+        yield pa.Table.from_batches([batch])
+
+
+def _csv_tables(uri: str) -> Iterator[pa.Table]:
+    """Every column, as text."""
+    header = csv_header(uri)
+    convert = pa_csv.ConvertOptions(column_types=dict.fromkeys(header, pa.string()))
+    for batch in csv_batches(uri, convert) if header else ():
+        yield pa.Table.from_batches([batch])
+
+
+def _json_tables(uri: str) -> Iterator[pa.Table]:
+    """JSON objects, one a line; the column types are those of the file's first block of lines."""
+    try:
+        with open_binary(uri) as stream:
+            for batch in pa_json.open_json(stream):
+                yield pa.Table.from_batches([batch])
+    except pa.ArrowInvalid as err:  # not JSON, a value whose type differs from the first block's
+        raise DataError(f"{uri}: {err}") from None
+
+
+def _rebatched(tables: Iterator[pa.Table], rows_per_table: int) -> Iterator[pa.Table]:
+    """The same rows, ``rows_per_table`` at a time (the last table may hold fewer)."""
+    for table in tables:
+        for start in itertools.count(0, rows_per_table):
+            if start >= table.num_rows:
+                break
+            yield table.slice(start, rows_per_table)
+
+
+def checked_text_column(table: pa.Table, column: str, uri: str, first_row: int) -> pa.Table:
+    """``table`` with ``column`` as strings; a column that is not text, or a null in it, is refused naming its row."""
+    values = table[column]
+    if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+        raise DataError(f"{uri}: column {column!r} holds {values.type}, not text")
+    if values.null_count:
+        row = values.is_null().to_pylist().index(True)
+        raise DataError(f"{uri}, row {first_row + row + 1}: column {column!r} is null, not text")
+    return table.set_column(table.schema.get_field_index(column), column, values.cast(pa.string()))

@@ -51,6 +51,13 @@ class Pair:
 
 
 @dataclass(frozen=True, slots=True)
+class Sentence:
+    """One text (and, in a parquet source, its translation beside it): what a teacher's embedding is distilled on."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class TopicPair:
     topic: str
     sentence1: str
@@ -58,8 +65,8 @@ class TopicPair:
     score: float
 
 
-Record = ScoredPair | LabelledPair | Triplet | Pair | TopicPair
-Kind = Literal["scored", "labelled", "triplet", "pair", "topic"]
+Record = ScoredPair | LabelledPair | Triplet | Pair | TopicPair | Sentence
+Kind = Literal["scored", "labelled", "triplet", "pair", "topic", "sentence"]
 Errors = Literal["raise", "skip"]
 RECORD_TYPES: dict[str, type[Record]] = {
     "scored": ScoredPair,
@@ -67,6 +74,7 @@ RECORD_TYPES: dict[str, type[Record]] = {
     "triplet": Triplet,
     "pair": Pair,
     "topic": TopicPair,
+    "sentence": Sentence,
 }
 
 
@@ -77,6 +85,7 @@ TEXT_FIELDS: dict[type[Record], tuple[str, ...]] = {
     TopicPair: ("sentence1", "sentence2"),
     Triplet: ("anchor", "positive", "negative"),
     Pair: ("anchor", "positive"),
+    Sentence: ("text",),
 }
 
 

@@ -12,18 +12,14 @@ is a ``DataError`` naming the file and row when the stream reaches it.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import posixpath
 import re
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
-import pyarrow.csv as pa_csv
-import pyarrow.json as pa_json
-import pyarrow.parquet as pq
 from pyarrow import fs
 
-from sbert_ray.data.corpus import TABLE_SUFFIXES, corpus_files, csv_batches, csv_header, file_system, open_binary
+from sbert_ray.data.corpus import TABLE_SUFFIXES, checked_text_column, corpus_files, file_system, table_rows
 from sbert_ray.data.records import DataError
 
 QUERY_COLUMNS = ("query", "anchor")  # the query column when --query-column is not given: the first there
@@ -104,7 +100,7 @@ class ScoreFile:
         """The file's rows, every column, ``rows_per_table`` at a time; with ``row_column``, each row's 0-based
         position in the file first. A null text names its row."""
         row = 0
-        for table in _tables(self.uri, rows_per_table):
+        for table in table_rows(self.uri, rows_per_table):
             table = _checked_texts(table, self, row)
             if row_column:
                 table = table.add_column(0, row_column, pa.array(range(row, row + table.num_rows), pa.int64()))
@@ -124,7 +120,7 @@ def open_score_inputs(spec: str, query_column: str | None = None, passage_column
         if filesystem.get_file_info(path).type == fs.FileType.NotFound:
             raise DataError(f"{listed.uri}: no such file")
         try:
-            first = next(_tables(listed.uri, 1), None)
+            first = next(table_rows(listed.uri, 1), None)
         except OSError as err:
             raise DataError(f"{listed.uri}: cannot be read ({err.strerror or err})") from None
         if first is None or first.num_rows == 0:
@@ -139,60 +135,8 @@ def open_score_inputs(spec: str, query_column: str | None = None, passage_column
     return files
 
 
-def _tables(uri: str, rows_per_table: int) -> Iterator[pa.Table]:
-    suffix = posixpath.splitext(uri)[1].lower()
-    if suffix == ".parquet":
-        return _parquet_tables(uri, rows_per_table)
-    if suffix == ".jsonl":
-        return _rebatched(_json_tables(uri), rows_per_table)
-    return _rebatched(_csv_tables(uri), rows_per_table)
-
-
-def _parquet_tables(uri: str, rows_per_table: int) -> Iterator[pa.Table]:
-    filesystem, path = file_system(uri)
-    try:
-        file = pq.ParquetFile(filesystem.open_input_file(path))
-    except (pa.ArrowException, OSError) as err:
-        raise DataError(f"{uri}: not a readable parquet file ({err})") from None
-    for batch in file.iter_batches(batch_size=rows_per_table):
-        yield pa.Table.from_batches([batch])
-
-
-def _csv_tables(uri: str) -> Iterator[pa.Table]:
-    """Every column, as text."""
-    header = csv_header(uri)
-    convert = pa_csv.ConvertOptions(column_types=dict.fromkeys(header, pa.string()))
-    for batch in csv_batches(uri, convert) if header else ():
-        yield pa.Table.from_batches([batch])
-
-
-def _json_tables(uri: str) -> Iterator[pa.Table]:
-    """JSON objects, one a line; the column types are those of the file's first block of lines."""
-    try:
-        with open_binary(uri) as stream:
-            for batch in pa_json.open_json(stream):
-                yield pa.Table.from_batches([batch])
-    except pa.ArrowInvalid as err:  # not JSON, a value whose type differs from the first block's
-        raise DataError(f"{uri}: {err}") from None
-
-
-def _rebatched(tables: Iterator[pa.Table], rows_per_table: int) -> Iterator[pa.Table]:
-    """The same rows, ``rows_per_table`` at a time (the last table may hold fewer)."""
-    for table in tables:
-        for start in itertools.count(0, rows_per_table):
-            if start >= table.num_rows:
-                break
-            yield table.slice(start, rows_per_table)
-
-
 def _checked_texts(table: pa.Table, file: ScoreFile, first_row: int) -> pa.Table:
     """The scored columns as strings; a null (or a value that is not text) names its row."""
     for column in (file.layout.query, *file.layout.passages):
-        values = table[column]
-        if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
-            raise DataError(f"{file.uri}: column {column!r} holds {values.type}, not text")
-        if values.null_count:
-            row = values.is_null().to_pylist().index(True)
-            raise DataError(f"{file.uri}, row {first_row + row + 1}: column {column!r} is null, not text")
-        table = table.set_column(table.schema.get_field_index(column), column, values.cast(pa.string()))
+        table = checked_text_column(table, column, file.uri, first_row)
     return table

@@ -8,6 +8,7 @@ from sbert_ray.losses.cosine_similarity import CosineSimilarityLoss
 from sbert_ray.losses.distill_kl import DistillKLDivLoss
 from sbert_ray.losses.margin_mse import MarginMSELoss
 from sbert_ray.losses.matryoshka import MatryoshkaLoss
+from sbert_ray.losses.mse import MSELoss
 from sbert_ray.losses.multiple_negatives_ranking import MultipleNegativesRankingLoss
 from sbert_ray.losses.registry import OBJECTIVES, build_loss, loss_settings
 from sbert_ray.losses.softmax import CONCAT_FEATURES, SoftmaxLoss
@@ -23,6 +24,7 @@ __all__ = [
     "CosineSimilarityLoss",
     "DistillKLDivLoss",
     "EncoderLoss",
+    "MSELoss",
     "MarginMSELoss",
     "MatryoshkaLoss",
     "MultipleNegativesRankingLoss",

@@ -33,8 +33,9 @@ class EncoderLoss(nn.Module, ABC):
 
     record_types: ClassVar[tuple[type[Record], ...]]
     user_file_kind: ClassVar[Kind]
-    # "label" (class index), "score" (scaled to [0, 1] by score_max) or "scores" (a teacher's, as they are: per row
-    # [score_positive, score_negative_1..n], from a parquet source's columns of those names)
+    # "label" (class index), "score" (scaled to [0, 1] by score_max), "scores" (a teacher's, as they are: per row
+    # [score_positive, score_negative_1..n], from a parquet source's columns of those names) or "vector" (a teacher's
+    # embedding of the row's text, from a parquet source's list column of that name, as sbert-ray encode writes it)
     label_field: ClassVar[str | None] = None
     in_batch_negatives: ClassVar[bool] = False  # the batch's other examples are negatives: duplicates hurt
     # Trainable parameters beside the encoder's (softmax's classifier): FSDP, which shards the encoder only, refuses it.

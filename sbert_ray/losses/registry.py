@@ -21,6 +21,7 @@ from sbert_ray.losses.cosine_similarity import CosineSimilarityLoss
 from sbert_ray.losses.distill_kl import DistillKLDivLoss
 from sbert_ray.losses.margin_mse import MarginMSELoss
 from sbert_ray.losses.matryoshka import MatryoshkaLoss
+from sbert_ray.losses.mse import MSELoss
 from sbert_ray.losses.multiple_negatives_ranking import MultipleNegativesRankingLoss
 from sbert_ray.losses.softmax import SoftmaxLoss
 from sbert_ray.losses.triplet import TripletLoss
@@ -36,6 +37,7 @@ OBJECTIVES: dict[str, type[EncoderLoss]] = {
     "angle": AnglELoss,
     "margin_mse": MarginMSELoss,
     "distill_kl": DistillKLDivLoss,
+    "mse": MSELoss,
 }
 
 

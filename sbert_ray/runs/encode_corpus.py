@@ -10,7 +10,9 @@ input file, in a local folder or under an object storage prefix.
       -> each input file's rows written, joined and moved in whole (``runs.per_file``)
 
 A row is ``(file, id)``: the input file's key (its path under the folder, prefix or glob; see
-``sbert_ray.data.corpus``) and its 0-based row within that file.
+``sbert_ray.data.corpus``) and its 0-based row within that file. With ``keep_columns`` a row of a table file is
+instead written with every column it has, the vector beside them: e.g. a translation beside the text a teacher
+embedded, which objective ``mse`` trains a student on.
 """
 
 from __future__ import annotations
@@ -24,7 +26,16 @@ import ray
 import ray.data
 
 from sbert_ray.config import RESOURCE_WAIT_S, ConfigError
-from sbert_ray.data.corpus import SCHEMA, CorpusSource, open_corpus
+from sbert_ray.data.corpus import (
+    DEFAULT_COLUMN,
+    SCHEMA,
+    TABLE_SUFFIXES,
+    CorpusFile,
+    CorpusSource,
+    open_corpus,
+    table_rows,
+)
+from sbert_ray.data.records import DataError
 from sbert_ray.evaluation.encoder_pool import EncoderReplica, shareable
 from sbert_ray.models import load_encoder
 from sbert_ray.models.encoder import token_ids
@@ -63,6 +74,7 @@ class EncodeRequest:
     data_dir: str | os.PathLike | None = None
     block_bytes: int = BLOCK_BYTES
     prompt_name: str | None = None  # one of the model's prompts, put before every text; None: its default, if any
+    keep_columns: bool = False  # table files: every column of a row goes out beside its vector (no file, id)
     resource_wait_s: float = RESOURCE_WAIT_S  # for the replicas' CPUs/GPUs while other work holds them
 
     def __post_init__(self) -> None:
@@ -75,6 +87,8 @@ def encode_corpus(request: EncodeRequest) -> EncodeResult:
     input files whose output is already there are skipped."""
     output = per_file.Output.of(request.output)
     sources = open_corpus(request.input_spec, request.column, request.data_dir)
+    if request.keep_columns:
+        _check_whole_rows(sources)
     encoder = load_encoder(request.model_ref)
     try:
         prompt = encoder.resolve_prompt(prompt_name=request.prompt_name)
@@ -88,10 +102,23 @@ def encode_corpus(request: EncodeRequest) -> EncodeResult:
     return EncodeResult(output.uri, rows, encoder.embedding_dim, seconds, len(pending), len(sources) - len(pending))
 
 
-def _settings(request: EncodeRequest) -> dict[str, str | None]:
-    """What decides the vectors of an output: a rerun into the same output must have the same."""
+def _check_whole_rows(sources: list[CorpusSource]) -> None:
+    """``keep_columns`` keeps a table's columns: a text file or a dataset has none, and a ``vector`` column would be
+    overwritten."""
+    for source in sources:
+        if not isinstance(source, CorpusFile) or source.suffix not in TABLE_SUFFIXES:
+            where = source.uri if isinstance(source, CorpusFile) else source.key
+            raise DataError(f"{where}: --keep-columns keeps the columns of table files ({', '.join(TABLE_SUFFIXES)})")
+        if "vector" in next(table_rows(source.uri, 1)).column_names:
+            raise DataError(f"{source.uri}: already has a column 'vector', where the embeddings would go")
+
+
+def _settings(request: EncodeRequest) -> dict[str, str | bool | None]:
+    """What decides the vectors of an output: a rerun into the same output must have the same. keep_columns only
+    where set, so an output written before the option existed is still resumed."""
     model = per_file.model_setting(request.model_ref)
-    return {"model": model, "column": request.column, "prompt_name": request.prompt_name}
+    kept = {"keep_columns": True} if request.keep_columns else {}
+    return {"model": model, "column": request.column, "prompt_name": request.prompt_name, **kept}
 
 
 def _pipeline(
@@ -102,14 +129,28 @@ def _pipeline(
     use_gpu: bool,
     placement: per_file.Placement,
 ) -> ray.data.Dataset:
+    keep = request.keep_columns
+    tags = per_file.WHOLE_ROW_TAGS if keep else TAGS
     rows = per_file.read_files(
-        sources, lambda source: source.tables(per_file.ROWS_PER_READ), TAGS, request.block_bytes, placement, READ_SCHEMA
+        sources,
+        lambda source: (
+            source.whole_rows(per_file.ROWS_PER_READ, tags.row) if keep else source.tables(per_file.ROWS_PER_READ)
+        ),
+        tags,
+        request.block_bytes,
+        placement,
+        None if keep else READ_SCHEMA,
     )
     # Tokenising takes no CPU from the actors (on a full cluster they would wait on each other); with GPU replicas
     # the actors hold one CPU each and tokenising gets one of the others per task.
     tokenized = rows.map_batches(
         _tokenize,
-        fn_kwargs={"tokenizer": encoder.tokenizer, "max_length": encoder.max_seq_length, "prompt": prompt},
+        fn_kwargs={
+            "tokenizer": encoder.tokenizer,
+            "max_length": encoder.max_seq_length,
+            "prompt": prompt,
+            "text": request.column or DEFAULT_COLUMN if keep else "text",  # the input's column, or the corpus's
+        },
         batch_size=None,
         batch_format="pyarrow",
         num_cpus=1 if use_gpu else 0,
@@ -128,11 +169,12 @@ def _pipeline(
         num_cpus=1,
         num_gpus=1 if use_gpu else 0,
     )
-    return per_file.write_parts(embedded, TAGS, placement)
+    return per_file.write_parts(embedded, tags, placement)
 
 
-def _tokenize(rows: pa.Table, tokenizer, max_length: int, prompt: str) -> pa.Table:
-    texts = [prompt + text for text in rows.column("text").to_pylist()]
+def _tokenize(rows: pa.Table, tokenizer, max_length: int, prompt: str, text: str) -> pa.Table:
+    """Token ids of each row's column ``text``, the prompt before it."""
+    texts = [prompt + value for value in rows.column(text).to_pylist()]
     for name, ids in token_ids(tokenizer, texts, max_length).items():
         rows = rows.append_column(name, pa.array(ids, pa.list_(pa.int32())))
     return rows

@@ -67,6 +67,10 @@ class RowTags:
     kept: tuple[str, ...]
 
 
+# Tags for rows that go out with every column they came with (an "id" or "file" among them): names none takes.
+WHOLE_ROW_TAGS = RowTags("__sbert_ray_file", "__sbert_ray_row", "__sbert_ray_last", kept=())
+
+
 def check_request(batch_size: int, workers: int, device: str | None, output: str | os.PathLike, work: str) -> None:
     """The options every such job takes: ``work`` (encoding, scoring) runs on Ray actors, on cpu or cuda."""
     if batch_size < 1:

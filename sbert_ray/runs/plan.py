@@ -33,7 +33,7 @@ from sbert_ray.runs.cluster import check_resources, input_errors_unwrapped, refu
 from sbert_ray.tracking.errors import TrackingError
 from sbert_ray.tracking.mlflow_run import RunLogger, resolve_tracking_uri
 from sbert_ray.tracking.store import TrackingStore
-from sbert_ray.training.sources import Source, is_path, known_rows, stage_sources
+from sbert_ray.training.sources import Source, is_path, known_rows, stage_sources, teacher_dimension
 from sbert_ray.training.stage_data import count_stages
 from sbert_ray.training.stage_plan import StagePlan, WorkerPlan, stage_plans
 from sbert_ray.training.storage import is_remote, resolve_storage
@@ -245,27 +245,36 @@ def _checked(config: TrainConfig, tasks: RunTasks, store: TrackingStore) -> tupl
         store.check()
     except TrackingError as err:
         raise ConfigError(f"tracking.tracking_uri: {err}") from None
-    _check_model(config)
+    model_size = _check_model(config)
     _check_datasets(config, tasks)
     sources = [
-        [_counted(source, stage, config.data_dir) for source in stage_sources(stage, i)]
+        [_counted(source, stage, config.data_dir, model_size) for source in stage_sources(stage, i)]
         for i, stage in enumerate(config.stages)
     ]
     return config, sources
 
 
-def _counted(source: Source, stage: StageConfig, data_dir: str) -> Source:
+def _counted(source: Source, stage: StageConfig, data_dir: str, model_size: int) -> Source:
     """The source with its count where that needs no cluster (``known_rows``: a registered dataset read here,
     which checks that it suits the objective; parquet footers, which tell missing columns and texts), so bad data
     stops the run before Ray and the count before training does not read it again. Other files are counted, and
-    every row checked, on the cluster."""
+    every row checked, on the cluster. A teacher's embeddings are checked against the model's size here too (by the
+    first row: the rows after it must have its size, which the cluster checks as it reads them)."""
     try:
-        return dataclasses.replace(source, rows=known_rows(source, stage, data_dir))
+        counted = dataclasses.replace(source, rows=known_rows(source, stage, data_dir))
+        teacher_size = teacher_dimension(source, stage)
     except DataError as err:
         raise ConfigError(f"{source.key}: {err}") from None
+    if teacher_size is not None and teacher_size != model_size:
+        raise ConfigError(
+            f"{source.key}: {source.files[0]}: the teacher's embeddings have {teacher_size} dimensions and the "
+            f"model's {model_size}; objective {stage.objective!r} needs one size"
+        )
+    return counted
 
 
-def _check_model(config: TrainConfig) -> None:
+def _check_model(config: TrainConfig) -> int:
+    """The model's embedding size, once it is known to train (a ModelError names the key at fault)."""
     model = config.model
     model_size = check_model(
         model.name,
@@ -281,6 +290,7 @@ def _check_model(config: TrainConfig) -> None:
             raise ConfigError(
                 f"stages.{i}.matryoshka_dims: {max(stage.matryoshka_dims)} exceeds the model's {model_size}"
             )
+    return model_size
 
 
 def _check_datasets(config: TrainConfig, tasks: RunTasks) -> None:

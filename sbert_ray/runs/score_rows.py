@@ -29,8 +29,7 @@ from sbert_ray.runs.cluster import input_errors_unwrapped
 
 BLOCK_BYTES = 1 << 20  # rows read into one block, scored in one call
 SCORE_MARKER = "_sbert_ray_score.json"  # marks an output folder as ours, with the settings its scores were made with
-# Names no input column takes: the input's own columns (an "id" among them) go to the output unchanged.
-TAGS = per_file.RowTags("__sbert_ray_file", "__sbert_ray_row", "__sbert_ray_last", kept=())
+TAGS = per_file.WHOLE_ROW_TAGS  # the input's own columns go to the output unchanged
 
 
 @dataclass

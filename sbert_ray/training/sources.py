@@ -185,8 +185,8 @@ def _file_tables(path: str, name: str, source: Source, stage: StageConfig) -> It
 def record_tables(records: Records, stage: StageConfig, where: str) -> Iterator[pa.Table]:
     """Records as tables of the examples the stage's objective trains on (``where`` names them in errors)."""
     loss = _objective(stage)
-    if loss.label_field == "scores":
-        raise DataError(f"{where}: {_scores_only_in_parquet(stage)}")
+    if loss.label_field in TEACHER_COLUMNS:
+        raise DataError(f"{where}: {_teacher_only_in_parquet(stage)}")
     wrong = next((r for r in records if not isinstance(r, loss.record_types)), None)
     if wrong is not None:
         names = ", ".join(t.__name__ for t in loss.record_types)
@@ -220,6 +220,8 @@ def _parquet_tables(file: str, source: Source, stage: StageConfig) -> Iterator[p
         table = {f"text_{i}": _texts(batch.column(name), file, name, first_row) for i, name in enumerate(texts)}
         if _objective(stage).label_field == "scores":
             table["label"] = _teacher_scores(batch, labels, file, first_row)
+        elif _objective(stage).label_field == "vector":
+            table["label"] = _teacher_vectors(batch.column(labels[0]), file, labels[0], first_row)
         elif labels:
             table["label"] = _labels(batch.column(labels[0]), file, labels[0], first_row, stage)
         first_row += batch.num_rows
@@ -252,8 +254,10 @@ def _unreadable_parquet(file: str) -> Iterator[None]:
 def _parquet_columns(parquet: pq.ParquetFile, file: str, source: Source, stage: StageConfig) -> tuple[list, list]:
     """The file's text columns in the objective's order and its label columns: columns named as a user file's
     (``columns`` maps field -> column); for in-batch-negative and teacher-score objectives every ``negative_<n>``
-    column is a further hard negative (mined n-tuples). Label columns: none, the label's, or a teacher's scores,
-    ``score_<field>`` for each text after the anchor (``score_positive``, ``score_negative[_<n>]``)."""
+    column is a further hard negative (mined n-tuples); for a teacher's embeddings a ``translation`` column, where
+    there is one, is a second text. Label columns: none, the label's (a teacher's embeddings: ``vector``), or a
+    teacher's scores, ``score_<field>`` for each text after the anchor (``score_positive``,
+    ``score_negative[_<n>]``)."""
     loss = _objective(stage)
     record_type = RECORD_TYPES[loss.user_file_kind]
     names = parquet.schema_arrow.names
@@ -261,13 +265,15 @@ def _parquet_columns(parquet: pq.ParquetFile, file: str, source: Source, stage: 
     fields = list(TEXT_FIELDS[record_type])
     if record_type.__name__ == "Triplet" and "negative" not in mapping and "negative" not in names:
         fields = fields[:2] + sorted((n for n in names if n.startswith("negative_")), key=lambda n: int(n[9:]))
+    if record_type.__name__ == "Sentence" and mapping.get("translation", "translation") in names:
+        fields.append("translation")
     texts = [mapping.get(f, f) for f in fields]
     if loss.label_field == "scores":
         labels = [mapping.get(f"score_{f}", f"score_{f}") for f in fields[1:]]
     else:
         labels = [mapping.get(loss.label_field, loss.label_field)] if loss.label_field else []
     missing = [c for c in [*texts, *labels] if c not in names]
-    if missing or len(texts) < 2:
+    if missing or len(texts) < min(2, len(TEXT_FIELDS[record_type])):  # a triplet without negatives
         raise DataError(f"{file}: no column {missing[0] if missing else 'negative_1'!r} (its columns: {names})")
     return texts, labels
 
@@ -344,11 +350,63 @@ def _teacher_scores(batch: pa.RecordBatch, columns: list[str], file: str, first_
     return pa.FixedSizeListArray.from_arrays(pa.array(scores.astype(np.float32).ravel()), len(columns))
 
 
-def _scores_only_in_parquet(stage: StageConfig) -> str:
-    return (
-        f"objective {stage.objective!r} trains on a teacher's scores, read from parquet files with columns "
-        "score_positive and score_negative (or score_negative_1..n, one per negative_<n>)"
-    )
+def _teacher_vectors(column: pa.Array, file: str, name: str, first_row: int) -> pa.Array:
+    """A teacher's embedding per row (a list column), as one list of float32 per row, all of one length (the label);
+    a missing, differently sized or non-finite embedding is refused, naming its row."""
+    kind = column.type
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)):
+        raise DataError(f"{file}: column {name!r} holds {kind}, not lists of numbers (embeddings)")
+    lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False)
+    wrong = (lengths != lengths[0]) | (lengths == 0)
+    if wrong.any():
+        row = int(np.flatnonzero(wrong)[0])
+        raise DataError(
+            f"{file}, row {first_row + row + 1}: column {name!r} holds {_length(lengths[row])}, the file's row "
+            f"{first_row + 1} {_length(lengths[0])}"
+        )
+    values = pc.list_flatten(column).cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0]) // int(lengths[0])
+        raise DataError(f"{file}, row {first_row + row + 1}: column {name!r} holds a value that is not a finite number")
+    return pa.FixedSizeListArray.from_arrays(pa.array(values.astype(np.float32)), int(lengths[0]))
+
+
+def _length(length: int) -> str:
+    return "no embedding" if length == 0 else f"{length} values"
+
+
+def teacher_dimension(source: Source, stage: StageConfig) -> int | None:
+    """The size of the teacher's embeddings of an objective that trains on them (None for others, and for a
+    registered dataset, which holds none): the length of the first row's ``vector`` in the source's first file,
+    read before the cluster so that a teacher of another size than the model is refused then."""
+    if _objective(stage).label_field != "vector" or not source.files:
+        return None
+    file = source.files[0]
+    if not file.lower().endswith(".parquet"):
+        raise DataError(f"{file}: {_teacher_only_in_parquet(stage)}")
+    parquet = _parquet_file(file, source.key)
+    _, (name,) = _parquet_columns(parquet, file, source, stage)
+    kind = parquet.schema_arrow.field(name).type
+    if pa.types.is_fixed_size_list(kind):
+        return kind.list_size
+    first = _next_batch(parquet.iter_batches(batch_size=1, columns=[name]), file)
+    if first is None or first.num_rows == 0:
+        raise DataError(f"{file}: no rows")
+    return len(_teacher_vectors(first.column(0), file, name, 0)[0])
+
+
+# What an objective that trains on a teacher's output reads from parquet files, by its label field.
+TEACHER_COLUMNS = {
+    "scores": "a teacher's scores, read from parquet files with columns score_positive and score_negative (or "
+    "score_negative_1..n, one per negative_<n>)",
+    "vector": "a teacher's embeddings, read from parquet files with a column text and the teacher's vector of it "
+    "in a column vector (as sbert-ray encode writes them)",
+}
+
+
+def _teacher_only_in_parquet(stage: StageConfig) -> str:
+    return f"objective {stage.objective!r} trains on {TEACHER_COLUMNS[_objective(stage).label_field]}"
 
 
 class _local_copy:
@@ -374,12 +432,12 @@ def known_rows(source: Source, stage: StageConfig, data_dir) -> int | None:
     which also checks that its records suit the objective; user files from parquet footers when that is exact
     (parquet, an objective that keeps every row, no row skipped on errors), which also checks what footers tell
     (``_checked_footer``). None: only reading every row tells. A teacher's scores come from parquet files only, so
-    an objective that trains on them refuses any other file here."""
+    an objective that trains on them refuses any other file here (so do those on a teacher's embeddings)."""
     if not source.files:
         return sum(table.num_rows for table in read_tables(source, None, stage, data_dir))
     not_parquet = next((f for f in source.files if not f.lower().endswith(".parquet")), None)
-    if _objective(stage).label_field == "scores" and not_parquet:
-        raise DataError(f"{not_parquet}: {_scores_only_in_parquet(stage)}")
+    if _objective(stage).label_field in TEACHER_COLUMNS and not_parquet:
+        raise DataError(f"{not_parquet}: {_teacher_only_in_parquet(stage)}")
     keeps_all = _objective(stage).keeps_every_record() and stage.errors == "raise"
     if not keeps_all or not_parquet:
         return None
