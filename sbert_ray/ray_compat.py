@@ -20,6 +20,12 @@ from ray.util.placement_group import PlacementGroup
 
 NODE_IP_ENV = "SBERT_RAY_NODE_IP"  # the address a local cluster we start listens on (default: loopback only)
 LOOPBACK = "127.0.0.1"
+# The node label of a node that runs none of our work: cluster.yaml and k8s/raycluster.yaml put it on the head (GCS,
+# MLflow, the drivers). The head offers no CPU, but Ray places a zero-CPU task (our data reads and tokenisation)
+# on any node; a "!" label selector keeps such tasks off it. A node without the label (every node of a local
+# cluster) matches the selector, so elsewhere nothing changes. Label selectors with "!" are Ray 2.49+ API.
+CONTROL_LABEL = {"sbert-ray/role": "control"}
+OFF_CONTROL_NODES = {key: f"!{value}" for key, value in CONTROL_LABEL.items()}
 
 
 def connect_ray() -> None:

@@ -9,7 +9,7 @@ from sbert_ray.config import ScalingConfig, TrainConfig
 from sbert_ray.runs.cluster import NodeKind, leaves_machine, most_resources, runs_fitting, unshared_paths
 
 WORKER = {"CPU": 4.0, "GPU": 1.0}
-GPU_NODES = [NodeKind({"CPU": 0.0}, 1), NodeKind({"CPU": 96.0, "GPU": 8.0}, 4)]  # cluster.yaml's groups
+GPU_NODES = [NodeKind({"CPU": 0.0}, 1), NodeKind({"CPU": 96.0, "GPU": 8.0}, 4)]  # a CPU-less head, 4 GPU nodes
 
 
 def test_workers_leave_the_machine_when_another_may_hold_them():

@@ -5,8 +5,12 @@ that moves or changes one fails here, naming it. ``connect_ray`` on a fresh loca
 from __future__ import annotations
 
 import inspect
+import os
+import subprocess
+import sys
 import time
 
+import pytest
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 
@@ -86,3 +90,26 @@ def test_a_trial_can_still_be_asked_whether_tune_stopped_it_and_its_train_run_ab
     assert ray_compat.tune_stopping_trial() is False  # no trial here
     assert "stop_event" in inspect.getsource(session)
     assert callable(TrainController.abort)
+
+
+# A cluster whose one node is labelled as cluster.yaml's head: a zero-CPU task that avoids it waits for another.
+LABELLED_HEAD = """
+import ray
+from sbert_ray.ray_compat import CONTROL_LABEL, OFF_CONTROL_NODES
+ray.init(address="local", num_cpus=1, labels=CONTROL_LABEL, include_dashboard=False)
+task = ray.remote(num_cpus=0, label_selector=OFF_CONTROL_NODES)(lambda: 0).remote()
+ready, _ = ray.wait([task], timeout=15)
+print("ran" if ready else "waits")
+"""
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_zero_cpu_tasks_keep_off_a_node_labelled_control_and_run_on_any_other(local_ray):
+    """``OFF_CONTROL_NODES`` (a "!" label selector): on the session's cluster, whose node has no label, a zero-CPU
+    task runs; on a cluster whose only node carries ``CONTROL_LABEL`` it never starts."""
+    task = ray.remote(num_cpus=0, label_selector=ray_compat.OFF_CONTROL_NODES)(lambda: 1)
+    assert ray.get(task.remote(), timeout=60) == 1
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}  # a cluster of its own
+    done = subprocess.run([sys.executable, "-c", LABELLED_HEAD], env=env, capture_output=True, text=True, timeout=180)
+    assert done.stdout.split()[-1:] == ["waits"], done.stderr[-2000:]

@@ -44,7 +44,7 @@ from sbert_ray.config import ConfigError
 from sbert_ray.evaluation.encoder_pool import replica_resources, reserve_replicas
 from sbert_ray.files import check_folder
 from sbert_ray.progress import quiet
-from sbert_ray.ray_compat import connect_ray
+from sbert_ray.ray_compat import OFF_CONTROL_NODES, connect_ray
 from sbert_ray.runs import owned_paths
 from sbert_ray.runs.cluster import refuse_impossible_encoders
 from sbert_ray.runs.owned_paths import filesystem_of
@@ -172,7 +172,8 @@ def start_replicas(device: str | None, workers: int, resource_wait_s: float) -> 
 
 @dataclass(frozen=True)
 class Placement:
-    """Where the read tasks and the writing stages run: on the driver's node for local input or output."""
+    """Where the read tasks and the writing stages run: on the driver's node for local input or output, else off a
+    control node (``ray_compat.OFF_CONTROL_NODES``: they take no CPU, which would not keep them off it)."""
 
     staging: str
     read: dict
@@ -182,7 +183,8 @@ class Placement:
     def of(cls, output: Output, local_input: bool) -> Placement:
         here = {"label_selector": {"ray.io/node-id": ray.get_runtime_context().get_node_id()}}
         staging = f"{output.uri}/{STAGING_PREFIX}{uuid.uuid4().hex[:12]}"
-        return cls(staging, here if local_input else {}, {} if not output.local else here)
+        elsewhere = {"label_selector": OFF_CONTROL_NODES}
+        return cls(staging, here if local_input else elsewhere, here if output.local else elsewhere)
 
 
 def read_files(

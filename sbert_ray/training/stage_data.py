@@ -11,7 +11,8 @@ The driver never holds the records and no process holds more than a file's table
 Ray Train's controller and Ray Data's coordinators import this module (and ``training.sources``) to unpickle the
 datasets and never tokenise: what needs torch or a tokenizer is imported in the functions that use it.
 Read and tokenize tasks reserve no CPU: training workers hold the cluster's CPUs (on a small cluster all of
-them), and a task waiting for a CPU behind them would stall the stream. They share the CPUs instead.
+them), and a task waiting for a CPU behind them would stall the stream. They share the CPUs instead, off a
+head labelled as the cluster's control node (``ray_compat.OFF_CONTROL_NODES``), which trains nothing.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ray.data.datasource import Datasource, ReadTask
 
 from sbert_ray.config import ConfigError, StageConfig, TrainConfig
 from sbert_ray.data.records import DataError
+from sbert_ray.ray_compat import OFF_CONTROL_NODES
 from sbert_ray.training.sources import Source, known_rows, read_tables
 
 # Blocks of ~5,000 short pairs, not Ray Data's 128 MiB (a whole shard of them): a worker's iterator waits for
@@ -83,7 +85,8 @@ def stage_datasets(config: TrainConfig, sources: list[list[Source]], rows: list[
             dataset = _read(source, stage, config.data_dir)
             datasets[key] = tokenized = (dataset.limit(stage.limit) if stage.limit else dataset).map_batches(
                 tokenize, fn_args=(model_json,), batch_size=None, batch_format="pyarrow", num_cpus=0,
-                compute=ray.data.TaskPoolStrategy(size=_task_slots(source)),  # the read's: Ray Data fuses the two
+                label_selector=OFF_CONTROL_NODES,  # as the read's, and its task pool: Ray Data fuses the two
+                compute=ray.data.TaskPoolStrategy(size=_task_slots(source)),
             )  # fmt: skip
             # Training prints its own progress lines; Ray Data's bars would interleave with them in every log.
             tokenized.context.enable_progress_bars = False
@@ -100,8 +103,9 @@ def _read(source: Source, stage: StageConfig, data_dir) -> ray.data.Dataset:
     at a time instead (``_task_slots``)."""
     files = max(1, len(source.files))
     return ray.data.read_datasource(
-        _SourceFiles(source, stage, data_dir), num_cpus=0, override_num_blocks=files, concurrency=_task_slots(source)
-    )
+        _SourceFiles(source, stage, data_dir), num_cpus=0, override_num_blocks=files, concurrency=_task_slots(source),
+        label_selector=OFF_CONTROL_NODES,
+    )  # fmt: skip
 
 
 def _task_slots(source: Source) -> int:
