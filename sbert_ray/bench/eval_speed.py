@@ -166,7 +166,7 @@ def _reference_record(settings: EvalBenchSettings, tasks: EvalTasks, texts: int,
     others = [task.spec for task in tasks if not isinstance(task, StsTask)]
     if others:
         return {"impl": REFERENCE, "workers": 0, "skipped": f"no sentence-transformers evaluator compared for {others}"}
-    model = SentenceTransformer(str(resolve_model_ref(settings.model)), device="cpu")
+    model = SentenceTransformer(str(resolve_model_ref(settings.model)), device="cpu", trust_remote_code=False)
     evaluators = {
         name: EmbeddingSimilarityEvaluator(
             [p.sentence1 for p in pairs], [p.sentence2 for p in pairs], [p.score for p in pairs]
