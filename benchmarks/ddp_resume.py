@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import pyarrow as pa
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -97,7 +97,7 @@ def rank_share(config, encoder, rank: int, world_size: int, index: int) -> list[
     ``rank``-th: a share of its own for each rank, as Ray Data's split gives each worker."""
 
     def share(source: SourceStream):
-        return (table.take(pa.array(range(rank, table.num_rows, world_size))) for table in source.open_pass())
+        return (table.take(np.arange(rank, table.num_rows, world_size)) for table in source.open_pass())
 
     return [
         dataclasses.replace(source, open_pass=functools.partial(share, source))
