@@ -317,23 +317,29 @@ def _fill(order: np.ndarray, rows: TokenizedRows, plan: BatchPlan, counts: Sourc
     return batches, np.array(current + waiting, dtype=np.int64)
 
 
-def local_sources(config: TrainConfig, index: int, encoder: SentenceEncoder) -> list[SourceStream]:
+def local_sources(
+    config: TrainConfig, index: int, encoder: SentenceEncoder, tokenise_every_pass: bool = False
+) -> list[SourceStream]:
     """Stage ``index``'s sources read and tokenised in this process, for one worker without Ray (the training
     benchmark's ``--local`` runs, tests): the same rows the cluster's stream gives, counted by a first read. A
-    registered dataset is read whole anyway (``data.readers``), so it is tokenised once, without pyarrow, and its
-    rows kept for every pass; the user's files are read through pyarrow, as on the cluster, pass after pass."""
+    registered dataset is read whole anyway (``data.readers``), so it is read and tokenised once, without pyarrow,
+    and its rows kept for every pass, unless ``tokenise_every_pass`` (the ingest benchmark, which times
+    tokenisation); the user's files are read through pyarrow, as on the cluster, pass after pass."""
     stage = config.stages[index]
 
     def tables(source: Source) -> Iterator[pa.Table]:
         read = (t for f in source.files for t in read_tables(source, f, stage, config.data_dir))
         return (tokenize_table(t, encoder) for t in _first_rows(read, stage.limit))
 
-    def stream(source: Source) -> SourceStream:
-        if source.files:
-            return SourceStream(source.name, sum(t.num_rows for t in tables(source)), source.weight,
-                                functools.partial(tables, source))  # fmt: skip
+    def registered(source: Source) -> Iterator[TokenizedRows]:
         read = _first_rows(read_registered(source, stage, config.data_dir), stage.limit)
-        rows = [tokenize_texts(columns.texts, columns.labels, encoder) for columns in read]
+        return (tokenize_texts(columns.texts, columns.labels, encoder) for columns in read)
+
+    def stream(source: Source) -> SourceStream:
+        if source.files or tokenise_every_pass:
+            open_pass = functools.partial(tables if source.files else registered, source)
+            return SourceStream(source.name, sum(t.num_rows for t in open_pass()), source.weight, open_pass)
+        rows = list(registered(source))
         return SourceStream(source.name, sum(part.num_rows for part in rows), source.weight, lambda: rows)
 
     return [stream(source) for source in stage_sources(stage, index)]
