@@ -203,6 +203,7 @@ class TokenizedRows:
 
     @property
     def num_rows(self) -> int:
+        """As ``pa.Table.num_rows``: a stream's parts are either (``training.stream``)."""
         return len(self.lengths)
 
     def __len__(self) -> int:
