@@ -1,8 +1,8 @@
 """Two-process DDP check of the training core without Ray, for a machine with two GPUs (NCCL) or, with --device cpu,
-two CPU processes (gloo): MNRL with its in-batch negatives gathered across both ranks trains ``--steps`` steps with a
-checkpoint halfway, then a second pass resumes from that checkpoint and trains to the end. Rank 0 prints one JSON
-record: both passes' logged losses after the checkpoint, the largest difference between the two final models'
-weights, and pairs/s.
+two CPU processes (gloo): MNRL (on the bench's data: the offline NLI set's entailment pairs) with its in-batch
+negatives gathered across both ranks trains ``--steps`` steps with a checkpoint halfway, then a second pass resumes
+from that checkpoint and trains to the end. Rank 0 writes one JSON record (to ``--output``, else stdout): both passes'
+logged losses after the checkpoint, the largest difference between the two final models' weights, and pairs/s.
 
     torchrun --standalone --nproc-per-node 2 benchmarks/ddp_resume.py --data-dir ../shared/data [--device cpu]
 
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import pyarrow as pa
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -43,6 +43,7 @@ def main() -> None:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--batch-size", type=int, default=64, help="global: 32 per rank, 64 in-batch negatives")
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--output", help="write the record here (default: stdout)")
     args = parser.parse_args()
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -51,14 +52,14 @@ def main() -> None:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     settings = TrainBenchSettings(
-        model=args.model, data_dir=args.data_dir, batch_size=args.batch_size, steps=args.steps, device=args.device,
-        precision="auto", eval_every=args.steps // 2,
+        model=args.model, objective="mnrl", data_dir=args.data_dir, batch_size=args.batch_size, steps=args.steps,
+        device=args.device, precision="auto", eval_every=args.steps // 2,
     )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="sbert-ray-ddp-resume-") as own:
         shared = [own]
         dist.broadcast_object_list(shared)  # rank 0's folder: every rank resumes from the checkpoint rank 0 wrote
         tmp = shared[0]
-        config = mnrl_config(settings, world_size, tmp)
+        config = bench_config(settings, world_size, 1, storage=tmp)
         checkpoints = Path(tmp) / "checkpoints"
         uninterrupted, first = train(config, device, rank, world_size, checkpoints, restored=None)
         halfway = checkpoints / f"step-{args.steps // 2}"
@@ -79,17 +80,12 @@ def main() -> None:
             "max_weight_difference": difference,
             "pairs_per_s": first["pairs_per_s"],
         }  # fmt: skip
-        print(json.dumps(record, indent=2))
+        text = json.dumps(record, indent=2)
+        if args.output:
+            Path(args.output).write_text(text)
+        else:
+            print(text)
     dist.destroy_process_group()
-
-
-def mnrl_config(settings: TrainBenchSettings, world_size: int, tmp: str):
-    """The bench's config as MNRL on NLI triplets (anchor, entailment, contradiction) over ``world_size`` ranks."""
-    config = bench_config(settings, world_size, 1, storage=tmp)
-    stage = dataclasses.replace(config.stages[0], dataset="nli-triplets", split="test", objective="mnrl")
-    config = dataclasses.replace(config, stages=[stage])
-    config.validate()
-    return config
 
 
 def rank_share(config, encoder, rank: int, world_size: int, index: int) -> list[SourceStream]:
@@ -97,7 +93,7 @@ def rank_share(config, encoder, rank: int, world_size: int, index: int) -> list[
     ``rank``-th: a share of its own for each rank, as Ray Data's split gives each worker."""
 
     def share(source: SourceStream):
-        return (table.take(pa.array(range(rank, table.num_rows, world_size))) for table in source.open_pass())
+        return (table.take(np.arange(rank, table.num_rows, world_size)) for table in source.open_pass())
 
     return [
         dataclasses.replace(source, open_pass=functools.partial(share, source))

@@ -51,10 +51,11 @@ RAY_ALLOWED = (
     "data.remote_corpus",  # a corpus on object storage, read by Ray Data (mining, retrieval on a cluster)
 )
 MLFLOW_ALLOWED = ("tracking",)
-# What a GPU machine without Ray, MLflow or datasets runs (`sbert-ray bench encode`, `bench train --local`): none of
-# them may be imported when these modules load (tests/test_without_ray.py runs the benches with them blocked).
+# What a GPU machine without Ray, MLflow, datasets, pyarrow or pandas runs (`sbert-ray bench encode`, `bench train
+# --local`): none of them may be imported when these modules load (tests/test_without_ray.py runs the benches and the
+# GPU scripts with them blocked).
 RAY_FREE = ("sbert_ray.cli", "sbert_ray.training.stages", "sbert_ray.bench.train_speed", "sbert_ray.bench.encode_speed")
-NOT_ON_THE_GPU_MACHINE = ("ray", "mlflow", "datasets")
+NOT_ON_THE_GPU_MACHINE = ("ray", "mlflow", "datasets", "pyarrow", "pandas")
 
 
 def modules() -> dict[str, Path]:
@@ -172,9 +173,9 @@ def test_private_ray_apis_only_in_ray_compat():
 
 
 @pytest.mark.parametrize("root", RAY_FREE)
-def test_the_training_core_and_the_benches_load_without_ray_mlflow_or_datasets(root):
-    """Followed through every module of this package that ``root`` loads: none imports Ray, MLflow or datasets
-    at load time (inside a function, on a path the benchmarks do not take, is allowed)."""
+def test_the_training_core_and_the_benches_load_without_what_the_gpu_machine_lacks(root):
+    """Followed through every module of this package that ``root`` loads: none imports Ray, MLflow, datasets,
+    pyarrow or pandas at load time (inside a function, on a path the benchmarks do not take, is allowed)."""
     known, seen, todo = modules(), set(), [root]
     while todo:
         name = todo.pop()

@@ -28,9 +28,10 @@ def dry_run(script: str, data_dir: Path) -> list[dict]:
 @pytest.mark.slow
 def test_gpu_sh_dry_run_benchmarks_beside_sentence_transformers(data_dir):
     records = dry_run("gpu.sh", data_dir)
-    assert {r["model"] for r in records} == {"random:tiny"}
+    assert {r["model"] for r in records} == {"random:tiny", "sentence-transformers/all-MiniLM-L6-v2"}
     assert {r["impl"] for r in records} == {"sbert-ray", "sentence-transformers"}
     assert all(r["sentences_per_s"] > 0 for r in records if "skipped" not in r)  # ONNX int8 needs a package
+    assert {r["step"] for r in records} == {"encode-random-tiny", "encode-sentence-transformers-all-MiniLM-L6-v2"}
 
 
 @pytest.mark.slow
@@ -39,4 +40,6 @@ def test_gpu_train_sh_dry_run_trains_one_process_and_resumes_two_on_its_curve(da
     ddp = next(r for r in records if r.get("check") == "ddp_resume")
     assert ddp["backend"] == "gloo" and ddp["workers"] == 2 and ddp["losses_resumed"]
     assert ddp["losses_resumed"] == ddp["losses_uninterrupted"] and ddp["max_weight_difference"] == 0  # CPUs: exact
-    assert any(r.get("impl") == "sbert-ray" and r["pairs_per_s"] > 0 for r in records)
+    trained = {r["objective"]: r for r in records if r["step"].startswith("train-")}
+    assert set(trained) == {"mnrl", "cached_mnrl"} and all(r["pairs_per_s"] > 0 for r in trained.values())
+    assert any(r["step"] == "encode" and r["sentences_per_s"] > 0 for r in records)

@@ -30,7 +30,7 @@ from sbert_ray.losses import (
     TripletLoss,
 )
 from sbert_ray.models import SentenceEncoder
-from sbert_ray.training.sources import record_tables
+from sbert_ray.training.sources import record_columns
 
 ANCHORS = ["A man plays a guitar.", "Two dogs run in a field.", "A woman is cooking.", "Kids play football."]
 POSITIVES = ["Someone plays music.", "Animals are running.", "A person prepares food.", "Children play a sport."]
@@ -132,19 +132,18 @@ def test_cosine_similarity_loss_matches_sentence_transformers(
 
 def test_regression_targets_are_scaled_and_range_checked_once() -> None:
     stage = StageConfig(dataset="pairs.csv", objective="regression", score_max=5.0)
-    (table,) = record_tables([ScoredPair("a", "b", 4.0), ScoredPair("c", "d", 0.0)], stage, "pairs.csv")
-    assert table.column("text_0").to_pylist() == ["a", "c"] and table.column("text_1").to_pylist() == ["b", "d"]
-    assert table.column("label").to_pylist() == pytest.approx([0.8, 0.0])
+    (columns,) = record_columns([ScoredPair("a", "b", 4.0), ScoredPair("c", "d", 0.0)], stage, "pairs.csv")
+    assert columns.texts == [["a", "c"], ["b", "d"]] and columns.labels.tolist() == pytest.approx([0.8, 0.0])
     with pytest.raises(ValueError, match=r"^pairs.csv: scores outside \[0, score_max=5.0\]"):
-        list(record_tables([ScoredPair("a", "b", 42.0), ScoredPair("c", "d", 0.0)], stage, "pairs.csv"))
+        list(record_columns([ScoredPair("a", "b", 42.0), ScoredPair("c", "d", 0.0)], stage, "pairs.csv"))
 
 
 def test_mnrl_keeps_entailed_pairs_and_objectives_refuse_other_records() -> None:
     pairs = [LabelledPair("p", "h1", NLI_LABELS.index("entailment")), LabelledPair("p", "h2", 0)]
-    (table,) = record_tables(pairs, StageConfig(dataset="nli", objective="mnrl"), "nli")
-    assert table.to_pydict() == {"text_0": ["p"], "text_1": ["h1"]}
+    (columns,) = record_columns(pairs, StageConfig(dataset="nli", objective="mnrl"), "nli")
+    assert columns.to_arrow().to_pydict() == {"text_0": ["p"], "text_1": ["h1"]}
     with pytest.raises(ValueError, match="objective 'triplet' needs Triplet"):
-        list(record_tables(pairs, StageConfig(dataset="nli", objective="triplet"), "nli"))
+        list(record_columns(pairs, StageConfig(dataset="nli", objective="triplet"), "nli"))
 
 
 def test_every_registered_objective_declares_what_it_trains_on() -> None:

@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable, Iterator
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -21,7 +20,7 @@ from sbert_ray.config import StageConfig
 from sbert_ray.losses import CachedMultipleNegativesRankingLoss, CosineSimilarityLoss, MultipleNegativesRankingLoss
 from sbert_ray.losses.cached_multiple_negatives_ranking import _used_widths
 from sbert_ray.models import SentenceEncoder
-from sbert_ray.training.batches import TokenizedRows, tokenize_table
+from sbert_ray.training.batches import tokenize_texts
 from sbert_ray.training.loop import LOG_EVERY, LocalReporter, MicroBatch, StepSettings, Telemetry, Trainee, train_stage
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.optimization import prepare_optimization
@@ -77,13 +76,10 @@ def objectives(encoder: SentenceEncoder) -> dict[str, torch.nn.Module]:
 
 
 def collated(encoder: SentenceEncoder, device: torch.device) -> tuple:
-    """PAIRS (scored) through the training data path: tokenised as the stream's map stage does, collated as a
+    """PAIRS (scored) through the training data path: tokenised as a worker without Ray does, collated as a
     worker collates its micro-batches (features, labels, hashes on ``device``; used widths on the host)."""
-    table = pa.table({
-        "text_0": [pair[0] for pair in PAIRS], "text_1": [pair[1] for pair in PAIRS],
-        "label": np.linspace(0, 1, len(PAIRS), dtype=np.float32),
-    })  # fmt: skip
-    rows = TokenizedRows.from_arrow(tokenize_table(table, encoder))
+    texts = [[pair[0] for pair in PAIRS], [pair[1] for pair in PAIRS]]
+    rows = tokenize_texts(texts, np.linspace(0, 1, len(PAIRS), dtype=np.float32), encoder)
     pad_left = encoder.tokenizer.padding_side == "left"
     return rows.collate(range(len(PAIRS)), encoder.tokenizer.pad_token_id, pad_left, device)
 

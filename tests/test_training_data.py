@@ -24,7 +24,7 @@ from sbert_ray.losses.registry import OBJECTIVES
 from sbert_ray.models import load_encoder
 from sbert_ray.models.load import load_tokenizer
 from sbert_ray.models.random_bert import random_bert
-from sbert_ray.training.batches import TokenizedRows, split_batch, tokenize_table, truncated_rows
+from sbert_ray.training.batches import TokenizedRows, split_batch, tokenize_table, tokenize_texts, truncated_rows
 from sbert_ray.training.loop import MicroBatch
 from sbert_ray.training.sources import known_rows, list_files, read_tables, stage_sources
 from sbert_ray.training.stream import (
@@ -129,6 +129,27 @@ def test_truncated_texts_are_counted(tokenizer) -> None:
         assert truncated_rows(tokenizer, texts, ids, max_length).sum() == expected
     table = tokenized([texts, ["x " * 10] * 4], tokenizer, max_seq_length=5)
     assert table.column("truncated").to_pylist() == [1, 1, 2, 1]
+
+
+def test_rows_tokenised_without_pyarrow_are_the_arrow_streams_and_cut_and_join_alike(tokenizer) -> None:
+    """A worker without Ray tokenises to numpy rows (``tokenize_texts``); Ray Data's stream carries the same rows as
+    Arrow tables (``tokenize_table``, read back by ``from_arrow``). Windows join and carry rows (``concat``,
+    ``take``) as the tables did."""
+    texts = [["a cat sat", "x " * 40, "a dog"], ["a mat", "y", "a log"]]
+    labels = np.array([0.1, 0.5, 0.9], dtype=np.float32)
+    encoder = SimpleNamespace(tokenizer=tokenizer, max_seq_length=16, prompts={})
+    rows = tokenize_texts(texts, labels, encoder)
+    table = pa.table({"text_0": texts[0], "text_1": texts[1], "label": labels})
+    arrow = TokenizedRows.from_arrow(tokenize_table(table, encoder))
+
+    def listed(r: TokenizedRows) -> list:
+        ids = [[c.ids[c.offsets[i] : c.offsets[i + 1]].tolist() for i in range(len(r))] for c in r.columns]
+        return [ids, [h.tolist() for h in r.hashes], r.lengths.tolist(), r.labels.tolist(), r.truncated.tolist()]
+
+    assert listed(rows) == listed(arrow) and rows.truncated.tolist() == [0, 1, 0]
+    joined = TokenizedRows.concat([rows.take([2]), rows.take([0, 1])])
+    assert listed(joined) == listed(rows.take([2, 0, 1]))
+    assert listed(joined.take([1, 2, 0])) == listed(rows)
 
 
 def test_the_anchor_gets_the_query_prompt_and_the_other_columns_the_document_prompt(tokenizer) -> None:

@@ -51,6 +51,29 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, size: int | None = Non
     return 2 * size**3 / best
 
 
+# Dense bf16/fp16 tensor-core peaks from NVIDIA's datasheets, TFLOP/s (without sparsity), by a name fragment of
+# torch.cuda.get_device_name(); more specific fragments first (an H100 PCIe card is "NVIDIA H100 PCIe").
+DATASHEET_HALF_TFLOPS = (
+    ("H200", 989.4),
+    ("H100 PCIe", 756.0),
+    ("H100 NVL", 835.0),
+    ("H100", 989.4),  # SXM
+    ("A100", 312.0),
+    ("L40S", 362.1),
+    ("L40", 181.0),
+    ("L4", 121.0),
+)
+
+
+def datasheet_peak(device: torch.device, precision: str) -> float | None:
+    """The datasheet's dense FLOP/s of ``device`` in ``precision`` (bf16 or fp16 on a GPU that
+    ``DATASHEET_HALF_TFLOPS`` names); None where it is not known (CPUs, fp32, other GPUs)."""
+    if device.type != "cuda" or precision not in ("bf16", "fp16"):
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((tflops * 1e12 for fragment, tflops in DATASHEET_HALF_TFLOPS if fragment in name), None)
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for queued GPU work, so a timer around it measures the work itself."""
     if device.type == "cuda":

@@ -116,7 +116,7 @@ def run_ingest_bench(
 def _sources(config: TrainConfig, encoder, local: bool) -> list[SourceStream]:
     """The stage's sources as one worker streams them: tokenised here (``local``) or by the cluster."""
     if local:
-        return local_sources(config, 0, encoder)
+        return local_sources(config, 0, encoder, tokenise_every_pass=True)
     import ray.data
 
     from sbert_ray.training.stage_data import count_rows, stage_datasets

@@ -1,5 +1,7 @@
 """Training throughput: this project's Ray Train worker loop with 1..N workers beside sentence-transformers'
 ``SentenceTransformerTrainer``, at the same model, data (STSb train, regression), batch and maximum sequence length.
+The in-batch-negative objectives (``mnrl``, ``cached_mnrl``) train on the offline NLI set's entailment pairs
+(``nli-offline``: 5,270 pairs), ours only.
 
 Every variant trains ``steps`` optimizer steps from the same model; repeats run interleaved (A B C A B C ...) so
 that a change in machine load hits all variants alike. Per run: the time from ``fit()`` (ours: building the
@@ -30,10 +32,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from sbert_ray.bench import tables
-from sbert_ray.bench.flops import ForwardFlops, matmul_peak
+from sbert_ray.bench.flops import ForwardFlops, datasheet_peak, matmul_peak
 from sbert_ray.config import ConfigError, EvalConfig, ModelConfig, ScalingConfig, StageConfig, TrainConfig
 from sbert_ray.data.readers import check_available, load_records
 from sbert_ray.evaluation.sts import evaluate_pairs
@@ -41,6 +44,7 @@ from sbert_ray.files import json_text
 from sbert_ray.models import build_random_bert, check_model, load_encoder, resolve_model_ref
 from sbert_ray.models.encoder import half_dtype
 from sbert_ray.models.load import RANDOM_PREFIX
+from sbert_ray.training.batches import TokenizedRows
 from sbert_ray.training.loop import LocalReporter
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.precision import resolve_precision
@@ -56,6 +60,9 @@ OURS, REFERENCE = "sbert-ray", "sentence-transformers"
 REPORT_MODES = {"sync": (False, "sync"), "async-upload": (False, "async"), "async": (True, "async")}
 DEFAULT_REPORTS = "async-upload"
 STARTUP_KEYS = ("time_to_worker_start_s", "time_to_data_s")
+# The registered dataset each objective the bench runs trains on: STSb's scored pairs, or for in-batch negatives the
+# entailment pairs of the offline NLI set (both local with a data folder: scripts/gpu_carry.py copies them).
+DATASETS = {"regression": "stsb", "mnrl": "nli-offline", "cached_mnrl": "nli-offline"}
 
 
 @dataclass(frozen=True)
@@ -63,11 +70,12 @@ class TrainBenchSettings:
     """What every variant shares: model, data, batch, length, steps, device and precision."""
 
     model: str = "sentence-transformers/all-MiniLM-L6-v2"
+    objective: str = "regression"  # a DATASETS key
     data_dir: str | None = None
     batch_size: int = 16  # global: split over the workers
     max_seq_length: int = 128
     steps: int = 60  # optimizer steps per run; the first is timed apart, the rest give pairs/s
-    limit: int | None = None  # first N STSb train pairs (default all 5,749)
+    limit: int | None = None  # first N training pairs (default: all)
     device: str = "cpu"
     precision: str = "fp32"  # auto, bf16, fp16, fp32 as scaling.precision
     seed: int = 42
@@ -80,6 +88,8 @@ class TrainBenchSettings:
             raise ConfigError("--steps must be >= 2: the first step is timed apart from the rest")
         if self.batch_size % 2:
             raise ConfigError("--batch-size must be even: the 2-process reference trainer splits it in halves")
+        if self.objective not in DATASETS:
+            raise ConfigError(f"--objective: {self.objective!r} is not one of {', '.join(DATASETS)}")
 
 
 def worker_layouts(workers: Sequence[int], threads_per_worker: Sequence[int]) -> list[tuple[int, int]]:
@@ -102,16 +112,20 @@ class Variant:
     load_1m: list[float] = field(default_factory=list)  # the machine's 1-minute load average as each run started
     startup: list[dict] = field(default_factory=list)  # ours: seconds from fit() to the worker's start and its data
     report_share: list[float | None] = field(default_factory=list)  # ours: share of rank 0's time at report points
+    peak_memory_gib: list[float | None] = field(default_factory=list)  # ours, in this process on a GPU
 
 
 def check_inputs(settings: TrainBenchSettings, reference: bool = True) -> None:
     """Model, data and device checked on the driver before any cluster work (ModelError, DataError, ConfigError)."""
     if settings.device not in ("cpu", "cuda"):
         raise ConfigError(f"--device: {settings.device!r} is not cpu or cuda")
+    if reference and settings.objective != "regression":
+        raise ConfigError(f"--objective {settings.objective}: sentence-transformers' trainer runs regression only; "
+                          "add --no-reference")  # fmt: skip
     if reference and importlib.util.find_spec("datasets") is None:
         raise ConfigError("sentence-transformers' trainer needs the datasets package: install it, or --no-reference")
     check_model(settings.model, settings.max_seq_length)
-    check_available("stsb", "train", settings.data_dir)
+    check_available(DATASETS[settings.objective], "train", settings.data_dir)
 
 
 def run_train_bench(
@@ -158,6 +172,7 @@ def run_train_bench(
                 variant.time_to_first_step_s.append(measured["time_to_first_step_s"])
                 variant.startup.append({key: measured.get(key) for key in STARTUP_KEYS})
                 variant.report_share.append(measured.get("report_share"))
+                variant.peak_memory_gib.append(measured.get("peak_memory_gib"))
                 share, first = variant.report_share[-1], measured["time_to_first_step_s"]
                 progress(
                     f"repeat {repeat + 1}/{repeats} {label(_describe(variant, settings))}: "
@@ -222,7 +237,12 @@ def bench_config(
         # As many epochs as ``steps`` needs (the reference trainer also runs on past an epoch).
         stages=[
             StageConfig(
-                limit=settings.limit, epochs=settings.steps, max_steps=settings.steps, batch_size=settings.batch_size
+                dataset=DATASETS[settings.objective],
+                objective=settings.objective,
+                limit=settings.limit,
+                epochs=settings.steps,
+                max_steps=settings.steps,
+                batch_size=settings.batch_size,
             )
         ],
         evaluation=EvalConfig(
@@ -246,8 +266,10 @@ def ours_in_process(config: TrainConfig) -> dict:
     """The worker's training core in this process, no Ray: one worker, its data read and tokenised in this
     process as it streams, whose report points score the dev pairs and write a checkpoint to a temporary folder on
     this machine (what a Ray worker does there, less the upload). Timed from here, so the model's loading counts as
-    a worker's does."""
+    a worker's does. On a GPU also the peak of its memory allocated by torch (``peak_memory_gib``)."""
     device = torch.device("cuda" if config.scaling.use_gpu else "cpu")
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     meter = StepMeter(time.time(), device)
     worker = Worker(device, resolve_precision(config.scaling.precision, device))
     started = start_worker(config, worker, restored=None)
@@ -260,7 +282,8 @@ def ours_in_process(config: TrainConfig) -> dict:
     with tempfile.TemporaryDirectory(prefix="sbert-ray-bench-checkpoints-") as checkpoints:
         reporter = ScoringReporter(encoder, dev_pairs, evaluation.batch_size, Path(checkpoints))
         train_stages(stage_plans(config), started, stage_data, worker, reporter, meter)
-    return {"precision": worker.precision, **meter.summary()}
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    return {"precision": worker.precision, "peak_memory_gib": peak, **meter.summary()}
 
 
 class ScoringReporter(LocalReporter):
@@ -276,22 +299,22 @@ class ScoringReporter(LocalReporter):
 
 
 def training_flops_per_pair(settings: TrainBenchSettings) -> float:
-    """Model FLOPs of training on one STSb pair, averaged over the bench's pairs: forward and backward (3 x the
-    forward, ``bench.flops.ForwardFlops``) of both sentences at their own lengths, padding not counted."""
+    """Model FLOPs of training on one example, averaged over the bench's examples: forward and backward (3 x the
+    forward, ``bench.flops.ForwardFlops``) of each of its texts at its own length, padding not counted. The texts are
+    the training stream's (``local_sources``: the objective's dataset, tokenised as a worker tokenises it)."""
     encoder = load_encoder(settings.model, max_seq_length=settings.max_seq_length, seed=settings.seed)
     encoder.to(torch.device(settings.device))
-    pairs = load_records("stsb", "train", settings.data_dir)[: settings.limit]
+    (source,) = local_sources(bench_config(settings, 1, 1, storage=""), 0, encoder)
+    rows = TokenizedRows.concat(list(source.open_pass()))
     forward = ForwardFlops(encoder.transformer)
-    lengths = [
-        [len(ids) for ids in encoder.token_ids(texts)["input_ids"]]
-        for texts in ([p.sentence1 for p in pairs], [p.sentence2 for p in pairs])
-    ]
-    return 3 * sum(forward.per_sequence(length) for column in lengths for length in column) / len(pairs)
+    lengths = [int(n) for column in rows.columns for n in np.diff(column.offsets)]
+    return 3 * sum(forward.per_sequence(length) for length in lengths) / len(rows)
 
 
 def add_utilisation(records: list[dict], settings: TrainBenchSettings) -> None:
     """Each record's model TFLOP/s (pairs/s x ``training_flops_per_pair``) and its share of the measured matmul
-    peak of the record's arithmetic (MFU)."""
+    peak of the record's arithmetic (``mfu``) and of the GPU's datasheet peak (``mfu_datasheet``, where
+    ``bench.flops.datasheet_peak`` knows the GPU; else None)."""
     device = torch.device(settings.device)
     per_pair = training_flops_per_pair(settings)
     peaks: dict[str, float] = {}
@@ -299,9 +322,13 @@ def add_utilisation(records: list[dict], settings: TrainBenchSettings) -> None:
         precision = record["precision"]
         if precision not in peaks:
             peaks[precision] = matmul_peak(device, torch.float32 if precision == "fp32" else half_dtype(device))
-        record["model_tflops_per_s"] = record["pairs_per_s"] * per_pair / 1e12
-        record["mfu"] = record["pairs_per_s"] * per_pair / peaks[precision]
+        flops = record["pairs_per_s"] * per_pair
+        datasheet = datasheet_peak(device, precision)
+        record["model_tflops_per_s"] = flops / 1e12
+        record["mfu"] = flops / peaks[precision]
         record["matmul_peak_tflops"] = peaks[precision] / 1e12
+        record["mfu_datasheet"] = None if datasheet is None else flops / datasheet
+        record["datasheet_tflops"] = None if datasheet is None else datasheet / 1e12
 
 
 def reference_ddp_run(settings: TrainBenchSettings, processes: int, threads: int) -> dict:
@@ -397,6 +424,8 @@ def reference_trainer_run(settings: TrainBenchSettings, threads: int, started: f
 def _describe(variant: Variant, settings: TrainBenchSettings) -> dict:
     return {
         "impl": variant.impl,
+        "objective": settings.objective,
+        "compile": settings.compile,
         "reports": variant.reports,
         "precision": resolve_precision(settings.precision, torch.device(settings.device)),
         "device": settings.device,
@@ -421,7 +450,7 @@ def _record(variant: Variant, settings: TrainBenchSettings) -> dict:
         "model": settings.model,
         "max_seq_length": settings.max_seq_length,
         "steps": settings.steps,
-        "train_pairs": settings.limit or 5749,
+        "train_pairs_limit": settings.limit,
         "pairs_per_s": median,
         "pairs_per_s_min": min(rates),
         "pairs_per_s_max": max(rates),
@@ -434,6 +463,7 @@ def _record(variant: Variant, settings: TrainBenchSettings) -> dict:
         "wall_s_runs": variant.wall_s,
         "load_1m_runs": variant.load_1m,
         **_report_shares(variant.report_share),
+        **_peak_memory(variant.peak_memory_gib),
         **{
             f"{key}_runs": [run[key] for run in variant.startup]
             for key in STARTUP_KEYS
@@ -447,6 +477,12 @@ def _report_shares(shares: list[float | None]) -> dict:
     if any(share is None for share in shares):
         return {}
     return {"report_share": statistics.median(shares), "report_share_runs": shares}
+
+
+def _peak_memory(peaks: list[float | None]) -> dict:
+    """The largest peak of GPU memory allocated by torch over the runs, where they measured it (ours on a GPU)."""
+    measured = [peak for peak in peaks if peak is not None]
+    return {"peak_memory_gib": max(measured)} if measured else {}
 
 
 def _add_ratios(records: list[dict]) -> None:
@@ -489,6 +525,8 @@ COLUMNS = (  # (header, record key, format)
     ("scaling eff.", "scaling_efficiency", "{:.2f}"),
     ("at reports", "report_share", "{:.1%}"),
     ("MFU", "mfu", "{:.1%}"),
+    ("MFU datasheet", "mfu_datasheet", "{:.1%}"),
+    ("peak GiB", "peak_memory_gib", "{:.1f}"),
     ("first step s", "time_to_first_step_s", "{:.1f}"),
     ("wall s", "wall_s", "{:.0f}"),
 )
@@ -551,6 +589,8 @@ def log_records(records: Sequence[dict], params: dict, tracking_uri: str, experi
                     "report_share",
                     "wall_s",
                     "mfu",
+                    "mfu_datasheet",
+                    "peak_memory_gib",
                 )
                 if record.get(key) is not None
             }

@@ -99,7 +99,14 @@ def _add_train_arguments(bench_sub, bench_common: argparse.ArgumentParser) -> No
     bt.add_argument("--batch-size", type=positive_int, default=16, help="global batch (default: 16, the quickstart's)")
     bt.add_argument("--max-seq-length", type=positive_int, default=128)
     bt.add_argument("--steps", type=positive_int, default=60, help="optimizer steps per run (default: 60)")
-    bt.add_argument("--limit", type=positive_int, help="first N STSb train pairs (default: all 5,749)")
+    bt.add_argument(
+        "--objective",
+        choices=("regression", "mnrl", "cached_mnrl"),
+        default="regression",
+        help="regression on STSb train (default), or MNRL / cached MNRL on the offline NLI set's entailment pairs "
+        "(ours only: --no-reference)",
+    )
+    bt.add_argument("--limit", type=positive_int, help="first N training pairs (default: all: STSb train 5,749)")
     bt.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
                     help="as scaling.precision (auto: fp32 on CPU, bf16 or fp16 on GPU)")  # fmt: skip
     bt.add_argument("--eval-every", type=positive_int,
@@ -242,6 +249,7 @@ def run_train(args: argparse.Namespace) -> int:
     data_dir = resolve_data_dir(args.data_dir)
     settings = TrainBenchSettings(
         model=args.model,
+        objective=args.objective,
         data_dir=str(data_dir.resolve()) if data_dir else None,
         batch_size=args.batch_size,
         max_seq_length=args.max_seq_length,

@@ -609,6 +609,11 @@ def load_records(
     return _local(name).load(root, split, errors)
 
 
+def local_files(name: str, split: str) -> list[str]:
+    """The files a registered dataset's split is read from, relative to the data directory."""
+    return _local(name).files(split)
+
+
 def check_available(name: str, split: str, data_dir: str | os.PathLike | None = None) -> str:
     """Where `load_records(name, split, data_dir)` would read from, checked before any work, without reading
     rows: the data directory when every file the split needs is there (else a DataError naming the first missing
@@ -616,7 +621,7 @@ def check_available(name: str, split: str, data_dir: str | os.PathLike | None = 
     root = resolve_data_dir(data_dir)
     if root is None:
         return check_hub(name, split)
-    missing = [root / file for file in _local(name).files(split) if not (root / file).is_file()]
+    missing = [root / file for file in local_files(name, split) if not (root / file).is_file()]
     if missing:
         more = f" (and {len(missing) - 1} more missing files)" if len(missing) > 1 else ""
         raise DataError(f"{name!r} split {split!r} needs {missing[0]}, which does not exist{more}")

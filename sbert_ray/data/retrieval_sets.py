@@ -25,8 +25,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow.fs as pa_fs
-
 from sbert_ray.data.records import DataError, ScoredPair
 
 QRELS_HEADER = ("query-id", "corpus-id", "score")
@@ -77,6 +75,8 @@ def _open(location: str | Path) -> io.BufferedIOBase:
     try:
         if isinstance(location, Path) or "://" not in location:
             return open(location, "rb")
+        import pyarrow.fs as pa_fs  # objects only: a local retrieval set is read without pyarrow
+
         filesystem, path = pa_fs.FileSystem.from_uri(location)
         if filesystem.get_file_info(path).type != pa_fs.FileType.File:
             raise FileNotFoundError(location)
@@ -214,6 +214,8 @@ def _read_remote_beir(prefix: str, split: str) -> RetrievalSet:
 def _qrels_file(folder: str, split: str) -> str:
     """``<folder>/qrels/<split>.tsv`` (a local folder or a URI prefix); a DataError names it and the splits the
     folder has when it is missing."""
+    import pyarrow.fs as pa_fs
+
     path = posixpath.join(folder, "qrels", f"{split}.tsv")
     try:
         filesystem, qrels = pa_fs.FileSystem.from_uri(posixpath.dirname(path))

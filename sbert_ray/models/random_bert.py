@@ -1,4 +1,7 @@
-"""Randomly initialised BERTs of named sizes, for tests and from-scratch runs."""
+"""Randomly initialised BERTs of named sizes, for tests and from-scratch runs.
+
+Their vocabulary is bert-base-uncased's: the file ``$SBERT_RAY_BERT_VOCAB`` names (a GPU machine's carry folder,
+``scripts/gpu_carry.py``), else the one shipped with the offline all-MiniLM-L6-v2 package."""
 
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ from sbert_ray.models.resolve import packaged_model_dir
 
 if TYPE_CHECKING:
     from transformers import BertTokenizer
+
+VOCAB_ENV = "SBERT_RAY_BERT_VOCAB"  # a vocab.txt in place of the packaged model's (whose weights need not be there)
 
 # (layers, hidden size, attention heads, feed-forward size). "tiny" is test-sized; the others follow
 # Google's BERT miniatures (Turc et al. 2019) and BERT-base.
@@ -41,13 +46,19 @@ def build_random_bert(
 
 
 def bert_tokenizer(vocab_file: str | os.PathLike[str] | None = None) -> BertTokenizer:
-    """The tokenizer of a random BERT: WordPiece over ``vocab_file``, by default bert-base-uncased's vocabulary."""
+    """The tokenizer of a random BERT: WordPiece over ``vocab_file``, by default bert-base-uncased's vocabulary
+    (``$SBERT_RAY_BERT_VOCAB``, else the packaged model's)."""
     from transformers import BertTokenizer
 
     if vocab_file is None:
-        vocab_file = packaged_model_dir("sentence-transformers/all-MiniLM-L6-v2") / "vocab.txt"
+        vocab_file = os.environ.get(VOCAB_ENV) or packaged_vocab()
     # `vocab=` (not `vocab_file=`): transformers 5 silently ignores vocab_file and builds a 5-token vocab.
     return BertTokenizer(vocab=str(vocab_file), do_lower_case=True)
+
+
+def packaged_vocab() -> Path:
+    """bert-base-uncased's vocabulary as the offline all-MiniLM-L6-v2 package ships it."""
+    return packaged_model_dir("sentence-transformers/all-MiniLM-L6-v2") / "vocab.txt"
 
 
 def random_bert(
@@ -62,8 +73,8 @@ def random_bert(
     """A randomly initialised BERT encoder, built in memory (Train workers other than rank 0 cannot save one:
     transformers writes files only on the main process of a distributed group).
 
-    The vocabulary is `vocab_file` (one WordPiece per line, lower-cased input) or, by default, the
-    bert-base-uncased vocabulary shipped with the offline all-MiniLM-L6-v2 package.
+    The vocabulary is `vocab_file` (one WordPiece per line, lower-cased input) or, by default, bert-base-uncased's
+    (``bert_tokenizer``).
     """
     from transformers import BertModel  # here: importing the package must not load model code
 

@@ -25,14 +25,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
-from typing import Any
-
-from pyarrow import fs
+from typing import TYPE_CHECKING, Any
 
 from sbert_ray.atomic_files import atomic_write
 from sbert_ray.config import ConfigError
 from sbert_ray.files import json_text
 from sbert_ray.training.storage import is_remote
+
+if TYPE_CHECKING:
+    from pyarrow import fs
 
 MODEL_MARKER = "sbert_ray_model.json"
 
@@ -156,12 +157,17 @@ def staging_beside(path: Path) -> Iterator[Path]:
 
 def filesystem_of(uri: str) -> tuple[fs.FileSystem, str]:
     """pyarrow's filesystem and path of a local absolute path (taken as it is, never parsed as a URI) or an object
-    storage URI."""
+    storage URI. pyarrow is imported here: the path checks above run where it is not installed (a GPU machine's
+    benchmarks)."""
+    from pyarrow import fs
+
     return fs.FileSystem.from_uri(uri) if is_remote(uri) else (fs.LocalFileSystem(), uri)
 
 
 def read_marker(folder: str, name: str) -> Any:
     """The JSON in the file ``name`` of ``folder`` (a local folder or an object-storage prefix); None without one."""
+    from pyarrow import fs
+
     filesystem, root = filesystem_of(folder)
     if filesystem.get_file_info(f"{root}/{name}").type == fs.FileType.NotFound:
         return None
@@ -171,6 +177,8 @@ def read_marker(folder: str, name: str) -> Any:
 
 def write_marker(folder: str, name: str, data: Any) -> None:
     """``data`` as JSON into the file ``name`` of ``folder``, whole or not at all (a crash leaves the old one)."""
+    from pyarrow import fs
+
     filesystem, root = filesystem_of(folder)
     if isinstance(filesystem, fs.LocalFileSystem):  # object storage needs none (pyarrow would add an empty object)
         filesystem.create_dir(root, recursive=True)
@@ -181,6 +189,8 @@ def write_marker(folder: str, name: str, data: Any) -> None:
 def recorded_settings(folder: str, marker: str, not_ours: str) -> Any:
     """The settings in ``folder``'s ``marker`` when it is an output of ours; None when it is new or empty;
     ``ConfigError(not_ours)`` when it holds anything else (it is not ours to write into)."""
+    from pyarrow import fs
+
     recorded = read_marker(folder, marker)
     filesystem, root = filesystem_of(folder)
     if recorded is None and filesystem.get_file_info(fs.FileSelector(root, allow_not_found=True)):

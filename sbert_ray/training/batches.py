@@ -1,22 +1,29 @@
 """From tokenised tables to the objective's inputs: tokenisation of a source's text columns (a map stage of the
 stream, see ``training.stage_data``), a window of tokenised rows as compact arrays, and its batches padded (collation).
+
+Tokenised rows are numpy arrays: a worker without Ray reads and tokenises its data without pyarrow (a GPU machine
+may have none); Arrow tables are only the form Ray Data's stream carries them in (``tokenize_table``,
+``TokenizedRows.from_arrow``), and pyarrow is imported where one is made or read.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
 import torch
 
 from sbert_ray.config import StageConfig
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.models.load import TextTokenizer
 from sbert_ray.models.prompts import prompt_for_column
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 PAD_MULTIPLE_CUDA = 8  # on GPUs padded widths are rounded up to this: tensor-core tiles, fewer shapes to compile
 
@@ -52,40 +59,49 @@ def split_batch(stage: StageConfig, max_workers: int, workers: int, in_batch_neg
     return BatchSplit(workers, tuple(shares), chunks, stage.grad_accum_steps * chunks)
 
 
-def text_hashes(texts: pa.Array) -> np.ndarray:
-    """A 64-bit hash per text: equal texts, equal hashes (how batches find duplicates without comparing strings)."""
-    return pd.util.hash_array(np.asarray(texts.to_numpy(zero_copy_only=False), dtype=object)).view(np.int64)
+def text_hashes(texts: Sequence[str]) -> np.ndarray:
+    """A 64-bit hash per text: equal texts, equal hashes (how batches find duplicates without comparing strings),
+    the same in every process (the workers gather them)."""
+    digests = b"".join(hashlib.blake2b(text.encode(), digest_size=8).digest() for text in texts)
+    return np.frombuffer(digests, dtype=np.int64).copy()
 
 
-def tokenize_table(table: pa.Table, encoder: SentenceEncoder | TextTokenizer) -> pa.Table:
-    """A source's table (``text_<k>`` columns, optional ``label``) tokenised with the encoder's tokenizer: per
-    column ``ids_<k>`` (int32 token ids, truncated to its ``max_seq_length``; the anchor column after the model's
-    query prompt, the others after its document prompt, as ``encode_query`` / ``encode_document`` put them) and
-    ``hash_<k>`` (of the text itself); per row ``length`` (its longest text, which sets its batch's padded width),
-    ``truncated`` (its texts that lost tokens) and the label."""
+def tokenize_texts(
+    texts: Sequence[Sequence[str]], labels: np.ndarray | None, encoder: SentenceEncoder | TextTokenizer
+) -> TokenizedRows:
+    """A source's text columns (``texts[k]``: column k, every column one text per row) tokenised with the
+    encoder's tokenizer: per column the token ids (truncated to its ``max_seq_length``; the anchor column after
+    the model's query prompt, the others after its document prompt, as ``encode_query`` / ``encode_document`` put
+    them) and a hash of each text itself; per row its longest text (which sets its batch's padded width), the texts
+    that lost tokens, and ``labels``."""
     tokenizer, max_seq_length = encoder.tokenizer, encoder.max_seq_length
-    columns, truncated = {}, np.zeros(table.num_rows, dtype=np.int8)
-    texts = [name for name in table.column_names if name.startswith("text_")]
-    for name in texts:
-        prompt = prompt_for_column(encoder.prompts, int(name.removeprefix("text_")))
-        sentences = [prompt + text for text in table.column(name).to_pylist()]
+    rows = len(texts[0])
+    columns, hashes, truncated = [], [], np.zeros(rows, dtype=np.int8)
+    for index, column in enumerate(texts):
+        prompt = prompt_for_column(encoder.prompts, index)
+        sentences = [prompt + text for text in column]
         ids = tokenizer(
             sentences, truncation=True, max_length=max_seq_length, return_attention_mask=False,
             return_token_type_ids=False,
         )["input_ids"]  # fmt: skip
-        lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
-        offsets = np.zeros(len(ids) + 1, dtype=np.int32)
+        lengths = np.fromiter(map(len, ids), dtype=np.int32, count=rows)
+        offsets = np.zeros(rows + 1, dtype=np.int32)
         np.cumsum(lengths, out=offsets[1:])
         flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(offsets[-1]))
-        index = name.removeprefix("text_")
-        columns[f"ids_{index}"] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
-        columns[f"hash_{index}"] = pa.array(text_hashes(table.column(name).combine_chunks()))
+        columns.append(TokenizedColumn(flat, offsets))
+        hashes.append(text_hashes(column))
         truncated += truncated_rows(tokenizer, sentences, ids, max_seq_length)
-    columns["length"] = pa.array(np.max([c.value_lengths().to_numpy() for k, c in columns.items() if k[0] == "i"], 0))
-    columns["truncated"] = pa.array(truncated)
-    if "label" in table.column_names:
-        columns["label"] = table.column("label")
-    return pa.table(columns)
+    lengths = np.max([np.diff(column.offsets) for column in columns], 0)
+    return TokenizedRows(columns, hashes, lengths, labels, truncated)
+
+
+def tokenize_table(table: pa.Table, encoder: SentenceEncoder | TextTokenizer) -> pa.Table:
+    """A source's table (``text_<k>`` columns, optional ``label``) tokenised (``tokenize_texts``) as an Arrow table
+    (the stream's map stage): per column ``ids_<k>`` (int32 token ids) and ``hash_<k>``; per row ``length``,
+    ``truncated`` and the label."""
+    width = sum(name.startswith("text_") for name in table.column_names)
+    tokens = tokenize_texts([table.column(f"text_{k}").to_pylist() for k in range(width)], None, encoder).to_arrow()
+    return tokens.append_column("label", table.column("label")) if "label" in table.column_names else tokens
 
 
 def truncated_rows(tokenizer, texts: Sequence[str], input_ids: Sequence[Sequence[int]], max_length: int) -> np.ndarray:
@@ -112,6 +128,24 @@ class TokenizedColumn:
         offsets = ids.offsets.to_numpy()
         return cls(ids.values.to_numpy(), offsets - offsets[0] if offsets[0] else offsets)
 
+    @classmethod
+    def concat(cls, parts: Sequence[TokenizedColumn]) -> TokenizedColumn:
+        starts = np.cumsum([0] + [len(part.ids) for part in parts])
+        offsets = [part.offsets[:-1] + start for part, start in zip(parts, starts[:-1], strict=True)]
+        return cls(np.concatenate([part.ids for part in parts]), np.concatenate([*offsets, starts[-1:]]))
+
+    def take(self, indices: np.ndarray) -> TokenizedColumn:
+        lengths, source = self._tokens(indices)
+        offsets = np.zeros(len(indices) + 1, dtype=self.offsets.dtype)
+        np.cumsum(lengths, out=offsets[1:])
+        return TokenizedColumn(self.ids[source], offsets)
+
+    def _tokens(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The lengths of these sentences, and where each of their tokens is in ``ids``, sentence after sentence."""
+        starts, lengths = self.offsets[indices], self.offsets[indices + 1] - self.offsets[indices]
+        first_of_row = np.repeat(np.cumsum(lengths) - lengths, lengths)
+        return lengths, np.repeat(starts, lengths) + np.arange(lengths.sum()) - first_of_row
+
     def pad(
         self, indices: np.ndarray, pad_token_id: int, pad_left: bool, pin: bool, multiple: int
     ) -> tuple[torch.Tensor, np.ndarray]:
@@ -119,15 +153,13 @@ class TokenizedColumn:
         (pinned, with ``pin``) host buffer, as ``tokenizer.pad`` pads them; width: the longest, rounded up to a
         ``multiple``. And the columns each row uses (its last attended one plus one: its length when padded on the
         right, the width on the left), known here on the host."""
-        starts, lengths = self.offsets[indices], self.offsets[indices + 1] - self.offsets[indices]
+        lengths, source = self._tokens(indices)
         width = -(-int(lengths.max()) // multiple) * multiple
         buffer = torch.empty((2, len(indices), width), dtype=torch.long, pin_memory=pin)
         input_ids, attention_mask = buffer.numpy()
         positions = np.arange(width)
+        # Row after row, as `source` lists the real tokens: the order boolean indexing fills `filled`.
         filled = positions >= width - lengths[:, None] if pad_left else positions < lengths[:, None]
-        # Source position of every real token, row after row: the order boolean indexing fills `filled`.
-        first_of_row = np.repeat(np.cumsum(lengths) - lengths, lengths)
-        source = np.repeat(starts, lengths) + np.arange(lengths.sum()) - first_of_row
         input_ids.fill(pad_token_id)
         input_ids[filled] = self.ids[source]
         np.copyto(attention_mask, filled)
@@ -143,9 +175,11 @@ class TokenizedRows:
     hashes: list[np.ndarray]  # int64 per column: a hash of each text
     lengths: np.ndarray  # per example: its longest text
     labels: np.ndarray | None  # int64 class labels, float32 scaled scores, float32 [rows, n] teacher scores, or None
+    truncated: np.ndarray  # int8 per example: its texts that lost tokens to max_seq_length
 
     @classmethod
     def from_arrow(cls, table: pa.Table) -> TokenizedRows:
+        """From a tokenised table (``tokenize_table``), as Ray Data's stream hands them to a worker."""
         table = table.combine_chunks()
         width = sum(name.startswith("ids_") for name in table.column_names)
         column = lambda name: table.column(name).chunk(0) if table.num_rows else table.column(name)  # noqa: E731
@@ -154,10 +188,49 @@ class TokenizedRows:
             hashes=[table.column(f"hash_{k}").to_numpy() for k in range(width)],
             lengths=table.column("length").to_numpy(),
             labels=_labels(table.column("label")) if "label" in table.column_names else None,
+            truncated=table.column("truncated").to_numpy(),
         )
+
+    def to_arrow(self) -> pa.Table:
+        """As the tokenised table ``from_arrow`` reads (the label apart)."""
+        import pyarrow as pa
+
+        columns = {}
+        for k, (column, hashes) in enumerate(zip(self.columns, self.hashes, strict=True)):
+            columns[f"ids_{k}"] = pa.ListArray.from_arrays(pa.array(column.offsets), pa.array(column.ids))
+            columns[f"hash_{k}"] = pa.array(hashes)
+        return pa.table({**columns, "length": pa.array(self.lengths), "truncated": pa.array(self.truncated)})
+
+    @property
+    def num_rows(self) -> int:
+        """As ``pa.Table.num_rows``: a stream's parts are either (``training.stream``)."""
+        return len(self.lengths)
 
     def __len__(self) -> int:
         return len(self.lengths)
+
+    def take(self, indices: Sequence[int]) -> TokenizedRows:
+        index = np.asarray(indices, dtype=np.int64)
+        return TokenizedRows(
+            [column.take(index) for column in self.columns],
+            [hashes[index] for hashes in self.hashes],
+            self.lengths[index],
+            None if self.labels is None else self.labels[index],
+            self.truncated[index],
+        )
+
+    @classmethod
+    def concat(cls, parts: Sequence[TokenizedRows]) -> TokenizedRows:
+        """One window of consecutive parts of a stream."""
+        if len(parts) == 1:
+            return parts[0]
+        return cls(
+            [TokenizedColumn.concat(columns) for columns in zip(*(p.columns for p in parts), strict=True)],
+            [np.concatenate(hashes) for hashes in zip(*(p.hashes for p in parts), strict=True)],
+            np.concatenate([p.lengths for p in parts]),
+            None if parts[0].labels is None else np.concatenate([p.labels for p in parts]),
+            np.concatenate([p.truncated for p in parts]),
+        )
 
     def collate(
         self, indices: Sequence[int], pad_token_id: int, pad_left: bool, device: torch.device
@@ -181,6 +254,8 @@ class TokenizedRows:
 
 def _labels(column: pa.ChunkedArray) -> np.ndarray:
     """A label per row, or a teacher's scores per row (a fixed-size list column) as a [rows, n] array."""
+    import pyarrow as pa
+
     if pa.types.is_fixed_size_list(column.type):
         return column.combine_chunks().flatten().to_numpy().reshape(len(column), column.type.list_size)
     return column.to_numpy()

@@ -10,6 +10,10 @@ the rows the objective trains on are kept.
 One file is read by one task (``read_tables``), in tables of ``ROWS_PER_TABLE`` rows, so many shards read in
 parallel across a cluster and no process ever holds more than a file's table at a time (parquet, read by row
 group) or a csv/tsv/jsonl file's records (their readers check every row, naming its line).
+
+A registered dataset is also read without pyarrow, as plain columns (``read_registered``: one training process
+without Ray, on a machine that may have no pyarrow); pyarrow is imported inside the functions that read files or
+make tables.
 """
 
 from __future__ import annotations
@@ -25,10 +29,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from sbert_ray.config import ConfigError, StageConfig
 from sbert_ray.data.hub import HUB_MIRROR_ENV
@@ -46,6 +46,10 @@ from sbert_ray.data.records import (
 )
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
     from sbert_ray.losses.base import EncoderLoss
 
 FILE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".parquet")
@@ -102,6 +106,8 @@ def stage_sources(stage: StageConfig, index: int) -> list[Source]:
 def list_files(spec: str, key: str) -> list[str]:
     """The data files ``spec`` names, sorted: itself, a folder's (or prefix's) files with a data suffix, or a
     glob's matches; local or on any filesystem pyarrow opens (s3://, gs://, hdfs://)."""
+    import pyarrow.fs as pafs
+
     filesystem, path = _filesystem(spec, key)
     pattern = next((i for i, c in enumerate(path) if c in GLOB_CHARS), None)
     if pattern is not None:
@@ -125,6 +131,9 @@ def list_files(spec: str, key: str) -> list[str]:
 
 
 def _filesystem(spec: str, key: str) -> tuple[pafs.FileSystem, str]:
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+
     if "://" not in spec:
         return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(spec))
     if spec.startswith(HUB_PREFIX):
@@ -138,6 +147,8 @@ def _filesystem(spec: str, key: str) -> tuple[pafs.FileSystem, str]:
 def _hub_filesystem(spec: str, key: str) -> tuple[pafs.FileSystem, str]:
     """``hf://datasets/<owner>/<name>/<files>``: the Hub repository's files through huggingface_hub's filesystem,
     or with $SBERT_RAY_HUB_MIRROR its local copy ``<mirror>/<owner>/<name>/<files>``."""
+    import pyarrow.fs as pafs
+
     repo_path = spec.removeprefix(HUB_PREFIX)
     mirror = os.environ.get(HUB_MIRROR_ENV)
     if mirror:
@@ -148,6 +159,8 @@ def _hub_filesystem(spec: str, key: str) -> tuple[pafs.FileSystem, str]:
 
 
 def _files_under(filesystem: pafs.FileSystem, folder: str, key: str) -> list[str]:
+    import pyarrow.fs as pafs
+
     try:
         infos = filesystem.get_file_info(pafs.FileSelector(folder.rstrip("/"), recursive=True))
     except (FileNotFoundError, OSError) as err:
@@ -158,8 +171,7 @@ def _files_under(filesystem: pafs.FileSystem, folder: str, key: str) -> list[str
 def read_tables(source: Source, file: str | None, stage: StageConfig, data_dir) -> Iterator[pa.Table]:
     """One file of the source (``file``; None: the registered dataset), as tables of the objective's examples."""
     if file is None:
-        records = load_records(source.spec, source.split, data_dir, errors=stage.errors)
-        yield from record_tables(records, stage, source.spec)
+        yield from (columns.to_arrow() for columns in read_registered(source, stage, data_dir))
     elif file.lower().endswith(".parquet"):
         yield from _parquet_tables(file, source, stage)
     elif "://" in file:  # a csv/tsv/jsonl object: its reader checks lines, so it reads a local copy
@@ -167,6 +179,12 @@ def read_tables(source: Source, file: str | None, stage: StageConfig, data_dir) 
             yield from _file_tables(path, file, source, stage)
     else:
         yield from _file_tables(file, file, source, stage)
+
+
+def read_registered(source: Source, stage: StageConfig, data_dir) -> Iterator[TextColumns]:
+    """A registered dataset's examples for the objective, read without pyarrow (``data.readers``)."""
+    records = load_records(source.spec, source.split, data_dir, errors=stage.errors)
+    return record_columns(records, stage, source.spec)
 
 
 def _file_tables(path: str, name: str, source: Source, stage: StageConfig) -> Iterator[pa.Table]:
@@ -179,11 +197,37 @@ def _file_tables(path: str, name: str, source: Source, stage: StageConfig) -> It
         records = read_user_file(path, kind, columns, errors=stage.errors, score_range=score_range)
     except DataError as err:
         raise DataError(str(err).replace(path, name, 1)) from None
-    yield from record_tables(records, stage, name)
+    yield from (columns.to_arrow() for columns in record_columns(records, stage, name))
 
 
-def record_tables(records: Records, stage: StageConfig, where: str) -> Iterator[pa.Table]:
-    """Records as tables of the examples the stage's objective trains on (``where`` names them in errors)."""
+@dataclass(frozen=True)
+class TextColumns:
+    """Examples as plain columns: ``texts[k]`` the k-th text of every row (``text_<k>`` of a table), and the
+    labels (class indices, or scores divided by the stage's ``score_max``) or None."""
+
+    texts: list[list[str]]
+    labels: np.ndarray | None
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.texts[0])
+
+    def slice(self, offset: int, length: int) -> TextColumns:
+        """Rows ``offset`` to ``offset + length``, as ``pa.Table.slice``."""
+        end = offset + length
+        labels = None if self.labels is None else self.labels[offset:end]
+        return TextColumns([column[offset:end] for column in self.texts], labels)
+
+    def to_arrow(self) -> pa.Table:
+        import pyarrow as pa
+
+        table = {f"text_{k}": pa.array(column, pa.string()) for k, column in enumerate(self.texts)}
+        return pa.table(table if self.labels is None else {**table, "label": pa.array(self.labels)})
+
+
+def record_columns(records: Records, stage: StageConfig, where: str) -> Iterator[TextColumns]:
+    """Records as columns of the examples the stage's objective trains on, ``ROWS_PER_TABLE`` rows at a time
+    (``where`` names them in errors)."""
     loss = _objective(stage)
     if loss.label_field in TEACHER_COLUMNS:
         raise DataError(f"{where}: {_teacher_only_in_parquet(stage)}")
@@ -193,25 +237,26 @@ def record_tables(records: Records, stage: StageConfig, where: str) -> Iterator[
         raise DataError(f"{where} gives {type(wrong).__name__} records; objective {stage.objective!r} needs {names}")
     kept = (r for r in records if loss.keeps(r))
     while chunk := list(itertools.islice(kept, ROWS_PER_TABLE)):
-        yield _records_table(chunk, stage, where)
+        yield _records_columns(chunk, stage, where)
 
 
-def _records_table(records: list[Record], stage: StageConfig, where: str) -> pa.Table:
-    fields = TEXT_FIELDS[type(records[0])]
-    table = {f"text_{i}": pa.array([getattr(r, name) for r in records], pa.string()) for i, name in enumerate(fields)}
+def _records_columns(records: list[Record], stage: StageConfig, where: str) -> TextColumns:
+    texts = [[getattr(r, name) for r in records] for name in TEXT_FIELDS[type(records[0])]]
     label_field = _objective(stage).label_field
     if label_field == "label":
-        table["label"] = pa.array([r.label for r in records], pa.int64())
-    elif label_field == "score":
+        return TextColumns(texts, np.array([r.label for r in records], dtype=np.int64))
+    if label_field == "score":
         scores = np.array([r.score for r in records], dtype=np.float32) / stage.score_max
         if scores.min() < 0 or scores.max() > 1:
             raise DataError(f"{where}: scores outside [0, score_max={stage.score_max}]")
-        table["label"] = pa.array(scores)
-    return pa.table(table)
+        return TextColumns(texts, scores)
+    return TextColumns(texts, None)
 
 
 def _parquet_tables(file: str, source: Source, stage: StageConfig) -> Iterator[pa.Table]:
     """A parquet file by row group, as ``_parquet_columns`` names its columns."""
+    import pyarrow as pa
+
     parquet = _parquet_file(file, source.key)
     texts, labels = _parquet_columns(parquet, file, source, stage)
     first_row = 0
@@ -236,6 +281,8 @@ def _next_batch(batches: Iterator[pa.RecordBatch], file: str) -> pa.RecordBatch 
 
 def _parquet_file(file: str, key: str) -> pq.ParquetFile:
     """The file opened and its footer read; a corrupt, truncated or empty file is a DataError naming it."""
+    import pyarrow.parquet as pq
+
     filesystem, path = _filesystem(file, key)
     with _unreadable_parquet(file):
         return pq.ParquetFile(filesystem.open_input_file(path))
@@ -244,6 +291,8 @@ def _parquet_file(file: str, key: str) -> pq.ParquetFile:
 @contextlib.contextmanager
 def _unreadable_parquet(file: str) -> Iterator[None]:
     """pyarrow's errors about a file's bytes (its message names no file) as a DataError naming ``file``."""
+    import pyarrow as pa
+
     try:
         yield
     except (pa.ArrowException, OSError) as err:
@@ -312,6 +361,9 @@ def _may_hold_blanks(statistics) -> bool:
 
 def _texts(column: pa.Array, file: str, name: str, first_row: int) -> pa.Array:
     """The column as text; a missing or blank text is refused as a user file's is, naming its row."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     column = column.cast(pa.string())
     blank = pc.fill_null(pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(column)), 0), True)
     if pc.any(blank).as_py():
@@ -322,6 +374,8 @@ def _texts(column: pa.Array, file: str, name: str, first_row: int) -> pa.Array:
 
 def _labels(column: pa.Array, file: str, name: str, first_row: int, stage: StageConfig) -> pa.Array:
     """Class labels by NLI name or index; scores as numbers in [0, score_max], divided by it."""
+    import pyarrow as pa
+
     label_field = _objective(stage).label_field
     values = column.to_pylist()
     try:
@@ -342,6 +396,8 @@ def _labels(column: pa.Array, file: str, name: str, first_row: int, stage: Stage
 def _teacher_scores(batch: pa.RecordBatch, columns: list[str], file: str, first_row: int) -> pa.Array:
     """A teacher's scores of each row's texts after the anchor, as one list of float32 per row (the label); a
     missing or non-finite score is refused, naming its row."""
+    import pyarrow as pa
+
     scores = np.stack([batch.column(name).cast(pa.float64()).fill_null(np.nan).to_numpy() for name in columns], 1)
     bad = ~np.isfinite(scores)
     if bad.any():
@@ -353,6 +409,9 @@ def _teacher_scores(batch: pa.RecordBatch, columns: list[str], file: str, first_
 def _teacher_vectors(column: pa.Array, file: str, name: str, first_row: int) -> pa.Array:
     """A teacher's embedding per row (a list column), as one list of float32 per row, all of one length (the label);
     a missing, differently sized or non-finite embedding is refused, naming its row."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     kind = column.type
     if not (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)):
         raise DataError(f"{file}: column {name!r} holds {kind}, not lists of numbers (embeddings)")
@@ -380,6 +439,8 @@ def teacher_dimension(source: Source, stage: StageConfig) -> int | None:
     """The size of the teacher's embeddings of an objective that trains on them (None for others, and for a
     registered dataset, which holds none): the length of the first row's ``vector`` in the source's first file,
     read before the cluster so that a teacher of another size than the model is refused then."""
+    import pyarrow as pa
+
     if _objective(stage).label_field != "vector" or not source.files:
         return None
     file = source.files[0]
@@ -416,6 +477,8 @@ class _local_copy:
         self.uri = uri
 
     def __enter__(self) -> str:
+        import pyarrow.fs as pafs
+
         filesystem, path = pafs.FileSystem.from_uri(self.uri)
         handle, self.path = tempfile.mkstemp(suffix=Path(path).suffix)
         with os.fdopen(handle, "wb") as out, filesystem.open_input_stream(path) as stream:
@@ -434,7 +497,7 @@ def known_rows(source: Source, stage: StageConfig, data_dir) -> int | None:
     (``_checked_footer``). None: only reading every row tells. A teacher's scores come from parquet files only, so
     an objective that trains on them refuses any other file here (so do those on a teacher's embeddings)."""
     if not source.files:
-        return sum(table.num_rows for table in read_tables(source, None, stage, data_dir))
+        return sum(columns.num_rows for columns in read_registered(source, stage, data_dir))
     not_parquet = next((f for f in source.files if not f.lower().endswith(".parquet")), None)
     if _objective(stage).label_field in TEACHER_COLUMNS and not_parquet:
         raise DataError(f"{not_parquet}: {_teacher_only_in_parquet(stage)}")

@@ -37,18 +37,20 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
 from sbert_ray.config import StageConfig, TrainConfig
 from sbert_ray.losses.registry import OBJECTIVES
 from sbert_ray.models import SentenceEncoder
-from sbert_ray.training.batches import TokenizedRows, split_batch, tokenize_table
+from sbert_ray.training.batches import TokenizedRows, split_batch, tokenize_table, tokenize_texts
 from sbert_ray.training.loop import MicroBatch
-from sbert_ray.training.sources import Source, read_tables, stage_sources
+from sbert_ray.training.sources import Source, TextColumns, read_registered, read_tables, stage_sources
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 Batch = tuple[TokenizedRows, np.ndarray]  # the rows of its window, and which of them
 
@@ -60,7 +62,9 @@ class SourceStream:
     name: str
     rows: int  # examples in one pass over the source, all workers together (counted before training)
     weight: float
-    open_pass: Callable[[], Iterable[pa.Table]]  # this worker's tokenised tables of a new pass
+    # This worker's tokenised tables of a new pass: Arrow tables as Ray Data's stream carries them
+    # (``batches.tokenize_table``), or rows read and tokenised in this process.
+    open_pass: Callable[[], Iterable[pa.Table | TokenizedRows]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,7 +216,11 @@ class StageBatches:
 
 
 def pass_batches(
-    tables: Iterable[pa.Table], per_pass: int, plan: BatchPlan, key: tuple[int, ...], counts: SourceCounts
+    tables: Iterable[pa.Table | TokenizedRows],
+    per_pass: int,
+    plan: BatchPlan,
+    key: tuple[int, ...],
+    counts: SourceCounts,
 ) -> Iterator[Batch]:
     """Exactly ``per_pass`` batches of one pass over this worker's ``tables``: surplus batches are still read to
     the end of the stream (every worker finishes the pass together) and counted unseen; a short pass repeats its
@@ -235,33 +243,36 @@ def pass_batches(
         yield batch
 
 
-def _cut_pass(tables: Iterable[pa.Table], plan: BatchPlan, key: tuple[int, ...], counts: SourceCounts):
+def _cut_pass(tables: Iterable[pa.Table | TokenizedRows], plan: BatchPlan, key: tuple[int, ...], counts: SourceCounts):
     """Every row of the pass in a batch: window by window (rows that do not fill a whole batch carry over to the
     next window), then the last rows, short batches included."""
     carry, number = None, 0
     for number, window in enumerate(_windows(tables, plan.window_batches * plan.batch_size, counts)):
-        window = window if carry is None else pa.concat_tables([carry, window])
-        rows = TokenizedRows.from_arrow(window)
+        rows = window if carry is None else TokenizedRows.concat([carry, window])
         batches, leftover = cut_window(rows, plan, (*key, number), whole_only=True, counts=counts)
-        carry = window.take(leftover) if len(leftover) else None
+        carry = rows.take(leftover) if len(leftover) else None
         yield from ((rows, batch) for batch in batches)
     if carry is not None:
-        rows = TokenizedRows.from_arrow(carry)
-        batches, _ = cut_window(rows, plan, (*key, number + 1), whole_only=False, counts=counts)
-        yield from ((rows, batch) for batch in batches)
+        batches, _ = cut_window(carry, plan, (*key, number + 1), whole_only=False, counts=counts)
+        yield from ((carry, batch) for batch in batches)
 
 
-def _windows(tables: Iterable[pa.Table], window_rows: int, counts: SourceCounts) -> Iterator[pa.Table]:
+def _windows(
+    tables: Iterable[pa.Table | TokenizedRows], window_rows: int, counts: SourceCounts
+) -> Iterator[TokenizedRows]:
     pending, rows = [], 0
     for table in tables:
-        pending.append(table)
-        rows += table.num_rows
-        counts.truncated_texts += int(pc.sum(table.column("truncated")).as_py() or 0)
+        if not table.num_rows:  # (a shard's empty block)
+            continue
+        part = table if isinstance(table, TokenizedRows) else TokenizedRows.from_arrow(table)
+        pending.append(part)
+        rows += part.num_rows
+        counts.truncated_texts += int(part.truncated.sum())
         if rows >= window_rows:
-            yield pa.concat_tables(pending)
+            yield TokenizedRows.concat(pending)
             pending, rows = [], 0
     if rows:
-        yield pa.concat_tables(pending)
+        yield TokenizedRows.concat(pending)
 
 
 def cut_window(
@@ -306,22 +317,35 @@ def _fill(order: np.ndarray, rows: TokenizedRows, plan: BatchPlan, counts: Sourc
     return batches, np.array(current + waiting, dtype=np.int64)
 
 
-def local_sources(config: TrainConfig, index: int, encoder: SentenceEncoder) -> list[SourceStream]:
+def local_sources(
+    config: TrainConfig, index: int, encoder: SentenceEncoder, tokenise_every_pass: bool = False
+) -> list[SourceStream]:
     """Stage ``index``'s sources read and tokenised in this process, for one worker without Ray (the training
-    benchmark's ``--local`` runs, tests): the same tables the cluster's stream gives, counted by a first read."""
+    benchmark's ``--local`` runs, tests): the same rows the cluster's stream gives, counted by a first read. A
+    registered dataset is read whole anyway (``data.readers``), so it is read and tokenised once, without pyarrow,
+    and its rows kept for every pass, unless ``tokenise_every_pass`` (the ingest benchmark, which times
+    tokenisation); the user's files are read through pyarrow, as on the cluster, pass after pass."""
     stage = config.stages[index]
 
     def tables(source: Source) -> Iterator[pa.Table]:
-        read = (t for f in source.files or (None,) for t in read_tables(source, f, stage, config.data_dir))
+        read = (t for f in source.files for t in read_tables(source, f, stage, config.data_dir))
         return (tokenize_table(t, encoder) for t in _first_rows(read, stage.limit))
 
-    return [
-        SourceStream(s.name, sum(t.num_rows for t in tables(s)), s.weight, functools.partial(tables, s))
-        for s in stage_sources(stage, index)
-    ]
+    def registered(source: Source) -> Iterator[TokenizedRows]:
+        read = _first_rows(read_registered(source, stage, config.data_dir), stage.limit)
+        return (tokenize_texts(columns.texts, columns.labels, encoder) for columns in read)
+
+    def stream(source: Source) -> SourceStream:
+        if source.files or tokenise_every_pass:
+            open_pass = functools.partial(tables if source.files else registered, source)
+            return SourceStream(source.name, sum(t.num_rows for t in open_pass()), source.weight, open_pass)
+        rows = list(registered(source))
+        return SourceStream(source.name, sum(part.num_rows for part in rows), source.weight, lambda: rows)
+
+    return [stream(source) for source in stage_sources(stage, index)]
 
 
-def _first_rows(tables: Iterable[pa.Table], limit: int | None) -> Iterator[pa.Table]:
+def _first_rows(tables: Iterable[pa.Table | TextColumns], limit: int | None) -> Iterator[pa.Table | TextColumns]:
     for table in tables:
         if limit is not None and table.num_rows >= limit:
             yield table.slice(0, limit)
