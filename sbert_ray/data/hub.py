@@ -168,7 +168,7 @@ def load_hub_table(repo: str, config: str | None, split: str, name: str):
                 "local copy of the Hub datasets, or use a local BEIR folder (retrieval:<folder>)"
             )
         location = repo
-    cache_dir = None if location == repo else _mirror_cache_dir(Path(location))
+    cache_dir = None if location == repo else mirror_cache_dir(Path(location))
     try:
         return load_dataset(location, config, split=split, cache_dir=cache_dir)
     except (ConnectionError, FileNotFoundError, ValueError, DatasetGenerationError) as error:
@@ -196,7 +196,7 @@ def load_hub(name: str, split: str, errors: Errors = "raise") -> Records:
     from datasets.exceptions import DatasetGenerationError
 
     where = f"{location}[{hub_split}]"
-    cache_dir = None if location == source.path else _mirror_cache_dir(Path(location))
+    cache_dir = None if location == source.path else mirror_cache_dir(Path(location))
     try:
         dataset = load_dataset(location, source.config, split=hub_split, cache_dir=cache_dir)
     except (ConnectionError, ValueError, DatasetGenerationError) as error:  # say which dataset and what to do
@@ -218,7 +218,7 @@ def load_hub(name: str, split: str, errors: Errors = "raise") -> Records:
     return collector.finish()
 
 
-def _mirror_cache_dir(folder: Path) -> str:
+def mirror_cache_dir(folder: Path) -> str:
     """A datasets cache of the mirror copy's own, named after its files' paths, sizes and times: datasets keys
     a local folder's cache by the folder's name and config alone (huggingface/datasets#2956), so without this an
     updated copy, or another owner's repository of the same name, would be served from a stale cache."""
