@@ -1,0 +1,187 @@
+"""``mteb:`` tasks: mteb's own task objects scored on sbert-ray models, offline, on local copies of their Hub data
+sets (SBERT_RAY_HUB_MIRROR, as tests/test_hub.py): ``mteb/stsbenchmark-sts`` rebuilt from the local STSb files in
+the repository's own files and columns (train / validation / test.jsonl.gz: split, genre, dataset, year, sid,
+score 0-5, sentence1, sentence2; the revision mteb pins, b0fddb5)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sbert_ray.cli import main
+from sbert_ray.data import HUB_MIRROR_ENV, load_records
+from sbert_ray.evaluation.mteb_encoder import PROBE, MtebEncoder, model_fingerprint
+from sbert_ray.evaluation.mteb_tasks import with_local_data
+from sbert_ray.models.encoder import SentenceEncoder
+
+mteb = pytest.importorskip("mteb")
+
+FILE_ROUNDING = 0.5e-6 + 1e-12  # mteb writes scores rounded to 6 decimals
+STSB_SPLITS = {"train": "train", "dev": "validation", "test": "test"}  # ours -> the Hub repository's
+
+
+def jsonl_gz(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt", encoding="utf-8") as file:
+        file.writelines(json.dumps(row) + "\n" for row in rows)
+
+
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory, data_dir) -> Path:
+    root = tmp_path_factory.mktemp("mteb-mirror")
+    for ours, theirs in STSB_SPLITS.items():
+        rows = [
+            {"split": theirs, "genre": "", "dataset": "", "year": "", "sid": str(k), "score": pair.score}
+            | {"sentence1": pair.sentence1, "sentence2": pair.sentence2}
+            for k, pair in enumerate(load_records("stsb", ours, data_dir))
+        ]
+        jsonl_gz(root / "mteb" / "stsbenchmark-sts" / f"{theirs}.jsonl.gz", rows)
+    return root
+
+
+@pytest.fixture
+def offline(monkeypatch, mirror) -> Path:
+    monkeypatch.setenv(HUB_MIRROR_ENV, str(mirror))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return mirror
+
+
+def eval_cli(model_dir: Path, tasks: str, output: Path, *extra: str, data_dir: Path | None = None) -> dict:
+    data = ["--data-dir", str(data_dir)] if data_dir else []
+    argv = ["eval", "--model", str(model_dir), "--tasks", tasks, *data, "--output", str(output), "--quiet", *extra]
+    assert main(argv) == 0
+    return json.loads(output.read_text())
+
+
+def mteb_in_one_process(model, task_name: str):
+    """``mteb.evaluate`` on ``model`` (an mteb encoder or a SentenceTransformer), no result cache: mteb's number."""
+    task = with_local_data(mteb.get_task(task_name))
+    [result] = mteb.evaluate(model, task, cache=None, show_progress_bar=False, co2_tracker=False).task_results
+    return result.scores["test"][0]
+
+
+def rank_flip_bound(values: np.ndarray, scale: float = 1.0) -> float:
+    """How far a Spearman correlation over ``values`` can move when they are computed again with float32 rounding
+    in another order: only values within a few float32 ulps of each other can swap ranks, and each swap of two
+    ranks changes sum(d^2) by at most 2n, so rho (6 sum(d^2) / (n (n^2 - 1))) by at most 12 / (n^2 - 1)."""
+    ordered = np.sort(values.astype(np.float64))
+    close = 8 * np.finfo(np.float32).eps * np.abs(ordered).max()
+    swaps = int((np.searchsorted(ordered, ordered + close, side="right") - np.arange(len(ordered)) - 1).sum())
+    n = len(values)
+    return scale * 12 * max(swaps, 1) / (n * n - 1)
+
+
+def test_cli_mteb_stsbenchmark_equals_mteb_evaluate_and_our_stsb(offline, tiny_model_dir, data_dir, tmp_path):
+    results = eval_cli(tiny_model_dir, "mteb:STSBenchmark,stsb", tmp_path / "results.json", data_dir=data_dir)
+    ours = results["STSBenchmark"]
+
+    # mteb.evaluate in one process on the same encoder: the very embeddings and mteb's own scoring, so equal up to
+    # the rounding of mteb's result files (6 decimals), which our numbers are read from.
+    encoder = SentenceEncoder.load(str(tiny_model_dir))
+    reference = mteb_in_one_process(MtebEncoder(encoder, "local/tiny", "reference"), "STSBenchmark")
+    for metric in ("main_score", "cosine_spearman", "cosine_pearson", "euclidean_spearman", "manhattan_spearman"):
+        assert ours[metric] == pytest.approx(reference[metric], abs=FILE_ROUNDING), metric
+
+    # Our own stsb task: the same 1,379 test pairs and embeddings; mteb reports 0-1, we x100. The cosines are
+    # computed apart (sklearn in float64 there, torch here), so near-equal ones may swap ranks.
+    sentences = load_records("stsb", "test", data_dir)
+    first = encoder.encode([p.sentence1 for p in sentences], batch_size=64)
+    second = encoder.encode([p.sentence2 for p in sentences], batch_size=64)
+    cosines = (first * second).sum(1) / np.linalg.norm(first, axis=1) / np.linalg.norm(second, axis=1)
+    assert results["stsb"]["n"] == len(sentences) == 1379
+    tolerance = rank_flip_bound(cosines, scale=100) + 100 * FILE_ROUNDING
+    assert results["stsb"]["spearman_cosine"] == pytest.approx(100 * ours["cosine_spearman"], abs=tolerance)
+
+    # mteb's files beside results.json, in mteb's cache layout (mteb.ResultCache reads them back)
+    fingerprint = model_fingerprint(encoder)
+    folder = tmp_path / "mteb" / "results" / f"local__{tiny_model_dir.name}" / fingerprint
+    written = mteb.ResultCache(tmp_path / "mteb").load_task_result(
+        "STSBenchmark", f"local/{tiny_model_dir.name}", fingerprint
+    )
+    assert (folder / "STSBenchmark.json").is_file() and written.get_score() == ours["main_score"]
+
+
+def test_stsbenchmark_through_sentence_transformers_agrees(offline, tiny_model_dir, tmp_path):
+    """The same model loaded by sentence-transformers and run by mteb's own wrapper: its embeddings are computed
+    in other batches (other padding, other float rounding), so the Spearman may move by rank swaps only."""
+    from sentence_transformers import SentenceTransformer
+
+    ours = eval_cli(tiny_model_dir, "mteb:STSBenchmark", tmp_path / "results.json")["STSBenchmark"]
+    reference = mteb_in_one_process(SentenceTransformer(str(tiny_model_dir), device="cpu"), "STSBenchmark")
+    encoder = SentenceEncoder.load(str(tiny_model_dir))
+    pairs = [json.loads(line) for line in gzip.open(offline / "mteb/stsbenchmark-sts/test.jsonl.gz", "rt")]
+    first, second = (encoder.encode([row[key] for row in pairs]) for key in ("sentence1", "sentence2"))
+    cosines = (first * second).sum(1) / np.linalg.norm(first, axis=1) / np.linalg.norm(second, axis=1)
+    tolerance = rank_flip_bound(cosines) + FILE_ROUNDING
+    assert ours["cosine_spearman"] == pytest.approx(reference["cosine_spearman"], abs=tolerance)
+
+
+def test_a_second_run_reads_results_and_a_rerun_reads_the_embedding_cache(
+    offline, tiny_model_dir, tmp_path, monkeypatch
+):
+    encoded: list[int] = []
+    encode = MtebEncoder.encode
+
+    def counting(self, inputs, **kwargs):
+        embeddings = encode(self, inputs, **kwargs)
+        encoded.append(len(embeddings))
+        return embeddings
+
+    monkeypatch.setattr(MtebEncoder, "encode", counting)
+    first = eval_cli(tiny_model_dir, "mteb:STSBenchmark", tmp_path / "results.json")
+    pairs = [json.loads(line) for line in gzip.open(offline / "mteb/stsbenchmark-sts/test.jsonl.gz", "rt")]
+    firsts = {row["sentence1"] for row in pairs}
+    # The first sentences, then the second ones not among them: the cache already holds those (PROBE, which
+    # fingerprints the model, is encoded outside mteb)
+    assert encoded == [len(pairs), sum(row["sentence2"] not in firsts for row in pairs)]
+
+    encoded.clear()
+    assert eval_cli(tiny_model_dir, "mteb:STSBenchmark", tmp_path / "results.json") == first
+    assert encoded == []  # the result file is read
+
+    [result_file] = (tmp_path / "mteb" / "results").rglob("STSBenchmark.json")
+    result_file.unlink()
+    assert eval_cli(tiny_model_dir, "mteb:STSBenchmark", tmp_path / "results.json") == first
+    assert encoded == []  # scored again from the cached embeddings
+    assert result_file.is_file()
+
+
+def test_a_changed_model_is_filed_apart(tiny_model_dir):
+    encoder = SentenceEncoder.load(str(tiny_model_dir))
+    before = model_fingerprint(encoder)
+    encoder.prompts = {"query": "query: "}
+    with_prompt = model_fingerprint(encoder)
+    encoder.truncate_dim = 16
+    assert len({before, with_prompt, model_fingerprint(encoder)}) == 3
+    assert len(PROBE) >= 2
+
+
+def test_queries_and_documents_get_their_prompts(tiny_model_dir):
+    encoder = SentenceEncoder.load(str(tiny_model_dir), prompts={"query": "query: ", "passage": "passage: "})
+    adapter = MtebEncoder(encoder, "local/tiny", "x")
+    from mteb.types import PromptType
+
+    assert adapter.prompt_name(PromptType.query) == "query"
+    assert adapter.prompt_name(PromptType.document) == "passage"
+    assert adapter.prompt_name(None) is None
+
+
+@pytest.mark.parametrize("tasks", ["mteb:STSBenchmarkX", "mteb:STSBenchmark,Nope", "mteb:"])
+def test_a_bad_mteb_task_is_one_line_naming_it(tiny_model_dir, tasks, capsys):
+    assert main(["eval", "--model", str(tiny_model_dir), "--tasks", tasks]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "--tasks" in error
+    assert tasks.rpartition(",")[2].removeprefix("mteb:") in error
+
+
+def test_a_benchmark_names_its_tasks():
+    from sbert_ray.evaluation.tasks import parse_tasks
+
+    [task] = parse_tasks("mteb:MTEB(eng, v2)")
+    assert "STSBenchmark" in task.entries() and len(task.entries()) > 20
+    [same] = parse_tasks("mteb:MTEB(eng,v2)")
+    assert same.entries() == task.entries()
