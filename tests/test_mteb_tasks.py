@@ -1,7 +1,12 @@
 """``mteb:`` tasks: mteb's own task objects scored on sbert-ray models, offline, on local copies of their Hub data
-sets (SBERT_RAY_HUB_MIRROR, as tests/test_hub.py): ``mteb/stsbenchmark-sts`` rebuilt from the local STSb files in
-the repository's own files and columns (train / validation / test.jsonl.gz: split, genre, dataset, year, sid,
-score 0-5, sentence1, sentence2; the revision mteb pins, b0fddb5)."""
+sets (SBERT_RAY_HUB_MIRROR, as tests/test_hub.py), each in its repository's files and columns:
+
+- ``mteb/stsbenchmark-sts`` (STSBenchmark) rebuilt from the local STSb files: train / validation / test.jsonl.gz with
+  split, genre, dataset, year, sid, score 0-5, sentence1, sentence2;
+- ``mteb/scifact`` (SciFact, retrieval) holding a retrieval set built from STSb dev pairs, in the layout
+  tests/test_retrieval_hub.py checks (configs corpus / queries / default);
+- ``mteb/imdb`` (ImdbClassification) holding movie-review sentences of SentEval's MR, text and label 0/1, in train
+  and test splits."""
 
 from __future__ import annotations
 
@@ -11,9 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_hub import card, jsonl_gz
+from test_retrieval_hub import jsonl, qrels_rows
 
 from sbert_ray.cli import main
 from sbert_ray.data import HUB_MIRROR_ENV, load_records
+from sbert_ray.data.retrieval_sets import stsb_retrieval
 from sbert_ray.evaluation.mteb_encoder import PROBE, MtebEncoder, model_fingerprint
 from sbert_ray.evaluation.mteb_tasks import with_local_data
 from sbert_ray.models.encoder import SentenceEncoder
@@ -24,23 +32,42 @@ FILE_ROUNDING = 0.5e-6 + 1e-12  # mteb writes scores rounded to 6 decimals
 STSB_SPLITS = {"train": "train", "dev": "validation", "test": "test"}  # ours -> the Hub repository's
 
 
-def jsonl_gz(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(path, "wt", encoding="utf-8") as file:
-        file.writelines(json.dumps(row) + "\n" for row in rows)
-
-
 @pytest.fixture(scope="module")
 def mirror(tmp_path_factory, data_dir) -> Path:
     root = tmp_path_factory.mktemp("mteb-mirror")
+    copy_stsbenchmark(root / "mteb" / "stsbenchmark-sts", data_dir)
+    copy_scifact(root / "mteb" / "scifact", data_dir)
+    copy_imdb(root / "mteb" / "imdb", data_dir)
+    return root
+
+
+def copy_stsbenchmark(folder: Path, data_dir: Path) -> None:
     for ours, theirs in STSB_SPLITS.items():
         rows = [
             {"split": theirs, "genre": "", "dataset": "", "year": "", "sid": str(k), "score": pair.score}
             | {"sentence1": pair.sentence1, "sentence2": pair.sentence2}
             for k, pair in enumerate(load_records("stsb", ours, data_dir))
         ]
-        jsonl_gz(root / "mteb" / "stsbenchmark-sts" / f"{theirs}.jsonl.gz", rows)
-    return root
+        jsonl_gz(folder / f"{theirs}.jsonl.gz", rows)
+
+
+def copy_scifact(folder: Path, data_dir: Path) -> None:
+    configs = {"corpus": "corpus.jsonl", "queries": "queries.jsonl"}
+    card(folder, {"default": {"test": "qrels/test.jsonl"}, **{name: {name: path} for name, path in configs.items()}})
+    retrieval = stsb_retrieval(load_records("stsb", "dev", data_dir)[:300])
+    jsonl(folder / "corpus.jsonl", [{"_id": key, "title": "", "text": text} for key, text in retrieval.corpus.items()])
+    jsonl(folder / "queries.jsonl", [{"_id": key, "text": text} for key, text in retrieval.queries.items()])
+    jsonl(folder / "qrels" / "test.jsonl", qrels_rows(retrieval))
+
+
+def copy_imdb(folder: Path, data_dir: Path) -> None:
+    reviews = data_dir / "senteval-transfer" / "MR"
+    positive, negative = (
+        (reviews / f"rt-polarity.{kind}").read_text("latin-1").splitlines() for kind in ("pos", "neg")
+    )
+    rows = [row for k in range(300) for row in ({"text": negative[k], "label": 0}, {"text": positive[k], "label": 1})]
+    jsonl(folder / "train.jsonl", rows[:400])
+    jsonl(folder / "test.jsonl", rows[400:])
 
 
 @pytest.fixture
@@ -62,6 +89,20 @@ def mteb_in_one_process(model, task_name: str):
     task = with_local_data(mteb.get_task(task_name))
     [result] = mteb.evaluate(model, task, cache=None, show_progress_bar=False, co2_tracker=False).task_results
     return result.scores["test"][0]
+
+
+def count_encoded(monkeypatch, encoder_class) -> list[int]:
+    """How many texts each call of ``encoder_class.encode`` embeds, call by call, from now on."""
+    counts: list[int] = []
+    encode = encoder_class.encode
+
+    def counting(self, inputs, *args, **kwargs):
+        embeddings = encode(self, inputs, *args, **kwargs)
+        counts.append(len(embeddings))
+        return embeddings
+
+    monkeypatch.setattr(encoder_class, "encode", counting)
+    return counts
 
 
 def rank_flip_bound(values: np.ndarray, scale: float = 1.0) -> float:
@@ -105,6 +146,18 @@ def test_cli_mteb_stsbenchmark_equals_mteb_evaluate_and_our_stsb(offline, tiny_m
     assert (folder / "STSBenchmark.json").is_file() and written.get_score() == ours["main_score"]
 
 
+@pytest.mark.parametrize("task_name", ["SciFact", "ImdbClassification"])
+def test_retrieval_and_classification_equal_mteb_evaluate(offline, tiny_model_dir, tmp_path, task_name):
+    ours = eval_cli(tiny_model_dir, f"mteb:{task_name}", tmp_path / "results.json")[task_name]
+    encoder = SentenceEncoder.load(str(tiny_model_dir))
+    reference = mteb_in_one_process(MtebEncoder(encoder, "local/tiny", "reference"), task_name)
+    numbers = [key for key, value in reference.items() if isinstance(value, float)]
+    assert len(numbers) > 5 and ours["main_score"] == pytest.approx(reference["main_score"], abs=FILE_ROUNDING)
+    assert {key: ours[key] for key in numbers} == pytest.approx(
+        {key: reference[key] for key in numbers}, abs=FILE_ROUNDING
+    )
+
+
 def test_stsbenchmark_through_sentence_transformers_agrees(offline, tiny_model_dir, tmp_path):
     """The same model loaded by sentence-transformers and run by mteb's own wrapper: its embeddings are computed
     in other batches (other padding, other float rounding), so the Spearman may move by rank swaps only."""
@@ -123,15 +176,7 @@ def test_stsbenchmark_through_sentence_transformers_agrees(offline, tiny_model_d
 def test_a_second_run_reads_results_and_a_rerun_reads_the_embedding_cache(
     offline, tiny_model_dir, tmp_path, monkeypatch
 ):
-    encoded: list[int] = []
-    encode = MtebEncoder.encode
-
-    def counting(self, inputs, **kwargs):
-        embeddings = encode(self, inputs, **kwargs)
-        encoded.append(len(embeddings))
-        return embeddings
-
-    monkeypatch.setattr(MtebEncoder, "encode", counting)
+    encoded = count_encoded(monkeypatch, MtebEncoder)
     first = eval_cli(tiny_model_dir, "mteb:STSBenchmark", tmp_path / "results.json")
     pairs = [json.loads(line) for line in gzip.open(offline / "mteb/stsbenchmark-sts/test.jsonl.gz", "rt")]
     firsts = {row["sentence1"] for row in pairs}
@@ -185,3 +230,19 @@ def test_a_benchmark_names_its_tasks():
     assert "STSBenchmark" in task.entries() and len(task.entries()) > 20
     [same] = parse_tasks("mteb:MTEB(eng,v2)")
     assert same.entries() == task.entries()
+
+
+def test_mteb_on_two_ray_workers_gives_the_single_process_numbers(
+    local_ray, offline, tiny_model_dir, tmp_path, monkeypatch
+):
+    from sbert_ray.evaluation.encoder_pool import RayEncoder
+
+    single = eval_cli(tiny_model_dir, "mteb:STSBenchmark", tmp_path / "one" / "results.json")
+    pooled = count_encoded(monkeypatch, RayEncoder)
+    spread = eval_cli(tiny_model_dir, "mteb:STSBenchmark", tmp_path / "two" / "results.json", "--workers", "2")
+    assert pooled[0] == len(PROBE) and sum(pooled[1:]) > 1379  # mteb's texts went through the pool
+    assert spread == single
+    # The pool's embeddings are one process's bit for bit: the same fingerprint, so the same place in mteb's layout
+    assert [p.relative_to(tmp_path / "two") for p in (tmp_path / "two").rglob("STSBenchmark.json")] == [
+        p.relative_to(tmp_path / "one") for p in (tmp_path / "one").rglob("STSBenchmark.json")
+    ]
