@@ -246,3 +246,9 @@ def test_mteb_on_two_ray_workers_gives_the_single_process_numbers(
     assert [p.relative_to(tmp_path / "two") for p in (tmp_path / "two").rglob("STSBenchmark.json")] == [
         p.relative_to(tmp_path / "one") for p in (tmp_path / "one").rglob("STSBenchmark.json")
     ]
+
+
+def test_a_task_without_a_local_copy_is_refused_naming_it(offline, tiny_model_dir, capsys):
+    assert main(["eval", "--model", str(tiny_model_dir), "--tasks", "mteb:SICK-R"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "mteb/sickr-sts" in error and "SICK-R" in error

@@ -14,6 +14,7 @@ Data comes from the Hub, or from a copy of each data set's repository under SBER
 
 from __future__ import annotations
 
+import logging
 import re
 import warnings
 from collections.abc import Iterator
@@ -75,6 +76,8 @@ class MtebTask(EvalTask):
         from mteb.models.cache_wrappers import CachedEmbeddingWrapper
 
         output = output or MtebOutput()
+        if logging.getLogger("mteb").level == logging.NOTSET:  # mteb logs each load and cache save at INFO
+            logging.getLogger("mteb").setLevel(logging.WARNING)
         folder = output.folder.expanduser()
         encoder = MtebEncoder(model, output.model_name, model_fingerprint(model))
         meta = encoder.mteb_model_meta
