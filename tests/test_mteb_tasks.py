@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -23,12 +24,13 @@ from sbert_ray.cli import main
 from sbert_ray.data import HUB_MIRROR_ENV, load_records
 from sbert_ray.data.retrieval_sets import stsb_retrieval
 from sbert_ray.evaluation.mteb_encoder import PROBE, MtebEncoder, model_fingerprint
-from sbert_ray.evaluation.mteb_tasks import with_local_data
+from sbert_ray.evaluation.mteb_tasks import local_data
 from sbert_ray.models.encoder import SentenceEncoder
 
 mteb = pytest.importorskip("mteb")
 
 FILE_ROUNDING = 0.5e-6 + 1e-12  # mteb writes scores rounded to 6 decimals
+RETRIEVAL_ROUNDING = 0.5e-5 + 1e-12  # and computes nDCG, MAP, recall, precision, hit rate rounded to 5
 STSB_SPLITS = {"train": "train", "dev": "validation", "test": "test"}  # ours -> the Hub repository's
 
 
@@ -57,7 +59,9 @@ def copy_scifact(folder: Path, data_dir: Path) -> None:
     retrieval = stsb_retrieval(load_records("stsb", "dev", data_dir)[:300])
     jsonl(folder / "corpus.jsonl", [{"_id": key, "title": "", "text": text} for key, text in retrieval.corpus.items()])
     jsonl(folder / "queries.jsonl", [{"_id": key, "text": text} for key, text in retrieval.queries.items()])
-    jsonl(folder / "qrels" / "test.jsonl", qrels_rows(retrieval))
+    # the relevant pairs only: qrels_rows' extra irrelevant judgement is of q0 and d0, which is q0's relevant
+    # document here, and mteb (a dict by document) keeps the later of the two
+    jsonl(folder / "qrels" / "test.jsonl", [row for row in qrels_rows(retrieval) if row["score"] > 0])
 
 
 def copy_imdb(folder: Path, data_dir: Path) -> None:
@@ -86,8 +90,8 @@ def eval_cli(model_dir: Path, tasks: str, output: Path, *extra: str, data_dir: P
 
 def mteb_in_one_process(model, task_name: str):
     """``mteb.evaluate`` on ``model`` (an mteb encoder or a SentenceTransformer), no result cache: mteb's number."""
-    task = with_local_data(mteb.get_task(task_name))
-    [result] = mteb.evaluate(model, task, cache=None, show_progress_bar=False, co2_tracker=False).task_results
+    with local_data([mteb.get_task(task_name)]) as tasks:
+        [result] = mteb.evaluate(model, tasks, cache=None, show_progress_bar=False, co2_tracker=False).task_results
     return result.scores["test"][0]
 
 
@@ -151,11 +155,24 @@ def test_retrieval_and_classification_equal_mteb_evaluate(offline, tiny_model_di
     ours = eval_cli(tiny_model_dir, f"mteb:{task_name}", tmp_path / "results.json")[task_name]
     encoder = SentenceEncoder.load(str(tiny_model_dir))
     reference = mteb_in_one_process(MtebEncoder(encoder, "local/tiny", "reference"), task_name)
-    numbers = [key for key, value in reference.items() if isinstance(value, float)]
+    numbers = [key for key, value in reference.items() if isinstance(value, float) and math.isfinite(value)]
+    undefined = [key for key, value in reference.items() if isinstance(value, float) and not math.isfinite(value)]
     assert len(numbers) > 5 and ours["main_score"] == pytest.approx(reference["main_score"], abs=FILE_ROUNDING)
     assert {key: ours[key] for key in numbers} == pytest.approx(
         {key: reference[key] for key in numbers}, abs=FILE_ROUNDING
     )
+    assert all(ours[key] is None for key in undefined)  # NaN (a constant input to a correlation): null in JSON
+
+
+def test_scifact_equals_our_retrieval_task_on_the_same_copy(offline, tiny_model_dir, tmp_path):
+    """mteb's retrieval (pytrec_eval) and ours (sentence-transformers' metrics) on one copy of mteb/scifact: the
+    same top 10 (one exact cosine search), so the same nDCG@10, up to the rounding of mteb's files."""
+    results = eval_cli(tiny_model_dir, "mteb:SciFact,retrieval:mteb/scifact", tmp_path / "results.json")
+    assert results["scifact"]["queries"] == 58
+    ours, theirs = results["scifact"], results["SciFact"]
+    assert theirs["ndcg_at_10"] == pytest.approx(ours["ndcg_at_10_cosine"], abs=RETRIEVAL_ROUNDING)
+    assert theirs["mrr_at_10"] == pytest.approx(ours["mrr_at_10_cosine"], abs=FILE_ROUNDING)
+    assert theirs["hit_rate_at_1"] == pytest.approx(ours["accuracy_at_1_cosine"], abs=RETRIEVAL_ROUNDING)
 
 
 def test_stsbenchmark_through_sentence_transformers_agrees(offline, tiny_model_dir, tmp_path):
@@ -252,3 +269,16 @@ def test_a_task_without_a_local_copy_is_refused_naming_it(offline, tiny_model_di
     assert main(["eval", "--model", str(tiny_model_dir), "--tasks", "mteb:SICK-R"]) == 2
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and "mteb/sickr-sts" in error and "SICK-R" in error
+
+
+def test_an_updated_copy_is_read_anew(tmp_path, data_dir, tiny_model_dir, monkeypatch):
+    """datasets caches a local folder by its name (huggingface/datasets#2956) and mteb's retrieval loader passes
+    no cache folder: a copy's files changed in place must still be what is scored (hub.mirror_copies_cached_apart)."""
+    copy = tmp_path / "mteb" / "scifact"
+    copy_scifact(copy, data_dir)
+    monkeypatch.setenv(HUB_MIRROR_ENV, str(tmp_path))
+    adapter = MtebEncoder(SentenceEncoder.load(str(tiny_model_dir)), "local/tiny", "x")
+    whole = mteb_in_one_process(adapter, "SciFact")
+    qrels = copy / "qrels" / "test.jsonl"
+    qrels.write_text("".join(qrels.read_text().splitlines(keepends=True)[:10]))
+    assert mteb_in_one_process(adapter, "SciFact")["ndcg_at_10"] != whole["ndcg_at_10"]

@@ -14,15 +14,16 @@ Data comes from the Hub, or from a copy of each data set's repository under SBER
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from sbert_ray.config import ConfigError
-from sbert_ray.data.hub import hub_reachable, mirror_cache_dir, mirror_folder
+from sbert_ray.data.hub import hub_reachable, mirror_copies_cached_apart, mirror_folder
 from sbert_ray.data.records import DataError
 from sbert_ray.evaluation.mteb_encoder import MtebEncoder, model_fingerprint
 from sbert_ray.evaluation.task_contract import EvalTask, Results
@@ -84,11 +85,12 @@ class MtebTask(EvalTask):
         cached = CachedEmbeddingWrapper(encoder, folder / "embeddings" / meta.model_name_as_path() / meta.revision)
         files = mteb.ResultCache(folder)
         try:
-            with warnings.catch_warnings():  # one per repeated text (STSb repeats many): the cache keeps one vector
+            with warnings.catch_warnings(), local_data(self.tasks) as tasks:
+                # one warning per repeated text (STSb repeats many): the cache keeps one vector for them
                 warnings.filterwarnings("ignore", "Hash collision or duplicate item", UserWarning)
                 mteb.evaluate(
                     cached,
-                    [with_local_data(task) for task in self.tasks],
+                    tasks,
                     cache=files,
                     overwrite_strategy="only-missing",  # a task with a result file is read, not run
                     encode_kwargs={"batch_size": batch_size},
@@ -139,6 +141,17 @@ def data_sets(task) -> Iterator[tuple[str, str]]:
         yield task.metadata.dataset["path"], task.metadata.name
 
 
+@contextlib.contextmanager
+def local_data(tasks: Sequence) -> Iterator[list]:
+    """The tasks reading their data sets' copies under SBERT_RAY_HUB_MIRROR (``with_local_data``), for as long as
+    they load: datasets caches the copies apart (``hub.mirror_copies_cached_apart``), as mteb's retrieval loader
+    gives ``load_dataset`` no cache folder of a copy's own."""
+    tasks = [with_local_data(task) for task in tasks]
+    copies = [Path(path) for task in tasks for path, _ in data_sets(task) if Path(path).is_absolute()]
+    with mirror_copies_cached_apart(copies):
+        yield tasks
+
+
 def with_local_data(task):
     """``task`` reading each data set from its copy under SBERT_RAY_HUB_MIRROR, when that is set: mteb passes
     ``metadata.dataset`` to ``datasets.load_dataset`` as it is, so its path becomes the copy's folder (the
@@ -150,8 +163,7 @@ def with_local_data(task):
         return task
     folder = mirror_folder(dataset["path"], task.metadata.name)
     if folder is not None:
-        folder = Path(folder).resolve()
-        local = {**dataset, "path": str(folder), "cache_dir": mirror_cache_dir(folder)}
+        local = {**dataset, "path": str(Path(folder).resolve())}
         task.metadata = task.metadata.model_copy(update={"dataset": local})
     return task
 
