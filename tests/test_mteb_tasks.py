@@ -282,3 +282,18 @@ def test_an_updated_copy_is_read_anew(tmp_path, data_dir, tiny_model_dir, monkey
     qrels = copy / "qrels" / "test.jsonl"
     qrels.write_text("".join(qrels.read_text().splitlines(keepends=True)[:10]))
     assert mteb_in_one_process(adapter, "SciFact")["ndcg_at_10"] != whole["ndcg_at_10"]
+
+
+def test_an_mlflow_run_carries_the_numbers_and_mtebs_files(offline, tiny_model_dir, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    results = eval_cli(
+        tiny_model_dir, "mteb:STSBenchmark", tmp_path / "results.json", "--mlflow", "--tracking-uri", uri
+    )
+    client = MlflowClient(uri)
+    [run] = client.search_runs([client.get_experiment_by_name("sbert-ray-eval").experiment_id])
+    assert run.data.metrics["STSBenchmark/main_score"] == results["STSBenchmark"]["main_score"]
+    fingerprint = model_fingerprint(SentenceEncoder.load(str(tiny_model_dir)))
+    files = [item.path for item in client.list_artifacts(run.info.run_id, f"mteb/{fingerprint}")]
+    assert f"mteb/{fingerprint}/STSBenchmark.json" in files

@@ -39,6 +39,12 @@ class MtebOutput:
     folder: Path = DEFAULT_MTEB_DIR
     model_name: str = "local/model"
 
+    @property
+    def model_results(self) -> Path:
+        """The folder of the model's result files, one subfolder per fingerprint (mteb's ``ResultCache`` layout:
+        ``results/<name with / as __>/<revision>/<Task>.json``)."""
+        return self.folder.expanduser() / "results" / self.model_name.replace("/", "__").replace(" ", "_")
+
 
 class MtebTask(EvalTask):
     """The mteb tasks and benchmarks named after ``mteb:``; one entry per mteb task (its name), its ``main_score``

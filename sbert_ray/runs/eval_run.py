@@ -96,6 +96,8 @@ def evaluate_model(
         results = _evaluate(request, progress)
         tracker.log_metrics(results)
         tracker.log_dict(nest(results), "evaluation.json")
+        if any(isinstance(task, MtebTask) for task in request.tasks):  # mteb's own files of the model, beside ours
+            tracker.log_artifacts(_mteb_output(request).model_results, "mteb")
         print(f"MLflow run {tracker.run_id} at {request.store}")
         return results
 
@@ -136,6 +138,9 @@ def _evaluate(request: EvalRequest, progress: Callable[[EvalTask, float], None])
 def _score(task: EvalTask, model, request: EvalRequest) -> Results:
     """``task.run``; an mteb task also hears where its result files go and which model they are filed under."""
     if isinstance(task, MtebTask):
-        output = MtebOutput(request.mteb_dir, mteb_model_name(request.model_ref))
-        return task.run(model, request.data_dir, request.batch_size, output)
+        return task.run(model, request.data_dir, request.batch_size, _mteb_output(request))
     return task.run(model, request.data_dir, request.batch_size)
+
+
+def _mteb_output(request: EvalRequest) -> MtebOutput:
+    return MtebOutput(request.mteb_dir, mteb_model_name(request.model_ref))
