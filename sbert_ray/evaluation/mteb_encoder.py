@@ -93,8 +93,6 @@ class MtebEncoder:
         **kwargs: Any,
     ) -> np.ndarray:
         texts = [text for batch in inputs for text in batch["text"]]
-        if not texts:
-            return np.empty((0, 0), dtype=np.float32)
         return self.encoder.encode(
             texts, batch_size=batch_size, convert_to="numpy", prompt_name=self.prompt_name(prompt_type)
         )

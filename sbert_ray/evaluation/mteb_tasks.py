@@ -88,7 +88,7 @@ class MtebTask(EvalTask):
         folder = output.folder.expanduser()
         encoder = MtebEncoder(model, output.model_name, model_fingerprint(model))
         meta = encoder.mteb_model_meta
-        cached = CachedEmbeddingWrapper(encoder, folder / "embeddings" / meta.model_name_as_path() / meta.revision)
+        cached = CachedEmbeddingWrapper(encoder, folder / "embeddings" / output.model_results.name / encoder.revision)
         files = mteb.ResultCache(folder)
         try:
             with warnings.catch_warnings(), local_data(self.tasks) as tasks:
