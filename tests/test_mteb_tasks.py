@@ -120,8 +120,9 @@ def rank_flip_bound(values: np.ndarray, scale: float = 1.0) -> float:
     return scale * 12 * max(swaps, 1) / (n * n - 1)
 
 
-def test_cli_mteb_stsbenchmark_equals_mteb_evaluate_and_our_stsb(offline, tiny_model_dir, data_dir, tmp_path):
+def test_cli_mteb_stsbenchmark_equals_mteb_evaluate_and_our_stsb(offline, tiny_model_dir, data_dir, tmp_path, capsys):
     results = eval_cli(tiny_model_dir, "mteb:STSBenchmark,stsb", tmp_path / "results.json", data_dir=data_dir)
+    assert f"mteb result files: {tmp_path / 'mteb' / 'results'}" in capsys.readouterr().out
     ours = results["STSBenchmark"]
 
     # mteb.evaluate in one process on the same encoder: the very embeddings and mteb's own scoring, so equal up to

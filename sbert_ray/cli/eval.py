@@ -76,7 +76,7 @@ def add_arguments(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from sbert_ray.data.readers import resolve_data_dir
     from sbert_ray.evaluation.baselines import BASELINE_POOLING
-    from sbert_ray.evaluation.mteb_tasks import DEFAULT_MTEB_DIR
+    from sbert_ray.evaluation.mteb_tasks import DEFAULT_MTEB_DIR, MtebTask
     from sbert_ray.evaluation.results import format_results, nest
     from sbert_ray.evaluation.tasks import parse_tasks
     from sbert_ray.files import write_json
@@ -117,4 +117,6 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         write_json(nest(results), args.output)
         print(f"wrote {args.output}")
+    if any(isinstance(task, MtebTask) for task in tasks):
+        print(f"mteb result files: {request.mteb_dir.expanduser() / 'results'}")
     return 0
