@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from sbert_ray.cli.arguments import (
     add_command,
@@ -21,7 +22,7 @@ def add_arguments(subparsers) -> None:
     ev.add_argument("--model", required=True, help="local folder or Hub id")
     ev.add_argument("--tasks", default="sts", help="comma-separated tasks (default: sts)")
     ev.add_argument("--data-dir", help="local data folder (default: $SBERT_RAY_DATA_DIR, else the Hub)")
-    ev.add_argument("--output", help="write results as JSON here")
+    ev.add_argument("--output", help="write results as JSON here (mteb: tasks: their result files in mteb/ beside it)")
     ev.add_argument("--batch-size", type=positive_int, default=64)
     ev.add_argument("--similarities", default="cosine", help="cosine,manhattan,euclidean,dot")
     ev.add_argument("--device", type=checked(parse_device), help="cpu, cuda, cuda:N or mps")
@@ -75,6 +76,7 @@ def add_arguments(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from sbert_ray.data.readers import resolve_data_dir
     from sbert_ray.evaluation.baselines import BASELINE_POOLING
+    from sbert_ray.evaluation.mteb_tasks import DEFAULT_MTEB_DIR, MtebTask
     from sbert_ray.evaluation.results import format_results, nest
     from sbert_ray.evaluation.tasks import parse_tasks
     from sbert_ray.files import write_json
@@ -104,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         truncate_dims=args.truncate_dim or (),
         precision=args.precision,
         resource_wait_s=args.resource_wait_s,
+        mteb_dir=Path(args.output).parent / "mteb" if args.output else DEFAULT_MTEB_DIR,
     )
     print(
         f"model: {args.model}{f' ({args.baseline} baseline)' if args.baseline else ''}   mode: {args.mode}   "
@@ -114,4 +117,6 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         write_json(nest(results), args.output)
         print(f"wrote {args.output}")
+    if any(isinstance(task, MtebTask) for task in tasks):
+        print(f"mteb result files: {request.mteb_dir.expanduser() / 'results'}")
     return 0

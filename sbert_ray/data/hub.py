@@ -10,12 +10,13 @@ Used when neither `--data-dir` nor `SBERT_RAY_DATA_DIR` is set. Scores are broug
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -168,7 +169,7 @@ def load_hub_table(repo: str, config: str | None, split: str, name: str):
                 "local copy of the Hub datasets, or use a local BEIR folder (retrieval:<folder>)"
             )
         location = repo
-    cache_dir = None if location == repo else _mirror_cache_dir(Path(location))
+    cache_dir = None if location == repo else mirror_cache_dir(Path(location))
     try:
         return load_dataset(location, config, split=split, cache_dir=cache_dir)
     except (ConnectionError, FileNotFoundError, ValueError, DatasetGenerationError) as error:
@@ -196,7 +197,7 @@ def load_hub(name: str, split: str, errors: Errors = "raise") -> Records:
     from datasets.exceptions import DatasetGenerationError
 
     where = f"{location}[{hub_split}]"
-    cache_dir = None if location == source.path else _mirror_cache_dir(Path(location))
+    cache_dir = None if location == source.path else mirror_cache_dir(Path(location))
     try:
         dataset = load_dataset(location, source.config, split=hub_split, cache_dir=cache_dir)
     except (ConnectionError, ValueError, DatasetGenerationError) as error:  # say which dataset and what to do
@@ -218,16 +219,36 @@ def load_hub(name: str, split: str, errors: Errors = "raise") -> Records:
     return collector.finish()
 
 
-def _mirror_cache_dir(folder: Path) -> str:
-    """A datasets cache of the mirror copy's own, named after its files' paths, sizes and times: datasets keys
+def mirror_cache_dir(*folders: Path) -> str:
+    """A datasets cache of the mirror copies' own, named after their files' paths, sizes and times: datasets keys
     a local folder's cache by the folder's name and config alone (huggingface/datasets#2956), so without this an
     updated copy, or another owner's repository of the same name, would be served from a stale cache."""
     from datasets import config as datasets_config
 
-    files = sorted(path for path in folder.rglob("*") if path.is_file())
-    stamp = [(str(path.relative_to(folder)), path.stat().st_size, path.stat().st_mtime_ns) for path in files]
-    digest = hashlib.sha256(repr((str(folder.resolve()), stamp)).encode()).hexdigest()[:16]
+    stamps = []
+    for folder in folders:
+        files = sorted(path for path in folder.rglob("*") if path.is_file())
+        stamp = [(str(path.relative_to(folder)), path.stat().st_size, path.stat().st_mtime_ns) for path in files]
+        stamps.append((str(folder.resolve()), stamp))
+    digest = hashlib.sha256(repr(stamps[0] if len(stamps) == 1 else stamps).encode()).hexdigest()[:16]
     return str(Path(datasets_config.HF_DATASETS_CACHE) / "sbert-ray-hub-mirror" / digest)
+
+
+@contextlib.contextmanager
+def mirror_copies_cached_apart(folders: Sequence[Path]) -> Iterator[None]:
+    """datasets' default cache set to the copies' own (``mirror_cache_dir``) while they are read, for loaders that
+    pass no ``cache_dir`` (mteb's retrieval loader), which would otherwise serve an updated copy from a stale
+    cache. datasets reads ``config.HF_DATASETS_CACHE`` at each load, so setting it there is enough."""
+    if not folders:
+        yield
+        return
+    from datasets import config as datasets_config
+
+    default, datasets_config.HF_DATASETS_CACHE = datasets_config.HF_DATASETS_CACHE, Path(mirror_cache_dir(*folders))
+    try:
+        yield
+    finally:
+        datasets_config.HF_DATASETS_CACHE = default
 
 
 def _label_ids(dataset, source: HubSource, where: str) -> dict[object, int]:

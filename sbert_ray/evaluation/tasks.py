@@ -1,19 +1,18 @@
 """Evaluation tasks: what ``sbert-ray eval --tasks`` and ``evaluation.final_tasks`` name.
 
-A task is a small object with a contract: ``check(data_dir)`` says before any work whether its data can be had
-(a ``DataError`` naming the missing file or the unreachable Hub), ``run(model, data_dir, batch_size)`` scores a
-model and returns a flat ``{"<entry>/<metric>": number}`` mapping (nested parts such as STS sub-sets or
-argument-similarity folds continue the path: ``sts12/subsets/MSRpar/spearman_cosine``), and ``primary_metric``
-names each entry's headline metric. Tasks only score; nothing here trains.
+A task is a small object with a contract (``task_contract.EvalTask``): ``check(data_dir)`` says before any work
+whether its data can be had, ``run(model, data_dir, batch_size)`` scores a model and returns a flat
+``{"<entry>/<metric>": number}`` mapping (nested parts such as STS sub-sets or argument-similarity folds continue
+the path: ``sts12/subsets/MSRpar/spearman_cosine``), and ``primary_metric`` names each entry's headline metric.
+Tasks only score; nothing here trains. ``mteb:`` tasks live in ``mteb_tasks``, loaded only when named.
 """
 
 from __future__ import annotations
 
 import functools
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
-from typing import ClassVar
 
 from sbert_ray.config import ConfigError, flatten
 from sbert_ray.data.readers import check_available, load_records, read_user_file, resolve_data_dir
@@ -21,60 +20,7 @@ from sbert_ray.data.records import DataError
 from sbert_ray.data.retrieval_hub import NANOBEIR, hub_retrieval_layout, is_hub_retrieval, read_hub_retrieval
 from sbert_ray.data.retrieval_sets import RetrievalSet, read_beir, stsb_retrieval
 from sbert_ray.evaluation import argsim, senteval, sts, triplets
-
-Results = dict[str, float]  # "<entry>/<metric>" -> value
-
-
-class EvalTask(ABC):
-    primary_metric: ClassVar[str]  # the headline metric of each entry, e.g. spearman_cosine
-    path: str | Path | None = None  # the file or folder of a task that reads one (pairs:, afs:, wikisec:)
-
-    def __init__(self, spec: str) -> None:
-        self.spec = spec  # as the user wrote it, e.g. "senteval:MR,CR"
-
-    def absolute_spec(self) -> str:
-        """The spec with its file or folder made absolute, for processes in other working directories."""
-        if not self.path or "://" in str(self.path):  # a URI is the same everywhere
-            return self.spec
-        return f"{self.spec.partition(':')[0]}:{Path(self.path).expanduser().resolve()}"
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.spec!r})"
-
-    @abstractmethod
-    def check(self, data_dir=None) -> None:
-        """Raise DataError when the task's data cannot be had (missing file, unreachable Hub)."""
-
-    def check_for(self, key: str, data_dir=None) -> None:
-        """``check``, its error a ConfigError naming ``key`` (the flag or config key of the task) and the task."""
-        try:
-            self.check(data_dir)
-        except DataError as err:
-            raise ConfigError(f"{key}: task {self.spec!r}: {err}") from None
-
-    @abstractmethod
-    def run(self, model, data_dir=None, batch_size: int = 64) -> Results:
-        """Score ``model`` (anything with a SentenceEncoder-like ``encode``)."""
-
-    @abstractmethod
-    def metric_names(self) -> tuple[str, ...]:
-        """The metrics each entry's results carry at their top level (what ``evaluation.dev_metric`` may name)."""
-
-    @abstractmethod
-    def entries(self) -> tuple[str, ...]:
-        """The entries its results will have (the first part of each key), known before any data is read."""
-
-    def entry_scores(self, results: Results, metric: str) -> dict[str, float]:
-        """{entry: its value of ``metric``} for the entries of ``results`` that have it."""
-        return {
-            entry: results[f"{entry}/{metric}"]
-            for entry in dict.fromkeys(key.split("/")[0] for key in results)
-            if f"{entry}/{metric}" in results
-        }
-
-    def primary_scores(self, results: Results) -> dict[str, float]:
-        """{entry: its primary metric} for the entries of ``results`` that have one."""
-        return self.entry_scores(results, self.primary_metric)
+from sbert_ray.evaluation.task_contract import EvalTask, Results
 
 
 def _flat(nested: dict[str, dict]) -> Results:
@@ -351,6 +297,12 @@ def _nanobeir_task(spec: str, argument: str) -> HubRetrievalTask:
     return HubRetrievalTask(spec, [f"zeta-alpha-ai/{NANOBEIR[name]}" for name in names])
 
 
+def _mteb_task(spec: str, argument: str) -> EvalTask:
+    from sbert_ray.evaluation.mteb_tasks import MtebTask  # imports mteb: only when an mteb task is named
+
+    return MtebTask(spec, argument)
+
+
 # name -> task factory(spec, argument after "name:", similarities)
 TaskFactory = Callable[[str, str, Sequence[str]], EvalTask]
 TASKS: dict[str, TaskFactory] = {
@@ -363,6 +315,7 @@ TASKS: dict[str, TaskFactory] = {
     "retrieval": lambda spec, arg, sims: _retrieval_task(spec, arg),
     "nanobeir": lambda spec, arg, sims: _nanobeir_task(spec, arg),
     "stsb-retrieval": lambda spec, arg, sims: StsbRetrievalTask(spec, arg or "test"),
+    "mteb": lambda spec, arg, sims: _mteb_task(spec, arg),
 }
 
 

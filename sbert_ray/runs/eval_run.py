@@ -11,6 +11,8 @@ from pathlib import Path
 from sbert_ray.config import RESOURCE_WAIT_S, ConfigError, TrainConfig, check_device_here
 from sbert_ray.evaluation.baselines import load_model
 from sbert_ray.evaluation.encoder_pool import RayEncoder, replica_resources
+from sbert_ray.evaluation.mteb_encoder import mteb_model_name
+from sbert_ray.evaluation.mteb_tasks import DEFAULT_MTEB_DIR, MtebOutput, MtebTask
 from sbert_ray.evaluation.results import nest
 from sbert_ray.evaluation.tasks import ArgsimTask, EvalTask, EvalTasks, Results
 from sbert_ray.evaluation.truncation import evaluate_at_dims
@@ -29,7 +31,8 @@ class EvalRequest:
     ``finetune``, argument-similarity tasks fine-tune a fresh copy of the model per fold first (``runs.argsim_folds``)
     from that training config. With ``truncate_dims``, every task is scored at each of those embedding sizes
     (entries ``<entry>@<dim>``). ``precision="bf16"`` encodes with 16-bit weights (``SentenceEncoder.to_precision``).
-    With a tracking ``store``, the evaluation is an MLflow run of ``experiment``."""
+    With a tracking ``store``, the evaluation is an MLflow run of ``experiment``. ``mteb:`` tasks file mteb's result
+    files and their embedding cache under ``mteb_dir``."""
 
     model_ref: str
     tasks: EvalTasks
@@ -45,6 +48,7 @@ class EvalRequest:
     store: TrackingStore | None = None  # its URI goes only to MLflow; shown masked
     experiment: str = "sbert-ray-eval"
     resource_wait_s: float = RESOURCE_WAIT_S  # for the --workers replicas' CPUs/GPUs while other work holds them
+    mteb_dir: Path = DEFAULT_MTEB_DIR
 
     def __post_init__(self) -> None:
         if self.baseline == "tfidf" and (
@@ -92,6 +96,8 @@ def evaluate_model(
         results = _evaluate(request, progress)
         tracker.log_metrics(results)
         tracker.log_dict(nest(results), "evaluation.json")
+        if any(isinstance(task, MtebTask) for task in request.tasks):  # mteb's own files of the model, beside ours
+            tracker.log_artifacts(_mteb_output(request).model_results, "mteb")
         print(f"MLflow run {tracker.run_id} at {request.store}")
         return results
 
@@ -112,19 +118,29 @@ def _evaluate(request: EvalRequest, progress: Callable[[EvalTask, float], None])
         model = RayEncoder(model, workers, use_gpu=use_gpu, resource_wait_s=request.resource_wait_s)
     elif device:
         model.to(device)
-    data_dir, batch_size = request.data_dir, request.batch_size
     results: Results = {}
     try:
         for task in progress_bar(request.tasks, desc="tasks", unit="task"):
             start = time.perf_counter()
             if request.finetune is not None and isinstance(task, ArgsimTask):
-                results |= finetune_argsim(task, request.finetune, data_dir)
+                results |= finetune_argsim(task, request.finetune, request.data_dir)
             elif dims:
-                results |= evaluate_at_dims(model, dims, lambda m, t=task: t.run(m, data_dir, batch_size))
+                results |= evaluate_at_dims(model, dims, lambda m, t=task: _score(t, m, request))
             else:
-                results |= task.run(model, data_dir, batch_size)
+                results |= _score(task, model, request)
             progress(task, time.perf_counter() - start)
     finally:
         if workers > 1:
             model.close()
     return results
+
+
+def _score(task: EvalTask, model, request: EvalRequest) -> Results:
+    """``task.run``; an mteb task also hears where its result files go and which model they are filed under."""
+    if isinstance(task, MtebTask):
+        return task.run(model, request.data_dir, request.batch_size, _mteb_output(request))
+    return task.run(model, request.data_dir, request.batch_size)
+
+
+def _mteb_output(request: EvalRequest) -> MtebOutput:
+    return MtebOutput(request.mteb_dir, mteb_model_name(request.model_ref))
