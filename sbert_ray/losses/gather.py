@@ -44,10 +44,20 @@ def gather_across_workers(local: Tensor, hashes: Tensor | None = None, rows_per_
         raise ValueError(f"{local.shape[0]} rows on this worker, more than the {rows_per_worker} every worker pads to")
     counts = torch.cat(_all_gathered(count))
     valid = torch.arange(rows_per_worker, device=local.device) < counts[:, None]
-    rows = torch.cat(dist_fn.all_gather(_padded(local, rows_per_worker)))
+    rows = torch.cat([_contiguous_gradient(chunk) for chunk in dist_fn.all_gather(_padded(local, rows_per_worker))])
     if hashes is not None:
         hashes = torch.cat(_all_gathered(_padded(hashes, rows_per_worker)))
     return Gathered(rows, hashes, dist.get_rank() * rows_per_worker, valid.flatten())
+
+
+def _contiguous_gradient(chunk: Tensor) -> Tensor:
+    """``chunk``, its gradient made contiguous before torch.distributed.nn's all_gather backward sees it. A loss that
+    reads the rows column by column (MNRL's candidates) hands back a transposed gradient, and that backward
+    receives into ``empty_like`` buffers of the gradient's strides as if they were contiguous: on gloo the rows'
+    gradients came back in the wrong order (tests/test_losses.py, hard negatives, not symmetric)."""
+    if chunk.requires_grad:
+        chunk.register_hook(torch.Tensor.contiguous)
+    return chunk
 
 
 def _most_rows(count: Tensor) -> int:
