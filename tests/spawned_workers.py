@@ -10,10 +10,17 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from sync_counter import SyncCounter
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from sbert_ray.losses import CachedMultipleNegativesRankingLoss, CosineSimilarityLoss, MultipleNegativesRankingLoss
+from sbert_ray.losses import (
+    CachedMultipleNegativesRankingLoss,
+    CosineSimilarityLoss,
+    MatryoshkaLoss,
+    MultipleNegativesRankingLoss,
+)
+from sbert_ray.losses.cached_multiple_negatives_ranking import _used_widths
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.training.sharding import gradients_kept_local, shard_encoder
 from sbert_ray.training.sparse_embeddings import densify, sparse_embedding_gradients
@@ -56,12 +63,17 @@ class SplitBatches:
         return [column[start : start + sizes[rank]] for column in columns]
 
 
-def gathered_mnrl(rank: int, batches: SplitBatches, symmetric: bool = False) -> None:
-    """One data-parallel worker: its shard of each batch, gathered loss, DDP-style gradient reduction."""
+def gathered_mnrl(rank: int, batches: SplitBatches, symmetric: bool = False, dims: list[int] | None = None) -> None:
+    """One data-parallel worker: its shard of each batch, gathered loss (under Matryoshka at ``dims``), DDP-style
+    gradient reduction. Each worker pads its rows to one more than the largest shard: every worker's real rows are
+    fewer than the gather's bound, as a short batch's are in training."""
     encoder = batches.join(rank)
     loss_fn = MultipleNegativesRankingLoss(encoder, symmetric=symmetric)
+    if dims:
+        loss_fn = MatryoshkaLoss(loss_fn, dims)
     for index, sizes in enumerate(batches.splits):
         shard = batches.shard(rank, sizes, batches.columns)
+        loss_fn.expect_rows_per_worker(max(sizes) + 1)
         encoder.zero_grad()
         # Weighting by the shard's share makes the sum over workers the global mean; for equal shards
         # this is exactly DDP's gradient averaging.
@@ -73,6 +85,33 @@ def gathered_mnrl(rank: int, batches: SplitBatches, symmetric: bool = False) -> 
                 dist.all_reduce(param.grad)
         if rank == 0:
             torch.save({"loss": loss.detach(), "grads": trainable_grads(encoder)}, f"{batches.tmp}/result{index}.pt")
+    dist.destroy_process_group()
+
+
+def steady_step_syncs(rank: int, batches: SplitBatches, hashes: list[list[int]]) -> None:
+    """One worker of an uneven split (``batches.splits[0]``): forward and backward of MNRL, cached MNRL and
+    Matryoshka over MNRL on its rows and their texts' hashes, the gather padded to the largest shard as in training
+    (cached MNRL's widths from the host, as the collated batch carries them). The host syncs of the second and
+    third step (the first may set things up once) go to ``syncs<rank>.pt``."""
+    encoder = batches.join(rank)
+    sizes = batches.splits[0]
+    features = [encoder.tokenize(column) for column in batches.shard(rank, sizes, batches.columns)]
+    text_hashes = [torch.tensor(column) for column in batches.shard(rank, sizes, hashes)]
+    used_widths = _used_widths([column["attention_mask"] for column in features])
+    objectives = {
+        "mnrl": MultipleNegativesRankingLoss(encoder),
+        "cached_mnrl": CachedMultipleNegativesRankingLoss(encoder, mini_batch_size=2),
+        "matryoshka_mnrl": MatryoshkaLoss(MultipleNegativesRankingLoss(encoder), [32, 16]),
+    }
+    syncs = {}
+    for name, objective in objectives.items():
+        objective.expect_rows_per_worker(max(sizes))
+        counter = SyncCounter()
+        for step in range(3):
+            with counter if step else nullcontext():
+                objective(features, text_hashes=text_hashes, used_widths=used_widths).backward()
+        syncs[name] = counter.syncs
+    torch.save(syncs, f"{batches.tmp}/syncs{rank}.pt")
     dist.destroy_process_group()
 
 
@@ -142,6 +181,7 @@ def masked_mnrl(rank: int, batches: SplitBatches, hashes: list[list[int]]) -> No
         ]:
             for mask in (True, False):
                 loss_fn = loss_class(encoder, mask_duplicates=mask, **settings)
+                loss_fn.expect_rows_per_worker(max(sizes))  # (4, 2) pads worker 1's rows and hashes
                 encoder.zero_grad()
                 loss = loss_fn(features, text_hashes=text_hashes) * sizes[rank] / sum(sizes)  # see gathered_mnrl
                 loss.backward()
@@ -197,6 +237,7 @@ def loop_step(
     objective = build_loss(objective_name, encoder, settings, dims)
     stage = StageConfig(objective=objective_name, batch_size=batch_size, grad_accum_steps=accumulation)
     split = split_batch(stage, 4, world_size, OBJECTIVES[objective_name].in_batch_negatives)
+    objective.expect_rows_per_worker(split.largest_micro_batch)  # as training.stages does
     unit, start = batch_size // accumulation, sum(split.shares[:rank])
     batches = []
     for step_unit in range(accumulation):

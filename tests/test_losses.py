@@ -24,6 +24,7 @@ from sbert_ray.losses import (
     DistillKLDivLoss,
     EncoderLoss,
     MarginMSELoss,
+    MatryoshkaLoss,
     MSELoss,
     MultipleNegativesRankingLoss,
     SoftmaxLoss,
@@ -219,16 +220,20 @@ def test_multiple_negatives_ranking_loss_matches_sentence_transformers(
 
 
 @pytest.mark.slow  # spawns a two-process group
-@pytest.mark.parametrize("symmetric", [False, True])  # symmetric: each worker's positives rank all anchors too
+# symmetric: each worker's positives rank all anchors too; dims: Matryoshka's sizes, every one from one gather
+@pytest.mark.parametrize("symmetric, dims", [(False, None), (True, None), (True, [32, 16])])
 def test_gathered_loss_and_gradients_equal_the_global_batch(
-    encoder: SentenceEncoder, tiny_model_dir: Path, tmp_path: Path, symmetric: bool
+    encoder: SentenceEncoder, tiny_model_dir: Path, tmp_path: Path, symmetric: bool, dims: list[int] | None
 ) -> None:
+    """Every worker's rows padded beyond its real ones (``gathered_mnrl``): the padding changes nothing."""
     splits = [(2, 2), (3, 1)]  # equal shards, and a smaller last batch on one worker
     columns = [ANCHORS, POSITIVES, NEGATIVES]
     batches = SplitBatches(2, str(tiny_model_dir), str(tmp_path), splits, columns)
-    mp.spawn(gathered_mnrl, args=(batches, symmetric), nprocs=2, join=True)
+    mp.spawn(gathered_mnrl, args=(batches, symmetric, dims), nprocs=2, join=True)
 
     single = MultipleNegativesRankingLoss(SentenceEncoder.load(tiny_model_dir).double(), symmetric=symmetric)
+    if dims:
+        single = MatryoshkaLoss(single, dims)
     expected_loss = single(_features(encoder, ANCHORS, POSITIVES, NEGATIVES))
     expected_loss.backward()
     expected_grads = trainable_grads(single.encoder)

@@ -1,10 +1,7 @@
 """Host-device syncs in a steady training step: the loop reads its losses once per ``LOG_EVERY`` steps, and the
-objectives read nothing back (cached MNRL's mini-batch widths come with the collated batch, from the host). On the
-CPU a sync cannot stall anything, but what would wait for a GPU still runs and is counted: operators seen by a
-``TorchDispatchMode`` (below autograd) that read a value to the host (``_local_scalar_dense``: ``.item()``,
-``bool(tensor)``) or whose output size depends on the data (``nonzero``, ``masked_select``), and ``Tensor.tolist``
-/ ``Tensor.numpy``, which copy a GPU tensor to the host without dispatching an operator on a CPU one. With CUDA,
-``torch.cuda.set_sync_debug_mode("error")`` makes any sync raise."""
+objectives read nothing back (cached MNRL's mini-batch widths come with the collated batch, from the host; the
+cross-worker gather pads to the largest share, known on every rank). Counted as ``sync_counter`` counts them; with
+CUDA, ``torch.cuda.set_sync_debug_mode("error")`` makes any sync raise."""
 
 from __future__ import annotations
 
@@ -14,23 +11,20 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+import torch.multiprocessing as mp
+from spawned_workers import SplitBatches, steady_step_syncs
+from sync_counter import SyncCounter
 
 from sbert_ray.config import StageConfig
 from sbert_ray.losses import CachedMultipleNegativesRankingLoss, CosineSimilarityLoss, MultipleNegativesRankingLoss
 from sbert_ray.losses.cached_multiple_negatives_ranking import _used_widths
 from sbert_ray.models import SentenceEncoder
-from sbert_ray.training.batches import tokenize_texts
+from sbert_ray.training.batches import text_hashes, tokenize_texts
 from sbert_ray.training.loop import LOG_EVERY, LocalReporter, MicroBatch, StepSettings, Telemetry, Trainee, train_stage
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.optimization import prepare_optimization
 from sbert_ray.training.state import TrainState
 
-SYNCING = {
-    torch.ops.aten._local_scalar_dense.default,
-    torch.ops.aten.nonzero.default,
-    torch.ops.aten.masked_select.default,
-}
 # Of different lengths, so every batch has padding (the case transformers' mask check looks for).
 PAIRS = [
     ("A man plays a guitar.", "Someone makes music on a guitar in the street tonight."),
@@ -41,30 +35,6 @@ PAIRS = [
 
 
 OBJECTIVES = ["regression", "mnrl", "cached_mnrl"]
-
-
-class SyncCounter(TorchDispatchMode):
-    """Counts the operators in ``SYNCING`` that run while it is active, and (with ``watch_reads``) host reads."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.syncs: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in SYNCING:
-            self.syncs.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-    def watch_reads(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        for name in ("tolist", "numpy"):
-            monkeypatch.setattr(torch.Tensor, name, self._counted(name, getattr(torch.Tensor, name)))
-
-    def _counted(self, name: str, read: Callable) -> Callable:
-        def counted(tensor, *args, **kwargs):
-            self.syncs.append(f"Tensor.{name}")
-            return read(tensor, *args, **kwargs)
-
-        return counted
 
 
 def objectives(encoder: SentenceEncoder) -> dict[str, torch.nn.Module]:
@@ -107,7 +77,7 @@ def train_without_reads(objective: torch.nn.Module, device: torch.device, before
 
 
 @pytest.mark.parametrize("name", OBJECTIVES)
-def test_a_steady_training_step_reads_nothing_else_back_to_the_host(tiny_model_dir, name, monkeypatch):
+def test_a_steady_training_step_reads_nothing_else_back_to_the_host(tiny_model_dir, name):
     """Before the encoder passed a 4-D mask, transformers' SDPA mask check (``padding_mask.all()``) read one
     value per forward: one sync per step for regression and MNRL, more for cached MNRL (one per mini-batch
     forward), which also read its mini-batches' widths from the attention masks (one ``tolist`` per step) before
@@ -115,7 +85,6 @@ def test_a_steady_training_step_reads_nothing_else_back_to_the_host(tiny_model_d
     up once."""
     objective = objectives(SentenceEncoder.load(str(tiny_model_dir)))[name]
     counter, per_step = SyncCounter(), []
-    counter.watch_reads(monkeypatch)
 
     def close_step(index: int) -> None:
         per_step.append(list(counter.syncs))
@@ -126,6 +95,20 @@ def test_a_steady_training_step_reads_nothing_else_back_to_the_host(tiny_model_d
     per_step.append(list(counter.syncs))  # the last step's
     steady = per_step[2:]  # per_step[0]: before the first batch; per_step[1]: the first step
     assert len(steady) == LOG_EVERY - 2 and steady == [[]] * (LOG_EVERY - 2)
+
+
+@pytest.mark.slow  # spawns a two-process group
+def test_a_steady_step_on_two_workers_reads_nothing_back(tiny_model_dir, tmp_path):
+    """The cross-worker gather pads every worker's rows to the largest share and carries the counts on the device,
+    so MNRL, cached MNRL and Matryoshka over MNRL (one gather for every size) read nothing back on either worker,
+    at an uneven split too (worker 1's one row padded to 3). Before, each gather read every worker's count: one
+    ``tolist`` per forward, one per size under Matryoshka."""
+    texts = [[pair[0] for pair in PAIRS], [pair[1] for pair in PAIRS]]
+    batches = SplitBatches(2, str(tiny_model_dir), str(tmp_path), [(3, 1)], texts)
+    mp.spawn(steady_step_syncs, args=(batches, [text_hashes(column).tolist() for column in texts]), nprocs=2)
+    for rank in range(2):
+        syncs = torch.load(tmp_path / f"syncs{rank}.pt")
+        assert syncs == {"mnrl": [], "cached_mnrl": [], "matryoshka_mnrl": []}, rank
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.set_sync_debug_mode)")

@@ -107,6 +107,11 @@ class EncoderLoss(nn.Module, ABC):
         """MatryoshkaLoss calls this with every embedding size the formula will see; a loss whose parameters
         depend on that size (SoftmaxLoss's classifier) creates them here, before the optimizer is built."""
 
+    def expect_rows_per_worker(self, rows: int) -> None:
+        """The training loop's bound on any worker's micro-batch (``BatchSplit.largest_micro_batch``), known on every
+        rank without communication: a loss that gathers rows across workers pads to it instead of reading every
+        worker's count to the host; the others need nothing."""
+
     def _columns(self, embeddings: Sequence[Tensor], expected: int) -> Sequence[Tensor]:
         if len(embeddings) != expected:
             raise ValueError(f"{type(self).__name__} expects {expected} columns, got {len(embeddings)}")

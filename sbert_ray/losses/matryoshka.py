@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from sbert_ray.losses.base import EncoderLoss
+from sbert_ray.losses.multiple_negatives_ranking import MultipleNegativesRankingLoss
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +27,8 @@ class MatryoshkaLoss(EncoderLoss):
     formula sees unit vectors at every size iff it does at full size. (sentence-transformers' MatryoshkaLoss
     normalises every prefix whatever the model: the same for cosine-based losses, but for a Euclidean triplet
     loss on an unnormalised model it changes even the full-size term.) SoftmaxLoss gets one classifier per size.
+    An in-batch-negative loss gathers the full-width rows across workers once per step, and every size ranks
+    prefixes of them: one gather, not one per size.
     """
 
     def __init__(
@@ -54,11 +58,19 @@ class MatryoshkaLoss(EncoderLoss):
     def compute_loss_from_embeddings(
         self, embeddings: Sequence[Tensor], labels: Tensor | None, text_hashes: Sequence[Tensor] | None = None
     ) -> Tensor:
-        total = 0.0
-        for dim, weight in zip(self.matryoshka_dims, self.matryoshka_weights, strict=True):
-            prefixes = [self._prefix(embedding, dim) for embedding in embeddings]
-            total = total + weight * self.loss.compute_loss_from_embeddings(prefixes, labels, text_hashes)
-        return total
+        if isinstance(self.loss, MultipleNegativesRankingLoss):
+            # Gathered across workers once, at full width: each size ranks its prefixes of the same rows.
+            batch = self.loss.in_batch(embeddings, text_hashes)
+            losses = [self.loss.ranking_loss(batch.map(partial(self._prefix, dim=dim))) for dim in self.matryoshka_dims]
+        else:
+            losses = [
+                self.loss.compute_loss_from_embeddings([self._prefix(e, dim) for e in embeddings], labels, text_hashes)
+                for dim in self.matryoshka_dims
+            ]
+        return sum(weight * loss for weight, loss in zip(self.matryoshka_weights, losses, strict=True))
+
+    def expect_rows_per_worker(self, rows: int) -> None:
+        self.loss.expect_rows_per_worker(rows)
 
     @property
     def masked_duplicates(self) -> Tensor | None:
@@ -66,8 +78,9 @@ class MatryoshkaLoss(EncoderLoss):
         return self.loss.masked_duplicates
 
     def _prefix(self, embedding: Tensor, dim: int) -> Tensor:
-        prefix = embedding[:, :dim]
-        return F.normalize(prefix, p=2, dim=1) if self.encoder.normalize else prefix
+        """The first ``dim`` values of each embedding (the last axis: gathered rows are [rows, columns, dim])."""
+        prefix = embedding[..., :dim]
+        return F.normalize(prefix, p=2, dim=-1) if self.encoder.normalize else prefix
 
     # The state is the wrapped loss's, under its own names: a checkpoint's objective head holds the wrapped
     # loss's parameters once (not a second copy of the encoder under "loss.encoder.").

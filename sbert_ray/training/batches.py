@@ -48,6 +48,12 @@ class BatchSplit:
     chunks: int  # micro-batches per global micro-batch on each worker
     accumulation: int  # micro-batches per optimizer step on each worker
 
+    @property
+    def largest_micro_batch(self) -> int:
+        """The most rows any worker's micro-batch holds (the first rank's share, cut as evenly as ``chunks``
+        allows; a pass's last batch is smaller): what a cross-worker gather pads to, known on every rank."""
+        return -(-self.shares[0] // self.chunks)
+
 
 def split_batch(stage: StageConfig, max_workers: int, workers: int, in_batch_negatives: bool) -> BatchSplit:
     """The stage's global batch at ``workers`` live workers of a run configured for up to ``max_workers`` (the

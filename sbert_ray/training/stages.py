@@ -157,6 +157,7 @@ def _train_stage(
     rng_devices = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(rng_devices) if resume_from is not None else nullcontext():
         objective = build_loss(stage.objective, encoder, stage.loss, stage.matryoshka_dims, stage.matryoshka_weights)
+    objective.expect_rows_per_worker(batching.largest_micro_batch)  # the gather's padding: no count to read
     optimization = prepare_optimization(objective, stage, settings.total_steps, device, worker.precision, resume_from)
     if resume_from is not None:
         reporter.log({"train/resumed_from_step": state.step}, step=state.global_step)

@@ -85,6 +85,7 @@ class BatchPlan:
     chunks: int = 1  # micro-batches per global micro-batch on each worker (the same on every rank)
     unit: int = 0  # examples of a global micro-batch, all workers together; 0: batch_size * world_size
     planned_workers: int = 0  # the world size the batch size is configured at (the most workers); 0: world_size
+    largest_micro_batch: int = 0  # the most rows of any worker's micro-batch (``BatchSplit``'s); 0: not planned
 
     def units_per_pass(self, rows: int) -> int:
         """Global micro-batches per pass over a source of ``rows`` examples, as planned: the rows the planned
@@ -133,6 +134,7 @@ def batch_plan(
         chunks=split.chunks,
         unit=stage.batch_size // stage.grad_accum_steps,
         planned_workers=max_workers or world_size,
+        largest_micro_batch=split.largest_micro_batch,
     )
 
 
