@@ -40,17 +40,10 @@ SERIAL_GROUP = "ray and servers"
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist turns the worker count into processes
 def pytest_cmdline_main(config: pytest.Config) -> None:
-    if hasattr(config, "workerinput"):  # a pytest-xdist worker: it files tests under their groups if told to
-        config.option.loadgroup = config.workerinput.get("dist") == "loadgroup"
-    # A worker, and a pytest a test starts, runs no workers of its own.
-    elif config.pluginmanager.hasplugin("xdist") and config.option.numprocesses is None:
-        if "PYTEST_XDIST_WORKER" not in os.environ:
-            config.option.numprocesses, config.option.dist = 2, "loadgroup"
-
-
-@pytest.hookimpl(optionalhook=True)  # pytest-xdist's, in the controller: workers read their options from the
-def pytest_configure_node(node) -> None:  # command line, which does not hold the distribution set above
-    node.workerinput["dist"] = node.config.option.dist
+    # A pytest-xdist worker runs this hook too, as does a pytest a test starts: neither may start workers of its own.
+    inside_a_worker = "PYTEST_XDIST_WORKER" in os.environ
+    if config.pluginmanager.hasplugin("xdist") and config.option.numprocesses is None and not inside_a_worker:
+        config.option.numprocesses, config.option.dist = 2, "loadgroup"
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by these marks, and before pytest-xdist reads the groups
