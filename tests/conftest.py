@@ -40,9 +40,8 @@ SERIAL_GROUP = "ray and servers"
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist turns the worker count into processes
 def pytest_cmdline_main(config: pytest.Config) -> None:
-    # A pytest-xdist worker runs this hook too, as does a pytest a test starts: neither may start workers of its own.
-    inside_a_worker = "PYTEST_XDIST_WORKER" in os.environ
-    if config.pluginmanager.hasplugin("xdist") and config.option.numprocesses is None and not inside_a_worker:
+    worker = hasattr(config, "workerinput")  # a pytest-xdist worker runs this hook too
+    if config.pluginmanager.hasplugin("xdist") and config.option.numprocesses is None and not worker:
         config.option.numprocesses, config.option.dist = 2, "loadgroup"
 
 
