@@ -32,20 +32,7 @@ RAY_PROCESS = re.compile(r"raylet|gcs_server|ray::|default_worker\.py|\bray (sta
 SERVER_PROCESS = re.compile(r"mlflow server|mlflow\.server|moto_server|gunicorn|uvicorn")
 
 
-# The suite runs on two pytest-xdist processes: one runs every test that starts Ray or a server, one after another
-# (two clusters at once saturate 2 cores and break bounded waits), the other runs the rest beside it. `-n 0` runs
-# everything in one process; where pytest-xdist is not installed (the GPU machine) that is what happens.
-SERIAL_GROUP = "ray and servers"
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist turns the worker count into processes
-def pytest_cmdline_main(config: pytest.Config) -> None:
-    worker = hasattr(config, "workerinput")  # a pytest-xdist worker runs this hook too
-    if config.pluginmanager.hasplugin("xdist") and config.option.numprocesses is None and not worker:
-        config.option.numprocesses, config.option.dist = 2, "loadgroup"
-
-
-@pytest.hookimpl(tryfirst=True)  # before -m deselects by these marks, and before pytest-xdist reads the groups
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by these marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
@@ -53,8 +40,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.cluster)
         if fixtures & SERVER_FIXTURES:
             item.add_marker(pytest.mark.servers)
-        if item.get_closest_marker("cluster") or item.get_closest_marker("servers"):
-            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP))
 
 
 def process_table() -> dict[int, tuple[int, str]]:
