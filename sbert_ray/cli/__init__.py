@@ -1,4 +1,4 @@
-"""``sbert-ray`` command line: eval | encode | mine | score | train | tune | report | bench."""
+"""``sbert-ray`` command line: eval | encode | mine | score | prepare | train | tune | report | bench."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 
-from sbert_ray.cli import bench, encode, mine, report, score, train, tune
+from sbert_ray.cli import bench, encode, mine, prepare, report, score, train, tune
 from sbert_ray.cli import eval as evaluate
 from sbert_ray.config import ConfigError
 from sbert_ray.data.records import DataError
@@ -21,7 +21,8 @@ from sbert_ray.tracking.errors import TrackingError
 # before any of them is imported, this runs after their own exit handlers (Ray's shutdown, MLflow's flushes).
 atexit.register(gc.freeze)
 
-COMMANDS = (evaluate, encode, mine, score, report, train, tune, bench)  # in the order `sbert-ray --help` lists them
+# In the order `sbert-ray --help` lists them.
+COMMANDS = (evaluate, encode, mine, score, prepare, report, train, tune, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

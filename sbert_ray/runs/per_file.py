@@ -122,18 +122,24 @@ def claim(output: Output, marker: str, settings: dict[str, Any], command: str, c
 
 
 def run(
-    request: Any, pending: Sequence, output: Output, pipeline: Callable[[bool, Placement], ray.data.Dataset]
+    request: Any,
+    pending: Sequence,
+    output: Output,
+    pipeline: Callable[[bool, Placement], ray.data.Dataset],
+    rows_per_group: int | None = None,
 ) -> tuple[int, float]:
     """Write the output of the ``pending`` sources with ``pipeline(use_gpu, placement)`` (read_files, the job's
     stages, write_parts) on the request's ``workers`` replicas on its ``device``, waiting ``resource_wait_s`` at
-    most for them: (rows written, seconds, from joining the cluster)."""
+    most for them: (rows written, seconds, from joining the cluster). ``rows_per_group``: the output files' row
+    groups (None: one per written block)."""
     start = time.perf_counter()
     use_gpu = start_replicas(request.device, request.workers, request.resource_wait_s)
     if not pending:
         return 0, time.perf_counter() - start
     local_input = any("://" not in getattr(source, "uri", "") for source in pending)  # a dataset is read here too
     placement = Placement.of(output, local_input)
-    return write_files(pipeline(use_gpu, placement), output, placement), time.perf_counter() - start
+    written = write_files(pipeline(use_gpu, placement), output, placement, rows_per_group)
+    return written, time.perf_counter() - start
 
 
 def remove_left_staging(output: Output) -> None:
@@ -273,7 +279,9 @@ def _write_parts(rows: pa.Table, parts: str, tags: RowTags) -> pa.Table:
     return pa.table(summary)
 
 
-def write_files(parts: ray.data.Dataset, output: Output, placement: Placement) -> int:
+def write_files(
+    parts: ray.data.Dataset, output: Output, placement: Placement, rows_per_group: int | None = None
+) -> int:
     """Run the pipeline ending in ``write_parts``, moving each input file's output in as soon as all its rows are
     written; the staging folder is removed at the end whatever happened (files already moved in stay: they are
     complete). Returns the rows written."""
@@ -286,15 +294,16 @@ def write_files(parts: ray.data.Dataset, output: Output, placement: Placement) -
             if part["total"] >= 0:
                 totals[key] = part["total"]
             if written[key] == totals.get(key):
-                joins.append(join.remote(placement.staging, output.uri, key))
+                joins.append(join.remote(placement.staging, output.uri, key, rows_per_group))
         return sum(ray.get(joins))
     finally:
         ray.wait(joins, num_returns=len(joins))  # none still writing into staging when it is removed
         ray.get(ray.remote(_remove).options(num_cpus=0, **placement.write).remote(placement.staging))
 
 
-def _join_parts(staging: str, output: str, key: str) -> int:
-    """The parts of one input file, in row order, as one parquet file moved to ``OUTPUT/KEY.parquet``."""
+def _join_parts(staging: str, output: str, key: str, rows_per_group: int | None) -> int:
+    """The parts of one input file, in row order, as one parquet file moved to ``OUTPUT/KEY.parquet``, in row
+    groups of ``rows_per_group`` rows (the last fewer; None: one per part)."""
     filesystem, root = filesystem_of(staging)
     out_path = f"{filesystem_of(output)[1]}/{key}.parquet"
     parts = sorted(
@@ -304,13 +313,28 @@ def _join_parts(staging: str, output: str, key: str) -> int:
     _make_parent(filesystem, joined)
     rows = 0
     with pq.ParquetWriter(joined, pq.read_schema(parts[0], filesystem=filesystem), filesystem=filesystem) as writer:
-        for part in parts:  # one part in memory at a time
-            table = pq.read_table(part, filesystem=filesystem)
-            writer.write_table(table)
+        tables = (pq.read_table(part, filesystem=filesystem) for part in parts)  # one part in memory at a time
+        for table in _regrouped(tables, rows_per_group) if rows_per_group else tables:
+            writer.write_table(table, row_group_size=rows_per_group)  # one row group per table
             rows += table.num_rows
     _make_parent(filesystem, out_path)
     filesystem.move(joined, out_path)  # a rename on disk; on object storage one copy, so it appears complete
     return rows
+
+
+def _regrouped(tables: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
+    """The same rows in tables of exactly ``rows`` rows, the last one fewer."""
+    pending: list[pa.Table] = []
+    held = 0
+    for table in tables:
+        pending.append(table)
+        held += table.num_rows
+        while held >= rows:
+            joined = pa.concat_tables(pending)
+            yield joined.slice(0, rows)
+            pending, held = [joined.slice(rows)], held - rows
+    if held:
+        yield pa.concat_tables(pending)
 
 
 def _make_parent(filesystem: fs.FileSystem, path: str) -> None:

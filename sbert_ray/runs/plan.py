@@ -27,13 +27,14 @@ from sbert_ray.evaluation.dev_score import DevSpec, dev_spec
 from sbert_ray.evaluation.tasks import EvalTasks, parse_tasks
 from sbert_ray.files import check_folder
 from sbert_ray.models import check_model
+from sbert_ray.models.load import load_tokenizer
 from sbert_ray.ray_compat import connect_ray
 from sbert_ray.runs import owned_paths, record
 from sbert_ray.runs.cluster import check_resources, input_errors_unwrapped, refuse_unshared_paths
 from sbert_ray.tracking.errors import TrackingError
 from sbert_ray.tracking.mlflow_run import RunLogger, resolve_tracking_uri
 from sbert_ray.tracking.store import TrackingStore
-from sbert_ray.training.sources import Source, is_path, known_rows, stage_sources, teacher_dimension
+from sbert_ray.training.sources import Source, check_prepared, is_path, known_rows, stage_sources, teacher_dimension
 from sbert_ray.training.stage_data import count_stages
 from sbert_ray.training.stage_plan import StagePlan, WorkerPlan, stage_plans
 from sbert_ray.training.storage import is_remote, resolve_storage
@@ -247,11 +248,22 @@ def _checked(config: TrainConfig, tasks: RunTasks, store: TrackingStore) -> tupl
         raise ConfigError(f"tracking.tracking_uri: {err}") from None
     model_size = _check_model(config)
     _check_datasets(config, tasks)
+    listed = [stage_sources(stage, i) for i, stage in enumerate(config.stages)]
+    _check_prepared(config, listed)
     sources = [
-        [_counted(source, stage, config.data_dir, model_size) for source in stage_sources(stage, i)]
-        for i, stage in enumerate(config.stages)
+        [_counted(source, stage, config.data_dir, model_size) for source in stage_listed]
+        for stage, stage_listed in zip(config.stages, listed, strict=True)
     ]
     return config, sources
+
+
+def _check_prepared(config: TrainConfig, sources: list[list[Source]]) -> None:
+    """Prepared sources were tokenised as this run would tokenise them (``training.sources.check_prepared``)."""
+    if not any(source.manifest for listed in sources for source in listed):
+        return
+    tokens = load_tokenizer(**dataclasses.asdict(config.model))
+    for stage, listed in zip(config.stages, sources, strict=True):
+        check_prepared(listed, stage, tokens.tokenizer, tokens.max_seq_length, tokens.prompts)
 
 
 def _counted(source: Source, stage: StageConfig, data_dir: str, model_size: int) -> Source:

@@ -33,6 +33,7 @@ import numpy as np
 from sbert_ray.config import ConfigError, StageConfig
 from sbert_ray.data.hub import HUB_MIRROR_ENV
 from sbert_ray.data.listing import is_hidden
+from sbert_ray.data.prepared import Manifest, differences, prepared_settings, read_manifest
 from sbert_ray.data.readers import load_records, read_user_file, user_file_columns
 from sbert_ray.data.records import (
     NLI_LABEL_IDS,
@@ -70,6 +71,7 @@ class Source:
     weight: float = 1.0
     columns: dict[str, str] | None = None
     rows: int | None = None  # its examples when counted before the cluster (a registered dataset, read on the driver)
+    manifest: Manifest | None = None  # a prepared source's (``data.prepared``): its files are tokenised shards
 
     @property
     def name(self) -> str:
@@ -97,10 +99,30 @@ def stage_sources(stage: StageConfig, index: int) -> list[Source]:
         ]
     else:
         entries = [(f"stages.{index}.dataset", stage.dataset, stage.split, 1.0, stage.columns)]
-    return [
-        Source(key, spec, split, tuple(list_files(spec, key)) if is_path(spec) else (), weight, columns)
-        for key, spec, split, weight, columns in entries
-    ]
+    return [_source(*entry) for entry in entries]
+
+
+def _source(key: str, spec: str, split: str, weight: float, columns: dict[str, str] | None) -> Source:
+    """A registered dataset, a folder ``sbert-ray prepare`` wrote (its manifest lists its shards) or other files."""
+    if not is_path(spec):
+        return Source(key, spec, split, (), weight, columns)
+    try:
+        manifest = read_manifest(_absolute(spec)) if _may_be_prepared(spec) else None
+    except DataError as err:
+        raise ConfigError(f"{key}: {err}") from None
+    files = manifest.files if manifest else tuple(list_files(spec, key))
+    return Source(key, spec, split, files, weight, columns, manifest=manifest)
+
+
+def _may_be_prepared(spec: str) -> bool:
+    """A folder or object storage prefix (a prepared source is one), not a file, a glob or a Hub dataset."""
+    return not (
+        spec.startswith(HUB_PREFIX) or any(c in spec for c in GLOB_CHARS) or Path(spec).suffix.lower() in FILE_SUFFIXES
+    )
+
+
+def _absolute(spec: str) -> str:
+    return spec.rstrip("/") if "://" in spec else os.path.abspath(os.path.expanduser(spec))
 
 
 def list_files(spec: str, key: str) -> list[str]:
@@ -172,6 +194,8 @@ def read_tables(source: Source, file: str | None, stage: StageConfig, data_dir) 
     """One file of the source (``file``; None: the registered dataset), as tables of the objective's examples."""
     if file is None:
         yield from (columns.to_arrow() for columns in read_registered(source, stage, data_dir))
+    elif source.manifest is not None:
+        yield from _prepared_tables(file, source)
     elif file.lower().endswith(".parquet"):
         yield from _parquet_tables(file, source, stage)
     elif "://" in file:  # a csv/tsv/jsonl object: its reader checks lines, so it reads a local copy
@@ -271,6 +295,16 @@ def _parquet_tables(file: str, source: Source, stage: StageConfig) -> Iterator[p
             table["label"] = _labels(batch.column(labels[0]), file, labels[0], first_row, stage)
         first_row += batch.num_rows
         yield pa.table(table)
+
+
+def _prepared_tables(file: str, source: Source) -> Iterator[pa.Table]:
+    """A prepared shard's tokenised tables as they are, ``ROWS_PER_TABLE`` rows at a time across its row groups
+    (the tables its input file gives, so a worker cuts the same windows from either)."""
+    import pyarrow as pa
+
+    batches = _parquet_file(file, source.key).iter_batches(batch_size=ROWS_PER_TABLE)
+    while (batch := _next_batch(batches, file)) is not None:
+        yield pa.Table.from_batches([batch])
 
 
 def _next_batch(batches: Iterator[pa.RecordBatch], file: str) -> pa.RecordBatch | None:
@@ -444,6 +478,8 @@ def teacher_dimension(source: Source, stage: StageConfig) -> int | None:
     if _objective(stage).label_field != "vector" or not source.files:
         return None
     file = source.files[0]
+    if source.manifest is not None:  # the label column holds the vectors, all of one size (prepare read them)
+        return _parquet_file(file, source.key).schema_arrow.field("label").type.list_size
     if not file.lower().endswith(".parquet"):
         raise DataError(f"{file}: {_teacher_only_in_parquet(stage)}")
     parquet = _parquet_file(file, source.key)
@@ -498,6 +534,8 @@ def known_rows(source: Source, stage: StageConfig, data_dir) -> int | None:
     an objective that trains on them refuses any other file here (so do those on a teacher's embeddings)."""
     if not source.files:
         return sum(columns.num_rows for columns in read_registered(source, stage, data_dir))
+    if source.manifest is not None:
+        return source.manifest.rows
     not_parquet = next((f for f in source.files if not f.lower().endswith(".parquet")), None)
     if _objective(stage).label_field in TEACHER_COLUMNS and not_parquet:
         raise DataError(f"{not_parquet}: {_teacher_only_in_parquet(stage)}")
@@ -505,6 +543,45 @@ def known_rows(source: Source, stage: StageConfig, data_dir) -> int | None:
     if not keeps_all or not_parquet:
         return None
     return sum(_checked_footer(file, source, stage) for file in source.files)
+
+
+def reading(stage: StageConfig) -> dict:
+    """How a source's rows become examples for the stage's objective: what a prepared source was read with, and a
+    run that trains on it must read alike (its examples, texts and labels would differ otherwise). The input's
+    column names are the prepared source's own (its manifest's ``input_columns``)."""
+    loss = _objective(stage)
+    return {
+        "records": loss.user_file_kind,
+        "label": loss.label_field,
+        "keeps": "every record" if loss.keeps_every_record() else f"{stage.objective}'s",
+        "score_max": stage.score_max if loss.label_field == "score" else None,
+        "errors": stage.errors,
+    }
+
+
+def column_roles(stage: StageConfig, width: int) -> dict[str, str]:
+    """``ids_<k>`` -> the input field whose texts it holds, for a source read with ``width`` text columns."""
+    fields = list(TEXT_FIELDS[RECORD_TYPES[_objective(stage).user_file_kind]])
+    if width > len(fields) and fields == ["text"]:  # a text's translation beside it
+        fields.append("translation")
+    elif width > len(fields):  # mined n-tuples: negative_1 .. negative_n
+        fields = fields[:2] + [f"negative_{n}" for n in range(1, width - 1)]
+    return {f"ids_{k}": fields[k] for k in range(width)}
+
+
+def check_prepared(sources: list[Source], stage: StageConfig, tokenizer, max_seq_length: int, prompts: dict) -> None:
+    """Each prepared source was made with the run's tokenizer, ``max_seq_length``, prompts and reading of the
+    stage, or a ConfigError naming the source's key and every difference."""
+    for source in sources:
+        if source.manifest is None:
+            continue
+        settings = prepared_settings(tokenizer, max_seq_length, prompts, reading(stage))
+        found = differences(source.manifest, settings)
+        if found:
+            raise ConfigError(
+                f"{source.key}: {source.spec} was prepared for another run: {'; '.join(found)}; prepare it again "
+                "with this run's settings (sbert-ray prepare), or train on the raw source"
+            )
 
 
 def _objective(stage: StageConfig) -> type[EncoderLoss]:

@@ -3,7 +3,8 @@
     sources     listed and counted before training (``count_rows``): parquet from its footers, anything else by
                 a read of every row on the cluster, which also checks each one (an error names the file and line)
     read        one read task per file (or per registered dataset): tables of the objective's examples
-    tokenize    a map stage on the cluster's CPUs: token ids, lengths and text hashes per row
+    tokenize    a map stage on the cluster's CPUs: token ids, lengths and text hashes per row (none for a source
+                ``sbert-ray prepare`` tokenised beforehand: its shards are read as they are)
     split       Ray Train's streaming_split, equal rows per worker, in a fixed order (``preserve_order``): the
                 same data order for the same seed, and a resume regenerates its position exactly
 
@@ -83,7 +84,9 @@ def stage_datasets(config: TrainConfig, sources: list[list[Source]], rows: list[
         for j, (source, n) in enumerate(zip(stage_sources, rows[i], strict=True)):
             key = f"stage{i}.{j}"
             dataset = _read(source, stage, config.data_dir)
-            datasets[key] = tokenized = (dataset.limit(stage.limit) if stage.limit else dataset).map_batches(
+            dataset = dataset.limit(stage.limit) if stage.limit else dataset
+            # A prepared source's shards are tokenised already: read as they are.
+            datasets[key] = tokenized = dataset if source.manifest else dataset.map_batches(
                 tokenize, fn_args=(model_json,), batch_size=None, batch_format="pyarrow", num_cpus=0,
                 label_selector=OFF_CONTROL_NODES,  # as the read's, and its task pool: Ray Data fuses the two
                 compute=ray.data.TaskPoolStrategy(size=_task_slots(source)),

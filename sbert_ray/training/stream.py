@@ -47,7 +47,14 @@ from sbert_ray.losses.registry import OBJECTIVES
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.training.batches import TokenizedRows, split_batch, tokenize_table, tokenize_texts
 from sbert_ray.training.loop import MicroBatch
-from sbert_ray.training.sources import Source, TextColumns, read_registered, read_tables, stage_sources
+from sbert_ray.training.sources import (
+    Source,
+    TextColumns,
+    check_prepared,
+    read_registered,
+    read_tables,
+    stage_sources,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -326,12 +333,14 @@ def local_sources(
     benchmark's ``--local`` runs, tests): the same rows the cluster's stream gives, counted by a first read. A
     registered dataset is read whole anyway (``data.readers``), so it is read and tokenised once, without pyarrow,
     and its rows kept for every pass, unless ``tokenise_every_pass`` (the ingest benchmark, which times
-    tokenisation); the user's files are read through pyarrow, as on the cluster, pass after pass."""
+    tokenisation); the user's files are read through pyarrow, as on the cluster, pass after pass (a prepared
+    source's shards as they are, refused when prepared for another tokenizer, length or prompts)."""
     stage = config.stages[index]
 
     def tables(source: Source) -> Iterator[pa.Table]:
         read = (t for f in source.files for t in read_tables(source, f, stage, config.data_dir))
-        return (tokenize_table(t, encoder) for t in _first_rows(read, stage.limit))
+        first = _first_rows(read, stage.limit)
+        return first if source.manifest else (tokenize_table(t, encoder) for t in first)  # prepared: tokenised
 
     def registered(source: Source) -> Iterator[TokenizedRows]:
         read = _first_rows(read_registered(source, stage, config.data_dir), stage.limit)
@@ -344,7 +353,9 @@ def local_sources(
         rows = list(registered(source))
         return SourceStream(source.name, sum(part.num_rows for part in rows), source.weight, lambda: rows)
 
-    return [stream(source) for source in stage_sources(stage, index)]
+    sources = stage_sources(stage, index)
+    check_prepared(sources, stage, encoder.tokenizer, encoder.max_seq_length, encoder.prompts)
+    return [stream(source) for source in sources]
 
 
 def _first_rows(tables: Iterable[pa.Table | TextColumns], limit: int | None) -> Iterator[pa.Table | TextColumns]:

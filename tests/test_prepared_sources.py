@@ -1,0 +1,194 @@
+"""Prepared training sources (``sbert-ray prepare``, ``data.prepared``): training reads their shards as they are, to
+the same micro-batches as the raw source gives; a manifest made for another tokenizer, length or prompts is refused
+before Ray, naming each difference. The one prepare run on the local cluster checks that its shards hold what
+training would compute and that a rerun writes only what is missing."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import itertools
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from sbert_ray.cli import main
+from sbert_ray.config import ConfigError, EvalConfig, ModelConfig, StageConfig, TrainConfig
+from sbert_ray.data.prepared import MANIFEST, Manifest, Shard, prepared_settings, read_manifest
+from sbert_ray.models import load_encoder
+from sbert_ray.runs.prepare_source import PrepareRequest, prepare_source, shard_inputs
+from sbert_ray.training.batches import tokenize_table
+from sbert_ray.training.sources import column_roles, read_tables, reading, stage_sources
+from sbert_ray.training.stream import StageBatches, batch_plan, local_sources, stage_steps
+
+ROWS_PER_FILE = (150, 130)  # two input files: two shards
+ROWS_PER_GROUP = 64
+MAX_SEQ_LENGTH = 16  # short enough that some STSb sentences are truncated
+
+
+@pytest.fixture(scope="module")
+def raw_folder(tmp_path_factory, data_dir):
+    """Two csv shards of STSb training pairs (sentence1, sentence2, score)."""
+    folder = tmp_path_factory.mktemp("raw")
+    lines = (data_dir / "stsb" / "sts-train.csv").read_text().splitlines()
+    rows = iter(line.split("\t")[4:7] for line in lines)
+    for index, count in enumerate(ROWS_PER_FILE):
+        with open(folder / f"part-{index}.csv", "w", newline="") as out:
+            writer = csv.writer(out)
+            writer.writerow(["score", "sentence1", "sentence2"])
+            writer.writerows(itertools.islice(rows, count))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def encoder(tiny_model_dir):
+    return load_encoder(str(tiny_model_dir), max_seq_length=MAX_SEQ_LENGTH)
+
+
+def write_prepared(raw, output, stage: StageConfig, encoder, model: str) -> None:
+    """A prepared folder written in this process: each input file's tables tokenised as the training stream does,
+    in row groups of ROWS_PER_GROUP, and its manifest (the cluster test shows prepare writes the same shards)."""
+    (source,) = stage_sources(dataclasses.replace(stage, dataset=str(raw)), 0)
+    output.mkdir()
+    shards = []
+    for item in shard_inputs(source.files):
+        table = pa.concat_tables(tokenize_table(t, encoder) for t in read_tables(source, item.file, stage, None))
+        pq.write_table(table, output / f"{item.key}.parquet", row_group_size=ROWS_PER_GROUP)
+        groups = [min(ROWS_PER_GROUP, table.num_rows - start) for start in range(0, table.num_rows, ROWS_PER_GROUP)]
+        shards.append(Shard(f"{item.key}.parquet", table.num_rows, tuple(groups)))
+    settings = prepared_settings(encoder.tokenizer, encoder.max_seq_length, encoder.prompts, reading(stage))
+    roles = column_roles(stage, 2)
+    manifest = Manifest(str(output), settings, str(raw), model, {}, roles, ROWS_PER_GROUP, tuple(shards))
+    (output / MANIFEST).write_text(json.dumps(manifest.to_json()))
+
+
+def train_config(dataset, model: str, **model_settings) -> TrainConfig:
+    stage = StageConfig(dataset=str(dataset), batch_size=8, window_batches=4, epochs=2)
+    return TrainConfig(
+        name="prepared",
+        model=ModelConfig(name=model, max_seq_length=MAX_SEQ_LENGTH, **model_settings),
+        stages=[stage],
+        evaluation=EvalConfig(final_tasks=[]),
+    )
+
+
+def micro_batches(config: TrainConfig, encoder, count: int) -> list:
+    """The first ``count`` micro-batches of the stage's one worker (seed 0), across the epoch boundary."""
+    stage = config.stages[0]
+    sources = local_sources(config, 0, encoder)
+    plan = batch_plan(stage, 0, seed=0, world_size=1, rank=0)
+    per_epoch, _ = stage_steps([s.rows for s in sources], [s.weight for s in sources], stage, plan)
+
+    def collate(batch):
+        rows, index = batch
+        return rows.collate(index, pad_token_id=0, pad_left=False, device=torch.device("cpu"))
+
+    return list(itertools.islice(StageBatches(sources, plan, per_epoch, 0, 0, collate), count))
+
+
+def test_a_prepared_source_gives_the_micro_batches_of_its_raw_source(raw_folder, encoder, tiny_model_dir, tmp_path):
+    """Token ids, text hashes, labels and positions of every micro-batch of two epochs are equal, read from the raw
+    csv shards (tokenised in the loop) or from their prepared shards (read as they are)."""
+    stage = StageConfig(dataset=str(raw_folder))
+    prepared = tmp_path / "prepared"
+    write_prepared(raw_folder, prepared, stage, encoder, str(tiny_model_dir))
+    (source,) = stage_sources(StageConfig(dataset=str(prepared)), 0)
+    assert source.manifest is not None and source.manifest.rows == sum(ROWS_PER_FILE)
+
+    count = 2 * -(-sum(ROWS_PER_FILE) // 8)  # two epochs of batches of 8
+    raw = micro_batches(train_config(raw_folder, str(tiny_model_dir)), encoder, count)
+    read = micro_batches(train_config(prepared, str(tiny_model_dir)), encoder, count)
+    assert len(raw) == len(read) == count and {b.epoch for b in raw} == {0, 1}
+    for a, b in zip(raw, read, strict=True):
+        assert (a.epoch, a.position, a.size) == (b.epoch, b.position, b.size)
+        for features_a, features_b in zip(a.features, b.features, strict=True):
+            assert torch.equal(features_a["input_ids"], features_b["input_ids"])
+        assert all(torch.equal(x, y) for x, y in zip(a.text_hashes, b.text_hashes, strict=True))
+        assert torch.equal(a.labels, b.labels)
+
+
+def test_a_manifest_made_for_other_settings_is_refused_naming_each_difference(
+    raw_folder, encoder, tiny_model_dir, tmp_path
+):
+    prepared = tmp_path / "prepared"
+    write_prepared(raw_folder, prepared, StageConfig(dataset=str(raw_folder)), encoder, str(tiny_model_dir))
+    config = train_config(prepared, str(tiny_model_dir), prompts={"query": "query: "})
+    longer = load_encoder(str(tiny_model_dir), max_seq_length=32, prompts={"query": "query: "})
+    with pytest.raises(ConfigError) as refused:
+        local_sources(config, 0, longer)
+    message = str(refused.value)
+    assert message.startswith(f"stages.0.dataset: {prepared} was prepared for another run: ")
+    assert "max_seq_length: prepared with 16, this run's 32" in message
+    assert "prompts: prepared with {}, this run's {'query': 'query: '}" in message
+    assert "tokenizer" not in message and "reading" not in message  # what matches is not named
+
+    other_objective = dataclasses.replace(config.stages[0], objective="mnrl")
+    with pytest.raises(ConfigError, match=r"reading: prepared with \{'records': 'scored'"):
+        local_sources(dataclasses.replace(config, stages=[other_objective]), 0, encoder)
+
+
+def test_sbert_ray_train_refuses_a_mismatched_manifest_before_ray(
+    raw_folder, encoder, tiny_model_dir, tiny_train_config, tmp_path, capsys
+):
+    """The run's tokenizer (random:tiny's) and max_seq_length (128) are not those the source was prepared with: one
+    line naming both, exit 2, no Ray started (the suite's sentinel checks that)."""
+    prepared = tmp_path / "prepared"
+    write_prepared(raw_folder, prepared, StageConfig(dataset=str(raw_folder)), encoder, str(tiny_model_dir))
+    manifest = json.loads((prepared / MANIFEST).read_text())
+    manifest["tokenizer"] = "sha256:0000000000000000"  # as another tokenizer's fingerprint
+    (prepared / MANIFEST).write_text(json.dumps(manifest))
+    code = main(["train", str(tiny_train_config()), f"stages.0.dataset={prepared}", "stages.0.limit=null"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"sbert-ray train: error: stages.0.dataset: {prepared} was prepared for another run: "), err
+    assert "tokenizer: prepared with 'sha256:0000000000000000', this run's 'sha256:" in err, err
+    assert "max_seq_length: prepared with 16, this run's 128" in err, err
+
+
+def test_prepare_refuses_bad_input_before_ray(raw_folder, tiny_model_dir, tmp_path) -> None:
+    """A missing file, a missing column and an output folder that is not prepare's: each one error naming it."""
+    model = str(tiny_model_dir)
+    with pytest.raises(ConfigError, match="missing.csv does not exist"):
+        prepare_source(PrepareRequest(str(tmp_path / "missing.csv"), model, 16, tmp_path / "out"))
+    no_score = tmp_path / "no-score.csv"
+    no_score.write_text("sentence1,sentence2\na dog,a cat\n")
+    with pytest.raises(ConfigError, match=rf"{no_score}.*score"):
+        prepare_source(PrepareRequest(str(no_score), model, 16, tmp_path / "out"))
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="is not an sbert-ray prepare output"):
+        prepare_source(PrepareRequest(str(raw_folder), model, 16, theirs))
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_prepare_writes_what_training_computes_and_a_rerun_only_what_is_missing(
+    local_ray, raw_folder, encoder, tiny_model_dir, tmp_path
+) -> None:
+    model = str(tiny_model_dir)
+    request = PrepareRequest(str(raw_folder), model, MAX_SEQ_LENGTH, tmp_path / "out", rows_per_group=ROWS_PER_GROUP)
+    first = prepare_source(request)
+    assert (first.rows, first.files_written, first.files_skipped) == (sum(ROWS_PER_FILE), 2, 0)
+    manifest = read_manifest(str(tmp_path / "out"))
+    assert [(s.file, s.rows) for s in manifest.shards] == [("part-0.parquet", 150), ("part-1.parquet", 130)]
+    assert [s.row_groups for s in manifest.shards] == [(64, 64, 22), (64, 64, 2)]
+    assert manifest.column_roles == {"ids_0": "sentence1", "ids_1": "sentence2"}
+    expected = tmp_path / "expected"
+    write_prepared(raw_folder, expected, StageConfig(dataset=str(raw_folder)), encoder, model)
+    for shard in manifest.shards:
+        assert pq.read_table(tmp_path / "out" / shard.file).equals(pq.read_table(expected / shard.file))
+    assert manifest.settings == read_manifest(str(expected)).settings
+
+    written = {path.name: path.stat().st_mtime_ns for path in (tmp_path / "out").glob("*.parquet")}
+    again = prepare_source(request)
+    assert (again.rows, again.files_written, again.files_skipped) == (0, 0, 2)
+    assert {path.name: path.stat().st_mtime_ns for path in (tmp_path / "out").glob("*.parquet")} == written
+    (tmp_path / "out" / "part-1.parquet").unlink()
+    resumed = prepare_source(request)
+    assert (resumed.rows, resumed.files_written, resumed.files_skipped) == (130, 1, 1)
+    assert read_manifest(str(tmp_path / "out")) == manifest
