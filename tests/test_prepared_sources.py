@@ -17,8 +17,9 @@ import torch
 
 from sbert_ray.cli import main
 from sbert_ray.config import ConfigError, EvalConfig, ModelConfig, StageConfig, TrainConfig
-from sbert_ray.data.prepared import MANIFEST, Manifest, Shard, prepared_settings, read_manifest
+from sbert_ray.data.prepared import MANIFEST, Manifest, Shard, prepared_settings, read_manifest, tokenizer_fingerprint
 from sbert_ray.models import load_encoder
+from sbert_ray.models.load import load_tokenizer
 from sbert_ray.runs.prepare_source import PrepareRequest, prepare_source, shard_inputs
 from sbert_ray.training.batches import tokenize_table
 from sbert_ray.training.sources import column_roles, read_tables, reading, stage_sources
@@ -146,6 +147,18 @@ def test_sbert_ray_train_refuses_a_mismatched_manifest_before_ray(
     assert err.startswith(f"sbert-ray train: error: stages.0.dataset: {prepared} was prepared for another run: "), err
     assert "tokenizer: prepared with 'sha256:0000000000000000', this run's 'sha256:" in err, err
     assert "max_seq_length: prepared with 16, this run's 128" in err, err
+
+
+def test_the_tokenizer_fingerprint_is_the_tokenizers_not_its_last_calls(tiny_model_dir) -> None:
+    """A fast tokenizer's truncation and padding change with every call (training truncates to max_seq_length):
+    they are left out, so a prepared source is not refused for how the tokenizer was last called; a tokenizer that
+    tokenises differently (one more token in its vocabulary) has another fingerprint."""
+    tokenizer = load_tokenizer(str(tiny_model_dir), MAX_SEQ_LENGTH).tokenizer
+    first = tokenizer_fingerprint(tokenizer)
+    tokenizer(["a dog runs", "a cat"], truncation=True, max_length=3, padding="max_length")
+    assert tokenizer_fingerprint(tokenizer) == first
+    tokenizer.add_tokens(["zzqxword"])
+    assert tokenizer_fingerprint(tokenizer) != first
 
 
 def test_prepare_refuses_bad_input_before_ray(raw_folder, tiny_model_dir, tmp_path) -> None:

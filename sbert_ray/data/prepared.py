@@ -113,10 +113,12 @@ def read_manifest(folder: str) -> Manifest | None:
 def tokenizer_fingerprint(tokenizer) -> str:
     """A hash of what decides a transformers tokenizer's token ids: for a fast tokenizer its whole pipeline
     (normaliser, pre-tokeniser, vocabulary, post-processor: ``tokenizer.json``), else its class, vocabulary and
-    special tokens. Equal tokenizers saved anywhere give the same fingerprint."""
+    special tokens. Equal tokenizers saved anywhere give the same fingerprint. A fast tokenizer's truncation and
+    padding are left out: each call sets them (``max_seq_length`` is compared on its own)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
-        described = backend.to_str()
+        pipeline = {k: v for k, v in json.loads(backend.to_str()).items() if k not in ("truncation", "padding")}
+        described = json.dumps(pipeline, sort_keys=True)
     else:
         vocabulary = sorted(tokenizer.get_vocab().items())
         described = json.dumps([type(tokenizer).__name__, vocabulary, tokenizer.special_tokens_map], default=str)
