@@ -35,7 +35,7 @@ from sbert_ray.runs import per_file
 from sbert_ray.runs.cluster import input_errors_unwrapped
 from sbert_ray.runs.owned_paths import filesystem_of, write_marker
 from sbert_ray.training.batches import tokenize_table
-from sbert_ray.training.sources import Source, column_roles, is_path, known_rows, read_tables, reading, stage_sources
+from sbert_ray.training.sources import Source, column_roles, is_path, known_rows, read_tables, reading, source_of
 
 PREPARE_MARKER = "_sbert_ray_prepare.json"  # marks an output folder as ours, with the settings of its shards
 ROWS_PER_GROUP = 8192  # as the stream's tables (training.sources.ROWS_PER_TABLE)
@@ -75,7 +75,7 @@ class PrepareRequest:
 
     @property
     def stage(self) -> StageConfig:
-        """A stage that reads the source as training on it would (``stage_sources``)."""
+        """A stage that reads the source as training on it would."""
         return StageConfig(
             dataset=self.source,
             objective=self.objective,
@@ -108,7 +108,7 @@ def prepare_source(request: PrepareRequest) -> PrepareResult:
     write the manifest of all of them."""
     output = per_file.Output.of(request.output)
     stage = request.stage
-    (source,) = stage_sources(stage, 0)
+    source = source_of("SOURCE", request.source, stage.split, 1.0, request.columns)
     if source.manifest is not None:
         raise ConfigError(f"{request.source}: already prepared ({MANIFEST}); train on it as it is")
     _check_input(source, stage)
@@ -150,7 +150,7 @@ def _check_input(source: Source, stage: StageConfig) -> None:
         if next(read_tables(source, source.files[0], stage, None), None) is None:
             raise DataError(f"{source.files[0]}: no examples for objective {stage.objective!r}")
     except DataError as err:
-        raise ConfigError(f"{source.spec}: {err}") from None
+        raise ConfigError(f"{source.key}: {err}") from None
 
 
 def shard_inputs(files: tuple[str, ...]) -> list[ShardInput]:

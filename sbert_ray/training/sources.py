@@ -99,11 +99,12 @@ def stage_sources(stage: StageConfig, index: int) -> list[Source]:
         ]
     else:
         entries = [(f"stages.{index}.dataset", stage.dataset, stage.split, 1.0, stage.columns)]
-    return [_source(*entry) for entry in entries]
+    return [source_of(*entry) for entry in entries]
 
 
-def _source(key: str, spec: str, split: str, weight: float, columns: dict[str, str] | None) -> Source:
-    """A registered dataset, a folder ``sbert-ray prepare`` wrote (its manifest lists its shards) or other files."""
+def source_of(key: str, spec: str, split: str, weight: float, columns: dict[str, str] | None) -> Source:
+    """The source ``spec`` (``key`` names it in errors): a registered dataset, a folder ``sbert-ray prepare`` wrote
+    (its manifest lists its shards) or other files."""
     if not is_path(spec):
         return Source(key, spec, split, (), weight, columns)
     try:
