@@ -56,7 +56,7 @@ def write_prepared(raw, output, stage: StageConfig, encoder, model: str) -> None
     output.mkdir()
     shards = []
     for item in shard_inputs(source.files):
-        table = pa.concat_tables(tokenize_table(t, encoder) for t in read_tables(source, item.file, stage, None))
+        table = pa.concat_tables(tokenize_table(t, encoder) for t in read_tables(source, item.uri, stage, None))
         pq.write_table(table, output / f"{item.key}.parquet", row_group_size=ROWS_PER_GROUP)
         groups = [min(ROWS_PER_GROUP, table.num_rows - start) for start in range(0, table.num_rows, ROWS_PER_GROUP)]
         shards.append(Shard(f"{item.key}.parquet", table.num_rows, tuple(groups)))

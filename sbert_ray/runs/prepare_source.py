@@ -89,7 +89,7 @@ class PrepareRequest:
 class ShardInput:
     """One input file and the shard it becomes (``KEY.parquet`` under the output)."""
 
-    file: str
+    uri: str  # a local absolute path or an object storage URI: per_file reads local input on the driver's node
     key: str
 
 
@@ -188,7 +188,7 @@ def _pipeline(
 def _input_tables(source: Source, stage: StageConfig, item: ShardInput):
     """An input file's examples as training reads them, each row tagged with its row in the file."""
     first = 0
-    for table in read_tables(source, item.file, stage, None):
+    for table in read_tables(source, item.uri, stage, None):
         yield table.append_column(TAGS.row, pa.array(range(first, first + table.num_rows), pa.int64()))
         first += table.num_rows
 
