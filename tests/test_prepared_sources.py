@@ -23,6 +23,7 @@ from sbert_ray.models.load import load_tokenizer
 from sbert_ray.runs.prepare_source import PrepareRequest, prepare_source, shard_inputs
 from sbert_ray.training.batches import tokenize_table
 from sbert_ray.training.sources import column_roles, read_tables, reading, stage_sources
+from sbert_ray.training.stage_data import count_stages, stage_datasets
 from sbert_ray.training.stream import StageBatches, batch_plan, local_sources, stage_steps
 
 ROWS_PER_FILE = (150, 130)  # two input files: two shards
@@ -196,6 +197,16 @@ def test_prepare_writes_what_training_computes_and_a_rerun_only_what_is_missing(
     for shard in manifest.shards:
         assert pq.read_table(tmp_path / "out" / shard.file).equals(pq.read_table(expected / shard.file))
     assert manifest.settings == read_manifest(str(expected)).settings
+
+    # Training's Ray Data stream of the prepared source: its shards' rows as they are, no tokenise stage.
+    config = train_config(tmp_path / "out", model)
+    sources = [stage_sources(config.stages[0], 0)]
+    assert count_stages(config, sources) == [[sum(ROWS_PER_FILE)]]  # from the manifest
+    datasets, _ = stage_datasets(config, sources, [[sum(ROWS_PER_FILE)]])
+    streamed = pa.concat_tables(datasets["stage0.0"].iter_batches(batch_format="pyarrow", batch_size=None))
+    shards = pa.concat_tables(pq.read_table(tmp_path / "out" / shard.file) for shard in manifest.shards)
+    assert streamed.schema.names == shards.schema.names
+    assert sorted(streamed.column("hash_0").to_pylist()) == sorted(shards.column("hash_0").to_pylist())
 
     written = {path.name: path.stat().st_mtime_ns for path in (tmp_path / "out").glob("*.parquet")}
     again = prepare_source(request)
