@@ -17,7 +17,15 @@ import torch
 
 from sbert_ray.cli import main
 from sbert_ray.config import ConfigError, EvalConfig, ModelConfig, StageConfig, TrainConfig
-from sbert_ray.data.prepared import MANIFEST, Manifest, Shard, prepared_settings, read_manifest, tokenizer_fingerprint
+from sbert_ray.data.prepared import (
+    MANIFEST,
+    PREPARE_MARKER,
+    Manifest,
+    Shard,
+    prepared_settings,
+    read_manifest,
+    tokenizer_fingerprint,
+)
 from sbert_ray.models import load_encoder
 from sbert_ray.models.load import load_tokenizer
 from sbert_ray.runs.prepare_source import PrepareRequest, prepare_source, shard_inputs
@@ -177,6 +185,12 @@ def test_prepare_refuses_bad_input_before_ray(raw_folder, tiny_model_dir, tmp_pa
     with pytest.raises(ConfigError, match="is not an sbert-ray prepare output"):
         prepare_source(PrepareRequest(str(raw_folder), model, 16, theirs))
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    (unfinished / PREPARE_MARKER).write_text("{}")
+    with pytest.raises(ConfigError, match=rf"^stages.0.dataset: {unfinished}: an unfinished sbert-ray prepare output"):
+        stage_sources(StageConfig(dataset=str(unfinished)), 0)
 
 
 @pytest.mark.cluster

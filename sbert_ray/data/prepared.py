@@ -22,6 +22,7 @@ from typing import Any
 from sbert_ray.data.records import DataError
 
 MANIFEST = "manifest.json"
+PREPARE_MARKER = "_sbert_ray_prepare.json"  # marks a folder as prepare's, with the settings of its shards
 FORMAT = 1  # the manifest's layout; a reader refuses one it does not know
 # What a prepared source's token ids depend on: a run whose own differ is refused (``differences``).
 SETTINGS = ("tokenizer", "max_seq_length", "prompts", "reading")
@@ -92,15 +93,18 @@ class Manifest:
 
 
 def read_manifest(folder: str) -> Manifest | None:
-    """The manifest of the prepared ``folder`` (a local absolute path or an object storage URI); None when it has
-    none (not prepared, or not completely)."""
+    """The manifest of the prepared ``folder`` (a local absolute path or an object storage URI); None when it is
+    not prepare's; a DataError when prepare has not finished it (its marker without a manifest)."""
     from pyarrow import fs
 
     from sbert_ray.data.corpus import file_system
 
     filesystem, root = file_system(folder.rstrip("/"))
     path = f"{root}/{MANIFEST}"
-    if filesystem.get_file_info(path).type != fs.FileType.File:
+    manifest, marker = filesystem.get_file_info([path, f"{root}/{PREPARE_MARKER}"])
+    if manifest.type != fs.FileType.File:
+        if marker.type == fs.FileType.File:
+            raise DataError(f"{folder}: an unfinished sbert-ray prepare output (no {MANIFEST}): run prepare again")
         return None
     with filesystem.open_input_stream(path) as stream:
         try:

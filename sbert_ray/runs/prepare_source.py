@@ -27,7 +27,7 @@ import ray.data
 from pyarrow import fs
 
 from sbert_ray.config import RESOURCE_WAIT_S, ConfigError, StageConfig
-from sbert_ray.data.prepared import MANIFEST, Manifest, Shard, prepared_settings
+from sbert_ray.data.prepared import MANIFEST, PREPARE_MARKER, Manifest, Shard, prepared_settings
 from sbert_ray.data.records import DataError
 from sbert_ray.losses.registry import OBJECTIVES
 from sbert_ray.models.load import load_tokenizer
@@ -37,7 +37,6 @@ from sbert_ray.runs.owned_paths import filesystem_of, write_marker
 from sbert_ray.training.batches import tokenize_table
 from sbert_ray.training.sources import Source, column_roles, is_path, known_rows, read_tables, reading, source_of
 
-PREPARE_MARKER = "_sbert_ray_prepare.json"  # marks an output folder as ours, with the settings of its shards
 ROWS_PER_GROUP = 8192  # as the stream's tables (training.sources.ROWS_PER_TABLE)
 BLOCK_BYTES = 1 << 20  # rows read into one block: the actors share a file's blocks
 TAGS = per_file.WHOLE_ROW_TAGS  # dropped from the shards: they hold the tokenised columns only
