@@ -51,7 +51,7 @@ def collated(encoder: SentenceEncoder, device: torch.device) -> tuple:
     texts = [[pair[0] for pair in PAIRS], [pair[1] for pair in PAIRS]]
     rows = tokenize_texts(texts, np.linspace(0, 1, len(PAIRS), dtype=np.float32), encoder)
     pad_left = encoder.tokenizer.padding_side == "left"
-    return rows.collate(range(len(PAIRS)), encoder.tokenizer.pad_token_id, pad_left, device)
+    return rows.collate(range(len(PAIRS)), encoder.tokenizer.pad_token_id, pad_left, device, encoder.max_seq_length)
 
 
 def batches(encoder: SentenceEncoder, count: int, device: torch.device) -> list[MicroBatch]:

@@ -144,11 +144,11 @@ def _time_batches(config: TrainConfig, sources: list[SourceStream], encoder, bat
     plan = batch_plan(stage, 0, config.seed, world_size=1, rank=0)
     per_epoch, _ = stage_steps([s.rows for s in sources], [s.weight for s in sources], stage, plan)
     tokenizer, device = encoder.tokenizer, torch.device("cpu")
-    pad_left = tokenizer.padding_side == "left"
+    pad_left, max_length = tokenizer.padding_side == "left", encoder.max_seq_length
     started = time.perf_counter()
     stream = StageBatches(
         sources, plan, per_epoch, epoch=0, position=0,
-        collate=lambda batch: batch[0].collate(batch[1], tokenizer.pad_token_id, pad_left, device),
+        collate=lambda batch: batch[0].collate(batch[1], tokenizer.pad_token_id, pad_left, device, max_length),
     )  # fmt: skip
     pairs, first, first_pairs = 0, None, 0
     try:

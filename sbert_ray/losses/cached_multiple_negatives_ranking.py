@@ -3,6 +3,7 @@ negatives at the memory cost of one mini-batch, with the same loss and gradients
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -12,6 +13,7 @@ from torch.utils.checkpoint import checkpoint
 
 from sbert_ray.losses.multiple_negatives_ranking import MultipleNegativesRankingLoss
 from sbert_ray.models.encoder import SentenceEncoder
+from sbert_ray.models.padded_widths import bucketed_width, buckets_for, unpadded
 
 
 class CachedMultipleNegativesRankingLoss(MultipleNegativesRankingLoss):
@@ -58,11 +60,16 @@ class CachedMultipleNegativesRankingLoss(MultipleNegativesRankingLoss):
         without them they are read from the attention masks (one device-to-host read)."""
         if used_widths is None:
             used_widths = _used_widths([column["attention_mask"] for column in features])
+        encoder = self.encoder
+        cut = _MiniBatches(
+            self.mini_batch_size, buckets_for(encoder.device, encoder.max_seq_length),
+            encoder.tokenizer.padding_side == "left",
+        )  # fmt: skip
         return [
             torch.cat(
                 [
-                    checkpoint(self.encoder, mini_batch, use_reentrant=False)
-                    for mini_batch in _mini_batches(column, self.mini_batch_size, widths)
+                    checkpoint(encoder, mini_batch, padded, use_reentrant=False)
+                    for mini_batch, padded in cut(column, widths)
                 ]
             )
             for column, widths in zip(features, used_widths, strict=True)
@@ -77,11 +84,22 @@ def _used_widths(masks: Sequence[Tensor]) -> list[np.ndarray]:
     return np.split(widths, np.cumsum([len(column) for column in per_row[:-1]]))
 
 
-def _mini_batches(features: dict[str, Tensor], size: int, used_widths: np.ndarray) -> Iterator[dict[str, Tensor]]:
-    """Consecutive row slices of a padded batch without the padding columns at the end that none of their rows
-    uses (``used_widths``: per row; padding is masked out anyway, and a mini-batch of short sentences should not pay
-    for the batch's longest; a left-padded batch keeps its width)."""
-    rows = features["attention_mask"].shape[0]
-    for start in range(0, rows, size):
-        width = int(used_widths[start : start + size].max())
-        yield {name: tensor[start : start + size, :width] for name, tensor in features.items()}
+@dataclasses.dataclass(frozen=True)
+class _MiniBatches:
+    """How a padded column is cut into mini-batches: ``size`` rows, trimmed to a width from ``buckets`` (None:
+    exact widths; see ``models.padded_widths``)."""
+
+    size: int
+    buckets: tuple[int, ...] | None
+    pad_left: bool
+
+    def __call__(self, features: dict[str, Tensor], used_widths: np.ndarray) -> Iterator[tuple[dict, bool]]:
+        """Consecutive row slices of a padded batch without the padding columns at the end that none of their rows
+        uses (``used_widths``: per row; padding is masked out anyway, and a mini-batch of short sentences should not
+        pay for the batch's longest; a left-padded batch keeps its width), each with whether it has padding left."""
+        rows, full = features["attention_mask"].shape
+        for start in range(0, rows, self.size):
+            used = used_widths[start : start + self.size]
+            width = min(bucketed_width(int(used.max()), self.buckets), full)
+            mini_batch = {name: tensor[start : start + self.size, :width] for name, tensor in features.items()}
+            yield mini_batch, not unpadded(used, width, self.pad_left)

@@ -165,10 +165,10 @@ def _train_stage(
         sparse_embedding_gradients(encoder, device, world_size)  # before DDP wraps the objective: it decides then
     model = worker.distribute(objective)
     tokenizer = encoder.tokenizer
-    pad_left = tokenizer.padding_side == "left"
+    pad_left, max_length = tokenizer.padding_side == "left", encoder.max_seq_length
     batches = StageBatches(
         sources, batching, settings.batches_per_epoch, state.epoch, state.batch,
-        collate=lambda batch: batch[0].collate(batch[1], tokenizer.pad_token_id, pad_left, device),
+        collate=lambda batch: batch[0].collate(batch[1], tokenizer.pad_token_id, pad_left, device, max_length),
     )  # fmt: skip
     return train_stage(
         Trainee(model, optimization), batches, settings, state, Telemetry(reporter, meter), batches.metrics
