@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from sbert_ray.losses import CachedMultipleNegativesRankingLoss, MultipleNegativesRankingLoss
 from sbert_ray.losses.cached_multiple_negatives_ranking import _MiniBatches
+from sbert_ray.models import SentenceEncoder
 from sbert_ray.models.encoder import compiles
 from sbert_ray.models.padded_widths import SMALL_BUCKETS, bucketed_width, buckets_for, unpadded, width_buckets
 from sbert_ray.training.batches import TokenizedColumn, TokenizedRows
@@ -121,3 +123,49 @@ def test_padded_over_real_tokens_of_a_generated_corpus(medians):
     assert 1.0 < exact < bucketed
     if medians == (24, 30):
         assert exact <= 1.15
+
+
+def transformer_masks(encoder: SentenceEncoder) -> list[torch.Tensor | None]:
+    """The attention mask each transformer forward of ``encoder`` receives from now on (None: none)."""
+    masks = []
+    encoder.transformer.register_forward_pre_hook(
+        lambda module, args, kwargs: masks.append(kwargs.get("attention_mask")), with_kwargs=True
+    )
+    return masks
+
+
+def test_an_unpadded_batch_is_embedded_without_a_mask_and_as_with_one(tiny_model_dir):
+    """A batch whose rows all fill the width (known on the host) reaches the transformer without an attention
+    mask, which lets SDPA pick its flash kernel on a GPU; the embeddings are the masked ones': equal up to a
+    reordering of the softmax's few sums (float32 defaults: 1.3e-6 relative). A batch with one padded row keeps
+    its mask."""
+    encoder = SentenceEncoder.load(str(tiny_model_dir))  # eval mode: no dropout, so both compute one function
+    masks = transformer_masks(encoder)
+    texts = [["a b c d", "e f g h"], ["one two three four", "five six seven eight"]]
+    features = [encoder.tokenize(column) for column in texts]
+    assert all(column["attention_mask"].all() for column in features)  # equal lengths: no padding
+    used = [column["attention_mask"].sum(1).numpy() for column in features]
+    objective = MultipleNegativesRankingLoss(encoder)
+    with torch.no_grad():
+        without_mask = objective.embed(features, used)
+        with_mask = objective.embed(features, None)  # widths unknown: the mask is kept
+    assert masks[0] is None and masks[1] is not None
+    for unmasked, masked in zip(without_mask, with_mask, strict=True):
+        torch.testing.assert_close(unmasked, masked)
+    used[1][0] -= 1  # one row one token short of the width: padding
+    with torch.no_grad():
+        objective.embed(features, used)
+    assert masks[2] is not None
+
+
+def test_cached_mnrl_leaves_the_mask_out_of_its_unpadded_mini_batches_only(tiny_model_dir):
+    encoder = SentenceEncoder.load(str(tiny_model_dir))
+    masks = transformer_masks(encoder)
+    column = encoder.tokenize(["a b c d", "e f g h", "a b", "c"])  # two full rows, then two short ones
+    used = column["attention_mask"].sum(1).numpy()
+    objective = CachedMultipleNegativesRankingLoss(encoder, mini_batch_size=2)
+    with torch.no_grad():
+        (cached,) = objective.embed([column], [used])
+        plain = encoder(column)
+    assert masks[0] is None and masks[1] is not None
+    torch.testing.assert_close(cached, plain)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
+from typing import Literal
 
 import numpy as np
 import torch
@@ -38,7 +39,7 @@ class CachedMultipleNegativesRankingLoss(MultipleNegativesRankingLoss):
         encoder: SentenceEncoder,
         scale: float = 20.0,
         gather_across_workers: bool = True,
-        mini_batch_size: int = 32,
+        mini_batch_size: int | Literal["auto"] = "auto",
         mask_duplicates: bool = True,
         symmetric: bool = False,
     ) -> None:
@@ -49,9 +50,25 @@ class CachedMultipleNegativesRankingLoss(MultipleNegativesRankingLoss):
             mask_duplicates=mask_duplicates,
             symmetric=symmetric,
         )
-        if mini_batch_size < 1:
-            raise ValueError(f"mini_batch_size must be >= 1, got {mini_batch_size}")
-        self.mini_batch_size = mini_batch_size
+        if mini_batch_size != "auto" and mini_batch_size < 1:
+            raise ValueError(f"mini_batch_size must be >= 1 or 'auto', got {mini_batch_size!r}")
+        self.mini_batch_size = mini_batch_size  # "auto": resolved at the first embed, on the encoder's device
+
+    def _resolved_mini_batch_size(self) -> int:
+        """``mini_batch_size``, "auto" resolved once: on CUDA from the memory free on the device with the model on
+        it (``auto_mini_batch_size``), elsewhere CPU_MINI_BATCH_SIZE."""
+        if self.mini_batch_size == "auto":
+            encoder = self.encoder
+            if encoder.device.type != "cuda":
+                self.mini_batch_size = CPU_MINI_BATCH_SIZE
+            else:
+                free, _ = torch.cuda.mem_get_info(encoder.device)
+                config = encoder.transformer.config
+                self.mini_batch_size = auto_mini_batch_size(
+                    free, sum(p.numel() for p in encoder.parameters()), ModelShape.of(config),
+                    encoder.max_seq_length, 2 if torch.is_autocast_enabled("cuda") else 4,
+                )  # fmt: skip
+        return self.mini_batch_size
 
     def embed(
         self, features: Sequence[dict[str, Tensor]], used_widths: Sequence[np.ndarray] | None = None
@@ -62,7 +79,7 @@ class CachedMultipleNegativesRankingLoss(MultipleNegativesRankingLoss):
             used_widths = _used_widths([column["attention_mask"] for column in features])
         encoder = self.encoder
         cut = _MiniBatches(
-            self.mini_batch_size, buckets_for(encoder.device, encoder.max_seq_length),
+            self._resolved_mini_batch_size(), buckets_for(encoder.device, encoder.max_seq_length),
             encoder.tokenizer.padding_side == "left",
         )  # fmt: skip
         return [
@@ -74,6 +91,36 @@ class CachedMultipleNegativesRankingLoss(MultipleNegativesRankingLoss):
             )
             for column, widths in zip(features, used_widths, strict=True)
         ]
+
+
+CPU_MINI_BATCH_SIZE = 32  # "auto" on CPUs: memory is rarely the bound there, and 32 rows keep matrix units busy
+MEMORY_SHARE = 0.8  # of the free device memory left after the optimizer's state: the rest for the allocator's slack
+OPTIMIZER_BYTES_PER_PARAMETER = 12  # fp32 gradients and AdamW's two moments, allocated by the first step
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    layers: int
+    hidden: int
+    heads: int
+
+    @classmethod
+    def of(cls, config) -> ModelShape:
+        """From a transformers config (BERT-style names)."""
+        return cls(config.num_hidden_layers, config.hidden_size, config.num_attention_heads)
+
+
+def auto_mini_batch_size(free_bytes: int, parameters: int, shape: ModelShape, width: int, bytes_per_value: int) -> int:
+    """The rows of one mini-batch whose activations fit the device: ``free_bytes`` (with the weights on it), less
+    the optimizer's state still to come, times MEMORY_SHARE, over one row's activations at ``width`` tokens. Per
+    layer and row a transformer keeps ``width * hidden * (34 + 5 * heads * width / hidden)`` bytes in 16-bit
+    arithmetic (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", section
+    4.1; the attention-score term is an upper bound where a fused kernel keeps none), twice that in fp32. Rounded
+    down to a multiple of 8 (tensor-core tiles) from 8 rows up; at least 1."""
+    per_row = shape.layers * width * shape.hidden * (34 + 5 * shape.heads * width / shape.hidden) * bytes_per_value / 2
+    budget = MEMORY_SHARE * (free_bytes - OPTIMIZER_BYTES_PER_PARAMETER * parameters)
+    rows = int(budget // per_row)
+    return rows // 8 * 8 if rows >= 8 else max(rows, 1)
 
 
 def _used_widths(masks: Sequence[Tensor]) -> list[np.ndarray]:
