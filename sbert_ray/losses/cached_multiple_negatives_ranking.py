@@ -9,6 +9,7 @@ from typing import Literal
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
@@ -55,19 +56,25 @@ class CachedMultipleNegativesRankingLoss(MultipleNegativesRankingLoss):
         self.mini_batch_size = mini_batch_size  # "auto": resolved at the first embed, on the encoder's device
 
     def _resolved_mini_batch_size(self) -> int:
-        """``mini_batch_size``, "auto" resolved once: on CUDA from the memory free on the device with the model on
-        it (``auto_mini_batch_size``), elsewhere CPU_MINI_BATCH_SIZE."""
-        if self.mini_batch_size == "auto":
-            encoder = self.encoder
-            if encoder.device.type != "cuda":
-                self.mini_batch_size = CPU_MINI_BATCH_SIZE
-            else:
-                free, _ = torch.cuda.mem_get_info(encoder.device)
-                config = encoder.transformer.config
-                self.mini_batch_size = auto_mini_batch_size(
-                    free, sum(p.numel() for p in encoder.parameters()), ModelShape.of(config),
-                    encoder.max_seq_length, 2 if torch.is_autocast_enabled("cuda") else 4,
-                )  # fmt: skip
+        """``mini_batch_size``, "auto" resolved at the first embed: on CUDA from the memory free on the device with
+        the model on it (``auto_mini_batch_size``), the least over the workers (FSDP's sharded forwards gather
+        parameters per mini-batch, so every rank must cut alike); elsewhere CPU_MINI_BATCH_SIZE."""
+        if self.mini_batch_size != "auto":
+            return self.mini_batch_size
+        encoder = self.encoder
+        if encoder.device.type != "cuda":
+            self.mini_batch_size = CPU_MINI_BATCH_SIZE
+            return self.mini_batch_size
+        free, _ = torch.cuda.mem_get_info(encoder.device)
+        parameters = sum(p.numel() for p in encoder.parameters())
+        bytes_per_value = 2 if torch.is_autocast_enabled("cuda") else 4
+        rows = auto_mini_batch_size(
+            free, parameters, ModelShape.of(encoder.transformer.config), encoder.max_seq_length, bytes_per_value
+        )
+        least = torch.tensor(rows, device=encoder.device)
+        if dist.is_initialized():
+            dist.all_reduce(least, op=dist.ReduceOp.MIN)
+        self.mini_batch_size = int(least)  # one read, at the first step
         return self.mini_batch_size
 
     def embed(
