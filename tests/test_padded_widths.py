@@ -34,8 +34,9 @@ def test_a_width_is_the_smallest_bucket_that_holds_the_longest_text():
     assert bucketed_width(37, None) == 37
 
 
-def test_only_cuda_buckets_and_only_cuda_compiles_by_default():
-    assert buckets_for(CPU, 128) is None and buckets_for(CUDA, 128) == width_buckets(128)
+def test_cuda_or_a_compiled_forward_buckets_and_only_cuda_compiles_by_default():
+    assert buckets_for(CPU, False, 128) is None and buckets_for(CUDA, False, 128) == width_buckets(128)
+    assert buckets_for(CPU, True, 128) == width_buckets(128)  # scaling.compile: true on CPUs: shapes bounded too
     assert compiles("auto", CUDA) and not compiles("auto", CPU)
     assert compiles(True, CPU) and not compiles(False, CUDA)
 
@@ -83,7 +84,7 @@ def test_a_run_meets_at_most_the_predicted_number_of_shapes_on_cuda():
     and cached MNRL's mini-batches (cut to bucketed widths) come in at most len(buckets) widths for each row
     count: the micro-batch, the short batches, the mini-batch and its remainder."""
     max_seq_length, mini_batch = 256, 12
-    buckets = buckets_for(CUDA, max_seq_length)
+    buckets = buckets_for(CUDA, False, max_seq_length)
     plan = BatchPlan(batch_size=32, world_size=1, rank=0, seed=3, window_batches=20)
     rows = generated_rows(6000, (14, 40), max_seq_length)
     cut = _MiniBatches(mini_batch, buckets, pad_left=False)
@@ -118,7 +119,7 @@ def test_padded_over_real_tokens_of_a_generated_corpus(medians):
     and GPU buckets (every multiple of 8 below 64) add to both: docs/performance.md has the numbers."""
     plan = BatchPlan(batch_size=32, world_size=1, rank=0, seed=0)
     rows = generated_rows(32000, medians, 128)
-    exact, bucketed = padding_ratio(rows, plan, None), padding_ratio(rows, plan, buckets_for(CUDA, 128))
+    exact, bucketed = padding_ratio(rows, plan, None), padding_ratio(rows, plan, buckets_for(CUDA, False, 128))
     print(f"padded/real tokens, medians {medians}: exact widths {exact:.3f}, GPU buckets {bucketed:.3f}")
     assert 1.0 < exact < bucketed
     if medians == (24, 30):

@@ -86,7 +86,7 @@ class CachedMultipleNegativesRankingLoss(MultipleNegativesRankingLoss):
             used_widths = _used_widths([column["attention_mask"] for column in features])
         encoder = self.encoder
         cut = _MiniBatches(
-            self._resolved_mini_batch_size(), buckets_for(encoder.device, encoder.max_seq_length),
+            self._resolved_mini_batch_size(), buckets_for(encoder.device, encoder.compiled, encoder.max_seq_length),
             encoder.tokenizer.padding_side == "left",
         )  # fmt: skip
         return [

@@ -232,7 +232,7 @@ class SentenceEncoder(nn.Module):
             inputs["attention_mask"] = self._attention_mask(inputs["attention_mask"])
         # Pooled in at least float32 whatever the model computed in: a bf16 sum over many tokens loses digits (a
         # float64 model stays float64: tests compare gradients in it).
-        transformer = self._compiled_forward if (self.training and self._compiled_forward) else self.transformer
+        transformer = self._compiled_forward if (self.training and self.compiled) else self.transformer
         hidden = transformer(**inputs).last_hidden_state
         token_embeddings = hidden.to(torch.promote_types(hidden.dtype, torch.float32))
         embeddings = self.pooling(token_embeddings, features["attention_mask"], _prompt_length(features))
@@ -250,6 +250,11 @@ class SentenceEncoder(nn.Module):
     def resolve_prompt(self, prompt: str | None = None, prompt_name: str | None = None) -> str:
         """The prompt text ``encode`` puts before each sentence ('' for none); see ``models.prompts``."""
         return resolve_prompt(self.prompts, self.default_prompt_name, prompt, prompt_name)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether training-mode forwards run compiled (``compile_for_training``)."""
+        return self._compiled_forward is not None
 
     def compile_for_training(self) -> None:
         """Compile the transformer's forward (``torch.compile``, inductor) for training-mode forwards; evaluation

@@ -31,9 +31,10 @@ def bucketed_width(longest: int, buckets: tuple[int, ...] | None) -> int:
     return next((bucket for bucket in buckets if bucket >= longest), longest)
 
 
-def buckets_for(device: torch.device, max_seq_length: int) -> tuple[int, ...] | None:
-    """Bucketed widths on CUDA (a compiled forward, tensor cores), exact widths elsewhere."""
-    return width_buckets(max_seq_length) if device.type == "cuda" else None
+def buckets_for(device: torch.device, compiled: bool, max_seq_length: int) -> tuple[int, ...] | None:
+    """Bucketed widths on CUDA (tensor cores, and a compiled forward by default) or for a compiled forward anywhere,
+    exact widths otherwise."""
+    return width_buckets(max_seq_length) if device.type == "cuda" or compiled else None
 
 
 def unpadded(used_widths: np.ndarray | None, width: int, pad_left: bool) -> bool:

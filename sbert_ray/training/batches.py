@@ -20,7 +20,7 @@ import torch
 from sbert_ray.config import StageConfig
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.models.load import TextTokenizer
-from sbert_ray.models.padded_widths import bucketed_width, buckets_for
+from sbert_ray.models.padded_widths import bucketed_width
 from sbert_ray.models.prompts import prompt_for_column
 
 if TYPE_CHECKING:
@@ -238,15 +238,19 @@ class TokenizedRows:
         )
 
     def collate(
-        self, indices: Sequence[int], pad_token_id: int, pad_left: bool, device: torch.device, max_seq_length: int
+        self,
+        indices: Sequence[int],
+        pad_token_id: int,
+        pad_left: bool,
+        device: torch.device,
+        buckets: tuple[int, ...] | None = None,
     ) -> tuple[list[dict], torch.Tensor | None, list[torch.Tensor], list[np.ndarray]]:
-        """The batch's features per column, each column padded to its own width (bucketed on CUDA:
-        ``models.padded_widths``), its labels and its texts' hashes on ``device`` (on CUDA from pinned host memory,
-        copied without blocking the host), and per column the padded columns each row uses, on the host
-        (``MicroBatch.used_widths``)."""
+        """The batch's features per column, each column padded to its own width (rounded up to one of the
+        ``buckets``, ``models.padded_widths.buckets_for``; None: exact), its labels and its texts' hashes on
+        ``device`` (on CUDA from pinned host memory, copied without blocking the host), and per column the padded
+        columns each row uses, on the host (``MicroBatch.used_widths``)."""
         index = np.asarray(indices, dtype=np.int64)
         pin = device.type == "cuda"
-        buckets = buckets_for(device, max_seq_length)
         features, used_widths = [], []
         for column in self.columns:
             padded, widths = column.pad(index, pad_token_id, pad_left, pin, buckets)
