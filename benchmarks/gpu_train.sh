@@ -44,7 +44,7 @@ for run in "${runs[@]}"; do
     step "train-$objective-$batch-$compile" python3 -m sbert_ray.cli bench train --local --device "$device" \
       --model "$model" --objective "$objective" --batch-size "$batch" --precision auto --steps "$steps" \
       --eval-every "$eval_every" --dev-limit "$dev_limit" "${limit[@]}" --workers 1 --threads-per-worker "$threads" \
-      --repeats 1 --data-dir "$data_dir" --no-mlflow --no-reference $([[ $compile == compile ]] && echo --compile)
+      --repeats 1 --data-dir "$data_dir" --no-mlflow --no-reference --compile "$([[ $compile == compile ]] && echo on || echo off)"
   done
 done
 

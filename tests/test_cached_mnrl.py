@@ -13,6 +13,13 @@ from spawned_workers import ddp_plain_and_cached_mnrl
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sbert_ray.losses import CachedMultipleNegativesRankingLoss, MultipleNegativesRankingLoss
+from sbert_ray.losses.cached_multiple_negatives_ranking import (
+    CPU_MINI_BATCH_SIZE,
+    MEMORY_SHARE,
+    OPTIMIZER_BYTES_PER_PARAMETER,
+    ModelShape,
+    auto_mini_batch_size,
+)
 from sbert_ray.models import SentenceEncoder
 
 ANCHORS = [
@@ -238,3 +245,43 @@ def test_two_workers_give_the_global_batch_gradients(tiny_model_dir: Path, tmp_p
         expected = {k: p.grad for k, p in encoder.named_parameters() if p.requires_grad}
         torch.testing.assert_close(results[("plain", with_hard_negatives)], expected, **GRAD_TOLERANCE)
         torch.testing.assert_close(results[("cached", with_hard_negatives)], expected, **GRAD_TOLERANCE)
+
+
+MINILM = ModelShape(layers=6, hidden=384, heads=12)  # all-MiniLM-L6-v2's shape, 22.7 M parameters
+
+
+def activation_bytes(rows: int, shape: ModelShape, width: int, bytes_per_value: int) -> float:
+    """Korthikanti et al. 2022's activations of ``rows`` rows (bytes per layer and row in 16-bit:
+    width * hidden * (34 + 5 * heads * width / hidden)), spelled out per layer."""
+    per_layer = width * shape.hidden * 34 + 5 * shape.heads * width * width
+    return rows * shape.layers * per_layer * bytes_per_value / 2
+
+
+@pytest.mark.parametrize("free_gib", [1, 16, 80])
+@pytest.mark.parametrize("bytes_per_value", [2, 4])
+def test_the_auto_mini_batch_is_the_most_rows_whose_activations_fit(free_gib: int, bytes_per_value: int):
+    """On a GPU ``mini_batch_size: auto`` takes the most whole tiles of 8 rows whose activations fit 80 % of the
+    free memory left after the optimizer's state (12 bytes per parameter)."""
+    free, parameters = free_gib * 2**30, 22_700_000
+    rows = auto_mini_batch_size(free, parameters, MINILM, 128, bytes_per_value)
+    budget = MEMORY_SHARE * (free - OPTIMIZER_BYTES_PER_PARAMETER * parameters)
+    assert rows % 8 == 0 and rows >= 8
+    assert activation_bytes(rows, MINILM, 128, bytes_per_value) <= budget
+    assert activation_bytes(rows + 8, MINILM, 128, bytes_per_value) > budget
+
+
+def test_the_auto_mini_batch_shrinks_with_width_and_precision_and_is_at_least_one_row():
+    free, parameters = 16 * 2**30, 22_700_000
+    bf16 = auto_mini_batch_size(free, parameters, MINILM, 128, 2)
+    assert auto_mini_batch_size(free, parameters, MINILM, 128, 4) in range(bf16 // 2 - 8, bf16 // 2 + 1)
+    assert auto_mini_batch_size(free, parameters, MINILM, 512, 2) < bf16 // 4  # the attention term grows as width²
+    assert auto_mini_batch_size(13 * parameters, parameters, MINILM, 128, 2) == 1  # almost nothing free
+
+
+def test_auto_keeps_the_cpu_default(encoder: SentenceEncoder):
+    """Off CUDA ``auto`` is CPU_MINI_BATCH_SIZE, resolved at the first embed (on CUDA, free memory is read then,
+    with the model on the device)."""
+    loss = CachedMultipleNegativesRankingLoss(encoder)
+    assert loss.mini_batch_size == "auto"
+    loss.embed([encoder.tokenize(ANCHORS)])
+    assert loss.mini_batch_size == CPU_MINI_BATCH_SIZE == 32

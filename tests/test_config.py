@@ -337,3 +337,19 @@ def test_a_global_batch_too_small_for_the_workers_is_one_line_from_train_before_
     err = capsys.readouterr().err
     assert err.startswith("sbert-ray train: error: ") and err.count("\n") == 1
     assert "stages.0.batch_size=6 is the global batch and must hold at least one example per worker" in err
+
+
+def test_a_word_or_a_value_where_a_key_takes_either():
+    """``bool | Literal["auto"]`` and ``int | Literal["auto"]`` keys: the word is a choice, anything else the
+    value's type, and an unknown word an error naming the key."""
+    assert load_config(None, []).scaling.compile == "auto"
+    assert load_config(None, ["scaling.compile=false"]).scaling.compile is False
+    with pytest.raises(ConfigError, match="scaling.compile"):
+        load_config(None, ["scaling.compile=sometimes"])
+    loss = ["stages.0.objective=cached_mnrl"]
+    assert load_config(None, [*loss, "stages.0.loss.mini_batch_size=auto"]).stages[0].loss == {
+        "mini_batch_size": "auto"
+    }
+    assert load_config(None, [*loss, "stages.0.loss.mini_batch_size=64"]).stages[0].loss == {"mini_batch_size": 64}
+    with pytest.raises(ConfigError, match="stages.0.loss.mini_batch_size"):
+        load_config(None, [*loss, "stages.0.loss.mini_batch_size=big"])

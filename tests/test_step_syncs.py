@@ -19,6 +19,7 @@ from sbert_ray.config import StageConfig
 from sbert_ray.losses import CachedMultipleNegativesRankingLoss, CosineSimilarityLoss, MultipleNegativesRankingLoss
 from sbert_ray.losses.cached_multiple_negatives_ranking import _used_widths
 from sbert_ray.models import SentenceEncoder
+from sbert_ray.models.padded_widths import buckets_for
 from sbert_ray.training.batches import text_hashes, tokenize_texts
 from sbert_ray.training.loop import LOG_EVERY, LocalReporter, MicroBatch, StepSettings, Telemetry, Trainee, train_stage
 from sbert_ray.training.meter import StepMeter
@@ -51,7 +52,8 @@ def collated(encoder: SentenceEncoder, device: torch.device) -> tuple:
     texts = [[pair[0] for pair in PAIRS], [pair[1] for pair in PAIRS]]
     rows = tokenize_texts(texts, np.linspace(0, 1, len(PAIRS), dtype=np.float32), encoder)
     pad_left = encoder.tokenizer.padding_side == "left"
-    return rows.collate(range(len(PAIRS)), encoder.tokenizer.pad_token_id, pad_left, device)
+    buckets = buckets_for(device, encoder.compiled, encoder.max_seq_length)
+    return rows.collate(range(len(PAIRS)), encoder.tokenizer.pad_token_id, pad_left, device, buckets)
 
 
 def batches(encoder: SentenceEncoder, count: int, device: torch.device) -> list[MicroBatch]:

@@ -26,6 +26,7 @@ import torch
 from sbert_ray.bench import tables
 from sbert_ray.config import ConfigError, ModelConfig, StageConfig, TrainConfig
 from sbert_ray.models import load_encoder
+from sbert_ray.models.padded_widths import buckets_for
 from sbert_ray.training.sources import stage_sources
 from sbert_ray.training.stream import SourceStream, StageBatches, batch_plan, local_sources, stage_steps
 
@@ -145,10 +146,11 @@ def _time_batches(config: TrainConfig, sources: list[SourceStream], encoder, bat
     per_epoch, _ = stage_steps([s.rows for s in sources], [s.weight for s in sources], stage, plan)
     tokenizer, device = encoder.tokenizer, torch.device("cpu")
     pad_left = tokenizer.padding_side == "left"
+    buckets = buckets_for(device, encoder.compiled, encoder.max_seq_length)
     started = time.perf_counter()
     stream = StageBatches(
         sources, plan, per_epoch, epoch=0, position=0,
-        collate=lambda batch: batch[0].collate(batch[1], tokenizer.pad_token_id, pad_left, device),
+        collate=lambda batch: batch[0].collate(batch[1], tokenizer.pad_token_id, pad_left, device, buckets),
     )  # fmt: skip
     pairs, first, first_pairs = 0, None, 0
     try:

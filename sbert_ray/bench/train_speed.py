@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -42,7 +43,7 @@ from sbert_ray.data.readers import check_available, load_records
 from sbert_ray.evaluation.sts import evaluate_pairs
 from sbert_ray.files import json_text
 from sbert_ray.models import build_random_bert, check_model, load_encoder, resolve_model_ref
-from sbert_ray.models.encoder import half_dtype
+from sbert_ray.models.encoder import compiles, half_dtype
 from sbert_ray.models.load import RANDOM_PREFIX
 from sbert_ray.training.batches import TokenizedRows
 from sbert_ray.training.loop import LocalReporter
@@ -81,7 +82,7 @@ class TrainBenchSettings:
     seed: int = 42
     eval_every: int = 0  # steps between report points (dev evaluation + checkpoint); 0: only after the last step
     dev_limit: int | None = 10  # STSb dev pairs each report point scores (None: all 1,500, as the quickstart)
-    compile: bool = False  # scaling.compile
+    compile: bool | Literal["auto"] = "auto"  # scaling.compile
 
     def __post_init__(self) -> None:
         if self.steps < 2:
@@ -274,7 +275,7 @@ def ours_in_process(config: TrainConfig) -> dict:
     worker = Worker(device, resolve_precision(config.scaling.precision, device))
     started = start_worker(config, worker, restored=None)
     encoder = started.encoder
-    if config.scaling.compile:
+    if compiles(config.scaling.compile, device):
         encoder.compile_for_training()
     evaluation = config.evaluation
     dev_pairs = load_records(evaluation.dev_dataset, evaluation.dev_split, config.data_dir)[: evaluation.dev_limit]
@@ -425,7 +426,7 @@ def _describe(variant: Variant, settings: TrainBenchSettings) -> dict:
     return {
         "impl": variant.impl,
         "objective": settings.objective,
-        "compile": settings.compile,
+        "compile": compiles(settings.compile, torch.device(settings.device)),
         "reports": variant.reports,
         "precision": resolve_precision(settings.precision, torch.device(settings.device)),
         "device": settings.device,

@@ -126,7 +126,10 @@ def _add_train_arguments(bench_sub, bench_common: argparse.ArgumentParser) -> No
         "background), async (evaluation.async_dev: scored in a Ray task beside training, uploaded in the background) "
         "(default: async-upload)",
     )
-    bt.add_argument("--compile", action="store_true", help="scaling.compile: torch.compile the training forward")
+    bt.add_argument(
+        "--compile", choices=["auto", "on", "off"], default="auto",
+        help="scaling.compile: torch.compile the training forward; auto: on GPUs only (default: auto)",
+    )  # fmt: skip
     bt.add_argument("--local", action="store_true", help="one worker in this process, without Ray (one GPU)")
     bt.add_argument("--no-reference", action="store_true", help="skip sentence-transformers' trainer")
     bt.add_argument(
@@ -259,7 +262,7 @@ def run_train(args: argparse.Namespace) -> int:
         precision=args.precision,
         eval_every=args.eval_every or 0,
         dev_limit=args.dev_limit,
-        compile=args.compile,
+        compile={"on": True, "off": False}.get(args.compile, "auto"),
     )
     reports = args.reports or [DEFAULT_REPORTS]
     check_inputs(settings, reference=not args.no_reference)

@@ -49,7 +49,10 @@ def convert_value(tp: Any, value: Any, key: str) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        if len(inner) > 1:  # e.g. int | list[int]: the alternative of the value's kind
+        choices = [a for a in inner if typing.get_origin(a) is Literal]
+        if len(inner) > 1 and isinstance(value, str) and choices:  # e.g. bool | Literal["auto"]: a word is a choice
+            inner = choices
+        elif len(inner) > 1:  # e.g. int | list[int]: the alternative of the value's kind
             listed = [a for a in inner if typing.get_origin(a) is list]
             inner = listed if isinstance(value, list) and listed else [a for a in inner if a not in listed]
         return convert_value(inner[0], value, key)

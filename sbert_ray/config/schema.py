@@ -158,9 +158,10 @@ class ScalingConfig:
     # than its nodes, or its autoscaler's maximum) fails at once.
     resource_wait_s: float = RESOURCE_WAIT_S
     # torch.compile the transformer's training forward (inductor): faster steps on a GPU after a compile per batch
-    # shape (seconds to minutes each; widths are padded to multiples of 8, so at most max_seq_length / 8 of them
-    # per batch size). Off by default: on CPUs and in short runs the compilation costs more than it gains.
-    compile: bool = False
+    # shape (seconds to minutes each; on GPUs widths are padded to a few buckets, docs/performance.md, so a run
+    # compiles a bounded number of graphs). auto: on GPUs (use_gpu), not on CPUs, where the compilation costs more
+    # than it gains; false opts out (e.g. short runs, debugging); true compiles on CPUs too.
+    compile: bool | Literal["auto"] = "auto"
     # How the workers share the model. ddp: each holds all of it (parameters, gradients, AdamW state: 16 bytes per
     # parameter before activations) and gradients are all-reduced. fsdp: each holds 1/num_workers of them (torch's
     # FSDP2, per transformer layer), gathering a layer's parameters while it computes: for models one device cannot

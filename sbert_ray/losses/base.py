@@ -13,6 +13,7 @@ from torch.nn import functional as F
 
 from sbert_ray.data.records import Kind, Record
 from sbert_ray.models.encoder import SentenceEncoder
+from sbert_ray.models.padded_widths import unpadded
 
 
 class EncoderLoss(nn.Module, ABC):
@@ -75,12 +76,15 @@ class EncoderLoss(nn.Module, ABC):
         larger matrix products (and the encoder's fixed per-call work once) for a little padding, which the
         attention mask hides; smart batching groups examples by their longest sentence, so the columns of a batch
         are of similar width. (A cached loss embeds in mini-batches instead, cut to ``used_widths``.)"""
-        if len(features) == 1:
-            return [self.encoder(features[0])]
+        pad_left = self.encoder.tokenizer.padding_side == "left"
         width = max(column["input_ids"].shape[1] for column in features)
+        # Host-side: no row of any column padded (then the encoder leaves the attention mask out, ``models.encoder``)
+        padded = used_widths is None or not all(unpadded(w, width, pad_left) for w in used_widths)
+        if len(features) == 1:
+            return [self.encoder(features[0], padded)]
         pad_id = self.encoder.tokenizer.pad_token_id or 0
         # On the tokenizer's padding side: a left-padded row (a decoder's) keeps its last token in the last column.
-        sides = (1, 0) if self.encoder.tokenizer.padding_side == "left" else (0, 1)
+        sides = (1, 0) if pad_left else (0, 1)
         stacked = {
             name: torch.cat(
                 [
@@ -94,7 +98,7 @@ class EncoderLoss(nn.Module, ABC):
             )
             for name in features[0]
         }
-        return list(self.encoder(stacked).split([column["input_ids"].shape[0] for column in features]))
+        return list(self.encoder(stacked, padded).split([column["input_ids"].shape[0] for column in features]))
 
     @abstractmethod
     def compute_loss_from_embeddings(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -19,6 +18,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from sbert_ray.models.attention import ATTENTION_IMPLEMENTATIONS
+from sbert_ray.models.padded_widths import width_buckets
 from sbert_ray.models.pooling import Pooling, PoolingMode
 from sbert_ray.models.prompts import check_prompts, resolve_prompt
 from sbert_ray.models.resolve import ModelFiles, resolve_model_ref
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_SEQ_LENGTH = 128
 MIN_BATCHES = 8  # encode's default token budget cuts an input into at least this many batches, for threads to share
-PADDED_WIDTH_MULTIPLE = 8  # training pads each batch to a multiple of this many tokens: few shapes to compile
+COMPILED_BATCH_SIZES = 4  # row counts a compiled forward meets: the micro-batch, a pass's last, mini-batches, rest
 Precision = Literal["fp32", "bf16"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 
@@ -220,14 +220,19 @@ class SentenceEncoder(nn.Module):
         )
         return dict(batch)
 
-    def forward(self, features: dict[str, Tensor]) -> Tensor:
-        """Sentence embeddings [batch, embedding_dim] for tokenized features (on this module's device)."""
+    def forward(self, features: dict[str, Tensor], padded: bool = True) -> Tensor:
+        """Sentence embeddings [batch, embedding_dim] for tokenized features (on this module's device).
+        ``padded=False``, which the caller knows from the host (``models.padded_widths.unpadded``), says no token is
+        padding: the transformer then gets no attention mask, as transformers itself drops an all-ones one, so SDPA
+        may pick its flash kernel (which takes no mask) on a GPU; pooling still reads the mask."""
         inputs = {name: features[name] for name in self.tokenizer.model_input_names if name in features}
-        if "attention_mask" in inputs:
+        if "attention_mask" in inputs and not padded:
+            del inputs["attention_mask"]
+        elif "attention_mask" in inputs:
             inputs["attention_mask"] = self._attention_mask(inputs["attention_mask"])
         # Pooled in at least float32 whatever the model computed in: a bf16 sum over many tokens loses digits (a
         # float64 model stays float64: tests compare gradients in it).
-        transformer = self._compiled_forward if (self.training and self._compiled_forward) else self.transformer
+        transformer = self._compiled_forward if (self.training and self.compiled) else self.transformer
         hidden = transformer(**inputs).last_hidden_state
         token_embeddings = hidden.to(torch.promote_types(hidden.dtype, torch.float32))
         embeddings = self.pooling(token_embeddings, features["attention_mask"], _prompt_length(features))
@@ -246,17 +251,24 @@ class SentenceEncoder(nn.Module):
         """The prompt text ``encode`` puts before each sentence ('' for none); see ``models.prompts``."""
         return resolve_prompt(self.prompts, self.default_prompt_name, prompt, prompt_name)
 
+    @property
+    def compiled(self) -> bool:
+        """Whether training-mode forwards run compiled (``compile_for_training``)."""
+        return self._compiled_forward is not None
+
     def compile_for_training(self) -> None:
-        """Compile the transformer's forward (``torch.compile``, inductor, static shapes) for training-mode
-        forwards; evaluation keeps the eager model, whose batches come in any width. One graph per input shape:
-        training batches are padded to multiples of PADDED_WIDTH_MULTIPLE up to ``max_seq_length``, at a few batch
-        sizes (the micro-batch, cached MNRL's mini-batches and their remainders), so dynamo's recompile limit is
-        raised to that many. The weights stay the module's own: checkpoints and ``state_dict`` are unchanged."""
-        widths = math.ceil(self.max_seq_length / PADDED_WIDTH_MULTIPLE)
+        """Compile the transformer's forward (``torch.compile``, inductor) for training-mode forwards; evaluation
+        keeps the eager model, whose batches come in any width. Static shapes (``dynamic=False``): a GPU's training
+        batches are padded to a few bucketed widths (``models.padded_widths``), at a few batch sizes (the
+        micro-batch, cached MNRL's mini-batches and their remainders), with or without an attention mask, so a run
+        compiles a bounded number of graphs, each specialised to its shape (the kernels a dynamic graph would share
+        are tuned for none); dynamo's recompile limit is raised to that bound. The weights stay the module's own:
+        checkpoints and ``state_dict`` are unchanged."""
         import torch._dynamo  # here: only a compiling run pays for importing dynamo
 
         dynamo = torch._dynamo.config
-        dynamo.recompile_limit = max(dynamo.recompile_limit, 4 * widths)
+        graphs = len(width_buckets(self.max_seq_length)) * COMPILED_BATCH_SIZES * 2  # 2: with and without a mask
+        dynamo.recompile_limit = max(dynamo.recompile_limit, graphs)
         self._compiled_forward = torch.compile(self.transformer.forward, dynamic=False)
 
     def _attention_mask(self, padding: Tensor) -> Tensor:
@@ -526,6 +538,11 @@ def supported_attention(config, attn_implementation: str, ref: str) -> str:
         log.warning("%s: %s has no sdpa attention in transformers; using eager", ref, model_class.__name__)
         return "eager"
     return attn_implementation
+
+
+def compiles(setting: bool | Literal["auto"], device: torch.device) -> bool:
+    """``scaling.compile``: ``"auto"`` compiles on CUDA only (on CPUs the compilation costs more than it gains)."""
+    return device.type == "cuda" if setting == "auto" else setting
 
 
 def half_dtype(device: torch.device) -> torch.dtype:

@@ -20,12 +20,11 @@ import torch
 from sbert_ray.config import StageConfig
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.models.load import TextTokenizer
+from sbert_ray.models.padded_widths import bucketed_width
 from sbert_ray.models.prompts import prompt_for_column
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-PAD_MULTIPLE_CUDA = 8  # on GPUs padded widths are rounded up to this: tensor-core tiles, fewer shapes to compile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,14 +152,14 @@ class TokenizedColumn:
         return lengths, np.repeat(starts, lengths) + np.arange(lengths.sum()) - first_of_row
 
     def pad(
-        self, indices: np.ndarray, pad_token_id: int, pad_left: bool, pin: bool, multiple: int
+        self, indices: np.ndarray, pad_token_id: int, pad_left: bool, pin: bool, buckets: tuple[int, ...] | None
     ) -> tuple[torch.Tensor, np.ndarray]:
         """input_ids and attention_mask of these sentences, stacked [2, batch, width], padded with numpy into one
-        (pinned, with ``pin``) host buffer, as ``tokenizer.pad`` pads them; width: the longest, rounded up to a
-        ``multiple``. And the columns each row uses (its last attended one plus one: its length when padded on the
-        right, the width on the left), known here on the host."""
+        (pinned, with ``pin``) host buffer, as ``tokenizer.pad`` pads them; width: the longest, rounded up to one of
+        the ``buckets`` (``models.padded_widths``). And the columns each row uses (its last attended one plus one:
+        its length when padded on the right, the width on the left), known here on the host."""
         lengths, source = self._tokens(indices)
-        width = -(-int(lengths.max()) // multiple) * multiple
+        width = bucketed_width(int(lengths.max()), buckets)
         buffer = torch.empty((2, len(indices), width), dtype=torch.long, pin_memory=pin)
         input_ids, attention_mask = buffer.numpy()
         positions = np.arange(width)
@@ -239,17 +238,22 @@ class TokenizedRows:
         )
 
     def collate(
-        self, indices: Sequence[int], pad_token_id: int, pad_left: bool, device: torch.device
+        self,
+        indices: Sequence[int],
+        pad_token_id: int,
+        pad_left: bool,
+        device: torch.device,
+        buckets: tuple[int, ...] | None = None,
     ) -> tuple[list[dict], torch.Tensor | None, list[torch.Tensor], list[np.ndarray]]:
-        """The batch's features per column, its labels and its texts' hashes on ``device`` (on CUDA from pinned
-        host memory, copied without blocking the host), and per column the padded columns each row uses, on the
-        host (``MicroBatch.used_widths``)."""
+        """The batch's features per column, each column padded to its own width (rounded up to one of the
+        ``buckets``, ``models.padded_widths.buckets_for``; None: exact), its labels and its texts' hashes on
+        ``device`` (on CUDA from pinned host memory, copied without blocking the host), and per column the padded
+        columns each row uses, on the host (``MicroBatch.used_widths``)."""
         index = np.asarray(indices, dtype=np.int64)
         pin = device.type == "cuda"
-        multiple = PAD_MULTIPLE_CUDA if pin else 1
         features, used_widths = [], []
         for column in self.columns:
-            padded, widths = column.pad(index, pad_token_id, pad_left, pin, multiple)
+            padded, widths = column.pad(index, pad_token_id, pad_left, pin, buckets)
             padded = padded.to(device, non_blocking=True)
             features.append({"input_ids": padded[0], "attention_mask": padded[1]})
             used_widths.append(widths)

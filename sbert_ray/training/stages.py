@@ -21,6 +21,7 @@ import torch
 from sbert_ray.config import TrainConfig
 from sbert_ray.losses.registry import build_loss
 from sbert_ray.models import SentenceEncoder, load_encoder
+from sbert_ray.models.padded_widths import buckets_for
 from sbert_ray.training.loop import Reporter, Telemetry, Trainee, never, train_stage
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.optimization import prepare_optimization
@@ -166,9 +167,10 @@ def _train_stage(
     model = worker.distribute(objective)
     tokenizer = encoder.tokenizer
     pad_left = tokenizer.padding_side == "left"
+    buckets = buckets_for(device, encoder.compiled, encoder.max_seq_length)
     batches = StageBatches(
         sources, batching, settings.batches_per_epoch, state.epoch, state.batch,
-        collate=lambda batch: batch[0].collate(batch[1], tokenizer.pad_token_id, pad_left, device),
+        collate=lambda batch: batch[0].collate(batch[1], tokenizer.pad_token_id, pad_left, device, buckets),
     )  # fmt: skip
     return train_stage(
         Trainee(model, optimization), batches, settings, state, Telemetry(reporter, meter), batches.metrics

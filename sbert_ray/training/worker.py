@@ -36,6 +36,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from sbert_ray.data.readers import resolve_data_dir
 from sbert_ray.evaluation.dev_score import DEV_SCORE, DevScorer
 from sbert_ray.models import SentenceEncoder
+from sbert_ray.models.encoder import compiles
 from sbert_ray.models.model_card import describe_hardware
 from sbert_ray.ray_compat import run_storage
 from sbert_ray.tracking.mlflow_run import RunLogger
@@ -89,7 +90,7 @@ def train_loop_per_worker(loop_config: dict) -> dict:
     with faults:
         points, point, restored, downloads = _restore(context, worker)
         started = start_worker(config, worker, restored)
-        if config.scaling.compile:
+        if compiles(config.scaling.compile, device):
             started.encoder.compile_for_training()
         run_logger = RunLogger(**tracking) if worker.rank == 0 and tracking else None
         uploader = ResumeUploader(points, background=config.checkpoint.upload == "async") if worker.rank == 0 else None
