@@ -33,7 +33,8 @@ def test_restored_optimizer_state_lives_on_the_models_device(tiny_model_dir: Pat
     optimizer.step()
     scheduler.step()
     optimization = Optimization(optimizer, scheduler, scaler)
-    take_snapshot(TrainState(step=1), trained, CPU, optimization=optimization, rng_states=[rng_state(CPU)]).write(tmp_path)
+    saved = take_snapshot(TrainState(step=1), trained, CPU, optimization=optimization, rng_states=[rng_state(CPU)])
+    saved.write(tmp_path)
 
     resumed = CosineSimilarityLoss(SentenceEncoder.load(tiny_model_dir))
     meta = torch.device("meta")

@@ -74,8 +74,12 @@ class CheckpointWrites:
             snapshot.write(folder)
             return None
         full = Path(tempfile.mkdtemp(prefix="sbert-ray-full-"))
-        snapshot.write(full)
-        link_weights(full, folder)
+        try:
+            snapshot.write(full)
+            link_weights(full, folder)
+        except BaseException:
+            shutil.rmtree(full)  # never uploaded: its upload job sees this error
+            raise
         return full
 
     def _upload(self, written: Future, global_step: int) -> None:
