@@ -27,7 +27,7 @@ class HostCopier:
     last copy: the CUDA event the copies are complete at (None on the CPU)."""
 
     def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+        self.device = device
         self.queued = False  # whether a non-blocking copy from the device was queued
 
     def copy(self, value):
@@ -43,7 +43,7 @@ class HostCopier:
         if not self.queued:
             return None
         event = torch.cuda.Event()
-        event.record()
+        event.record(torch.cuda.current_stream(self.device))  # the training stream, which the copies were queued on
         return event
 
     def _map(self, value, needs_copy):

@@ -7,10 +7,11 @@ Rank 0 additionally scores the dev set (or, with ``evaluation.async_dev``, has R
 task beside training: ``training.validation``) and writes checkpoints (the last one holds the final model); all
 ranks call ``ray.train.report`` at the same points, which is also where they synchronise. Every checkpoint Ray Train
 gets holds the model (it keeps the best by dev score); every ``checkpoint.full_every``-th report point's full state
-becomes a resume point of its own beside them (``training.resume_points``). Both upload in the background (Ray
-Train's async upload mode: one upload thread per worker, so uploads never race and are committed in report order;
-resume points in one thread of rank 0) while training continues (``checkpoint.upload: sync``: the report point
-waits for them). A restarted worker resumes from the newest complete resume point, downloaded once per node; so
+becomes a resume point of its own beside them (``training.resume_points``). At a report point rank 0 only copies
+the checkpoint to host memory; it is serialised and written in rank 0's checkpoint-writing thread
+(``training.checkpoint_writes``, which also uploads the resume points) and uploaded by Ray Train's upload thread
+once written (its async upload mode: one upload thread per worker, so uploads never race and are committed in
+report order), while training continues (``checkpoint.upload: sync``: the report point waits for all of it). A restarted worker resumes from the newest complete resume point, downloaded once per node; so
 does every worker of an elastic run (``scaling.num_workers: [min, max]``) that Ray Train restarted at another size,
 where each stage's global batch, data position and schedule carry over (``training.stream``).
 Saving the final model and scoring it are the run layer's (``sbert_ray.runs.train_run``). On a NaN or infinite
