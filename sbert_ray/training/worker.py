@@ -11,9 +11,10 @@ becomes a resume point of its own beside them (``training.resume_points``). At a
 the checkpoint to host memory; it is serialised and written in rank 0's checkpoint-writing thread
 (``training.checkpoint_writes``, which also uploads the resume points) and uploaded by Ray Train's upload thread
 once written (its async upload mode: one upload thread per worker, so uploads never race and are committed in
-report order), while training continues (``checkpoint.upload: sync``: the report point waits for all of it). A restarted worker resumes from the newest complete resume point, downloaded once per node; so
-does every worker of an elastic run (``scaling.num_workers: [min, max]``) that Ray Train restarted at another size,
-where each stage's global batch, data position and schedule carry over (``training.stream``).
+report order), while training continues (``checkpoint.upload: sync``: the report point waits for all of it). A
+restarted worker resumes from the newest complete resume point, downloaded once per node; so does every worker of an
+elastic run (``scaling.num_workers: [min, max]``) that Ray Train restarted at another size, where each stage's
+global batch, data position and schedule carry over (``training.stream``).
 Saving the final model and scoring it are the run layer's (``sbert_ray.runs.train_run``). On a NaN or infinite
 loss every rank stops together and returns it (rather than fail: Ray would restart them from the checkpoint into
 the same NaN).
