@@ -68,6 +68,15 @@ def run_storage(context) -> tuple[pyarrow.fs.FileSystem, str]:
     return storage.storage_filesystem, storage.experiment_fs_path
 
 
+def checkpoint_persister(context) -> Callable[[ray.train.Checkpoint, str], ray.train.Checkpoint]:
+    """What Ray Train does with a reported checkpoint's folder when ``ray.train.report`` is given no
+    ``checkpoint_upload_fn``: copy it to ``name`` in the run folder of the worker's ``context`` and return the
+    stored checkpoint. Our upload function first waits for the folder's background write
+    (``training.checkpoint_writes``), then must store it itself, and the public API names no run folder:
+    ``StorageContext.persist_current_checkpoint`` (behind the DeveloperAPI ``get_storage``) does it as Ray would."""
+    return context.get_storage().persist_current_checkpoint
+
+
 def started_the_cluster() -> bool:
     """Whether this process started the cluster it is connected to (its head node runs inside this process's
     session): then the live nodes are all the cluster will ever have. No public API tells a started cluster from a

@@ -107,7 +107,7 @@ def test_bench_train_runs_in_process_without_ray(data_dir, tmp_path, capsys):
     assert main(bench(data_dir, "--local", "--workers", "1,2", "--no-mlflow")) == 2
     assert "--local runs one worker in this process" in capsys.readouterr().err
     assert main(bench(data_dir, "--local", "--reports", "sync,async", "--no-mlflow")) == 2
-    assert "--reports: --local scores the dev pairs" in capsys.readouterr().err
+    assert "--reports async: --local has no Ray task" in capsys.readouterr().err
     assert main(bench(data_dir, "--model", "random:huge", "--no-mlflow")) == 2  # checked before Ray starts
     assert "unknown random BERT shape 'huge'" in capsys.readouterr().err and ray.is_initialized() == connected
 

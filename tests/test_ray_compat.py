@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -79,6 +80,26 @@ def test_a_train_runs_storage_context_still_names_its_filesystem_and_folder(tmp_
     assert callable(TrainContext.get_storage)
     filesystem, folder = ray_compat.run_storage(Context())
     assert isinstance(filesystem, pyarrow.fs.LocalFileSystem) and folder == f"{tmp_path}/run"
+
+
+def test_a_train_runs_storage_context_still_stores_a_checkpoint_folder_as_ray_would(tmp_path):
+    """``checkpoint_persister`` stores the folder our upload function hands on under its name in the run folder and
+    returns the stored checkpoint (inside a worker on a cluster: every cluster training test)."""
+    import pyarrow.fs
+    from ray.train import Checkpoint
+    from ray.train.v2._internal.execution.storage import StorageContext
+
+    class Context:
+        def get_storage(self):
+            return StorageContext(storage_path=str(tmp_path / "storage"), experiment_dir_name="run")
+
+    local = tmp_path / "local"
+    (local / "model").mkdir(parents=True)
+    (local / "model" / "weights").write_bytes(b"w")
+    stored = ray_compat.checkpoint_persister(Context())(Checkpoint.from_directory(local), "checkpoint_0")
+    assert isinstance(stored, Checkpoint) and isinstance(stored.filesystem, pyarrow.fs.LocalFileSystem)
+    assert stored.path == f"{tmp_path}/storage/run/checkpoint_0"
+    assert (Path(stored.path) / "model" / "weights").read_bytes() == b"w"
 
 
 def test_a_trial_can_still_be_asked_whether_tune_stopped_it_and_its_train_run_aborted():

@@ -12,7 +12,7 @@ import local_cluster
 import pyarrow.fs as pafs
 import pytest
 
-from sbert_ray.training.resume_points import ResumePoints, ResumeUploader, fetch_once_per_node, weights_of
+from sbert_ray.training.resume_points import ResumePoints, fetch_once_per_node
 from sbert_ray.training.state import MODEL_DIR, STATE_FILE, TRAINING_FILE
 
 
@@ -68,24 +68,6 @@ def test_a_killed_points_upload_before_the_newest_complete_one_is_removed(tmp_pa
     Path(points._path(45)).mkdir()
     points.save(full_state(tmp_path, 60), 60)
     assert sorted(points._folders()) == [30, 60]
-
-
-def test_a_background_uploads_error_is_raised_at_close(tmp_path):
-    uploader = ResumeUploader(ResumePoints(pafs.LocalFileSystem(), str(tmp_path / "points")), background=True)
-    uploader.save(tmp_path / "no such folder", 10)
-    with pytest.raises(FileNotFoundError):
-        uploader.close()
-
-
-def test_the_weights_given_to_ray_are_the_model_and_position_only(tmp_path):
-    full = full_state(tmp_path, 30)
-    weights = weights_of(full)
-    assert sorted(p.relative_to(weights).as_posix() for p in weights.rglob("*")) == [
-        MODEL_DIR,
-        f"{MODEL_DIR}/model.safetensors",
-        STATE_FILE,
-    ]
-    assert (full / TRAINING_FILE).exists()  # the full state stays for its upload
 
 
 # One rank of a node: fetch the newest point of a run's resume folder into the node's cache; print what it got.

@@ -16,7 +16,7 @@ from sbert_ray.config import StageConfig
 from sbert_ray.losses import CosineSimilarityLoss
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.training.optimization import Optimization, prepare_optimization
-from sbert_ray.training.state import RNG_FILE, TrainState, load_rng_states, rng_state, save_checkpoint, set_rng_state
+from sbert_ray.training.state import RNG_FILE, TrainState, load_rng_states, rng_state, set_rng_state, take_snapshot
 
 CPU = torch.device("cpu")
 
@@ -32,7 +32,9 @@ def test_restored_optimizer_state_lives_on_the_models_device(tiny_model_dir: Pat
     trained(features, torch.tensor([0.8])).backward()
     optimizer.step()
     scheduler.step()
-    save_checkpoint(tmp_path, TrainState(step=1), trained, Optimization(optimizer, scheduler, scaler), [rng_state(CPU)])
+    optimization = Optimization(optimizer, scheduler, scaler)
+    saved = take_snapshot(TrainState(step=1), trained, CPU, optimization=optimization, rng_states=[rng_state(CPU)])
+    saved.write(tmp_path)
 
     resumed = CosineSimilarityLoss(SentenceEncoder.load(tiny_model_dir))
     meta = torch.device("meta")

@@ -55,9 +55,10 @@ from sbert_ray.training.storage import resolve_storage
 from sbert_ray.training.stream import local_sources
 
 OURS, REFERENCE = "sbert-ray", "sentence-transformers"
-# How our report points treat the dev scoring and the checkpoint upload: (evaluation.async_dev, checkpoint.upload).
-# sync: rank 0 scores the dev pairs and training waits for the upload; async-upload (a training run's defaults): rank
-# 0 scores, the checkpoint uploads in the background; async: both beside training (a Ray task scores each checkpoint).
+# How our report points treat the dev scoring and the checkpoint: (evaluation.async_dev, checkpoint.upload). sync:
+# rank 0 scores the dev pairs and training waits for the checkpoint's write and upload; async-upload (a training run's
+# defaults): rank 0 scores, the checkpoint is copied to host memory and written and uploaded in the background;
+# async: both beside training (a Ray task scores each checkpoint).
 REPORT_MODES = {"sync": (False, "sync"), "async-upload": (False, "async"), "async": (True, "async")}
 DEFAULT_REPORTS = "async-upload"
 STARTUP_KEYS = ("time_to_worker_start_s", "time_to_data_s")
@@ -147,8 +148,8 @@ def run_train_bench(
     removed at the end)."""
     if local and any(workers != 1 for workers, _ in layouts):
         raise ConfigError("--local runs one worker in this process: use --workers 1")
-    if local and list(reports) != [DEFAULT_REPORTS]:
-        raise ConfigError("--reports: --local scores the dev pairs and writes checkpoints in its one process")
+    if local and "async" in reports:
+        raise ConfigError("--reports async: --local has no Ray task to score checkpoints in; use sync, async-upload")
     on_ray = None
     if not local:
         from sbert_ray.bench import train_speed_on_ray as on_ray
@@ -266,7 +267,8 @@ def bench_config(
 def ours_in_process(config: TrainConfig) -> dict:
     """The worker's training core in this process, no Ray: one worker, its data read and tokenised in this
     process as it streams, whose report points score the dev pairs and write a checkpoint to a temporary folder on
-    this machine (what a Ray worker does there, less the upload). Timed from here, so the model's loading counts as
+    this machine (what a Ray worker does there, less the upload): with ``checkpoint.upload: async`` from a host copy
+    in the background, as rank 0 does; with ``sync`` in the report. Timed from here, so the model's loading counts as
     a worker's does. On a GPU also the peak of its memory allocated by torch (``peak_memory_gib``)."""
     device = torch.device("cuda" if config.scaling.use_gpu else "cpu")
     if device.type == "cuda":
@@ -281,8 +283,10 @@ def ours_in_process(config: TrainConfig) -> dict:
     dev_pairs = load_records(evaluation.dev_dataset, evaluation.dev_split, config.data_dir)[: evaluation.dev_limit]
     stage_data = functools.partial(local_sources, config, encoder=encoder)
     with tempfile.TemporaryDirectory(prefix="sbert-ray-bench-checkpoints-") as checkpoints:
-        reporter = ScoringReporter(encoder, dev_pairs, evaluation.batch_size, Path(checkpoints))
+        background = config.checkpoint.upload == "async"
+        reporter = ScoringReporter(encoder, dev_pairs, evaluation.batch_size, Path(checkpoints), background)
         train_stages(stage_plans(config), started, stage_data, worker, reporter, meter)
+        reporter.close()  # the last checkpoint written before its folder goes
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     return {"precision": worker.precision, "peak_memory_gib": peak, **meter.summary()}
 
@@ -290,8 +294,8 @@ def ours_in_process(config: TrainConfig) -> dict:
 class ScoringReporter(LocalReporter):
     """A local reporter that scores the dev pairs before writing each report point's checkpoint, as rank 0 does."""
 
-    def __init__(self, encoder, dev_pairs: list, batch_size: int, checkpoints: Path):
-        super().__init__(checkpoints)
+    def __init__(self, encoder, dev_pairs: list, batch_size: int, checkpoints: Path, background: bool):
+        super().__init__(checkpoints, background)
         self.encoder, self.dev_pairs, self.batch_size = encoder, dev_pairs, batch_size
 
     def report(self, state, save, window: dict[str, float]) -> None:

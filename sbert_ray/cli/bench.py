@@ -121,10 +121,10 @@ def _add_train_arguments(bench_sub, bench_common: argparse.ArgumentParser) -> No
     bt.add_argument(
         "--reports",
         type=choices("sync", "async-upload", "async"),
-        help="how our report points score and upload, one variant each, e.g. sync,async: sync (dev scored on rank "
-        "0, training waits for the upload), async-upload (a run's defaults: scored on rank 0, uploaded in the "
-        "background), async (evaluation.async_dev: scored in a Ray task beside training, uploaded in the background) "
-        "(default: async-upload)",
+        help="how our report points score and store checkpoints, one variant each, e.g. sync,async: sync (dev scored "
+        "on rank 0, training waits for the write and upload), async-upload (a run's defaults: scored on rank 0, "
+        "written and uploaded in the background), async (also evaluation.async_dev: scored in a Ray task beside "
+        "training; not with --local) (default: async-upload)",
     )
     bt.add_argument(
         "--compile", choices=["auto", "on", "off"], default="auto",

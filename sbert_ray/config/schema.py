@@ -205,9 +205,9 @@ class CheckpointConfig:
     # or resubmitted run resumes from. Every report point's model is kept by keep_best. The end of every stage is
     # always full. 1: all full.
     full_every: int = 1
-    # How a checkpoint reaches storage_path. async: uploaded in the background while training goes on (one upload at
-    # a time, committed in report order); sync: the report point waits until it is stored (what `sbert-ray bench
-    # train --reports sync` compares with).
+    # How a checkpoint reaches storage_path. async: the report point copies it to host memory and training goes on
+    # while it is written and uploaded in the background (one at a time, committed in report order); sync: the
+    # report point waits until it is stored (what `sbert-ray bench train --reports sync` compares with).
     upload: Literal["async", "sync"] = "async"
 
 

@@ -23,12 +23,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from sbert_ray.training.checkpoint_writes import CheckpointWrites
 from sbert_ray.training.meter import StepMeter
 from sbert_ray.training.optimization import Optimization
 from sbert_ray.training.precision import autocast
 from sbert_ray.training.sharding import Whole, gather_whole, gradients_kept_local, is_sharded
 from sbert_ray.training.sparse_embeddings import densify, sparse_gradient_weight
-from sbert_ray.training.state import TrainState, rng_state, save_checkpoint, save_weights
+from sbert_ray.training.state import Snapshot, TrainState, rng_state, take_snapshot
 
 LOG_EVERY = 10  # optimizer steps between loss reads (and MLflow metric points)
 
@@ -104,8 +105,9 @@ class Reporter(Protocol):
     def report(self, state: TrainState, save: CheckpointWriter, window: dict[str, float]) -> None:
         """A report point: every ``eval_every`` steps and at the stage's last step (``state.stage_done``).
         ``save(folder)`` writes the checkpoint of this moment: model in sentence-transformers layout and position,
-        and when ``save.full_state`` optimizer, scheduler and every rank's random state; a reporter that scores the
-        model sets ``state.dev_score`` before saving. ``window``: the latest ``train_loss`` and ``pairs_per_s``."""
+        and when ``save.full_state`` optimizer, scheduler and every rank's random state; ``save.snapshot()`` copies
+        it to host memory, to be written from there while training goes on. A reporter that scores the model sets
+        ``state.dev_score`` before either. ``window``: the latest ``train_loss`` and ``pairs_per_s``."""
 
 
 class Trainee(NamedTuple):
@@ -126,10 +128,13 @@ class Telemetry(NamedTuple):
 
 class LocalReporter:
     """A reporter for one process without a tracking store: keeps what it is given; with ``checkpoints``, writes
-    each report point's checkpoint to ``checkpoints/step-<global step>``."""
+    each report point's checkpoint to ``checkpoints/step-<global step>``: in the report, or with ``background`` in
+    a thread of its own while training goes on, as a Ray worker's rank 0 does (``training.checkpoint_writes``;
+    complete once ``close`` returns)."""
 
-    def __init__(self, checkpoints: Path | None = None):
+    def __init__(self, checkpoints: Path | None = None, background: bool = False):
         self.checkpoints = checkpoints
+        self.writes = CheckpointWrites(background=background)
         self.logged: list[tuple[int, dict[str, float]]] = []  # (step, metrics) as logged
         self.reports: list[dict] = []  # per report point: stage, step, global_step and the window
 
@@ -141,7 +146,11 @@ class LocalReporter:
         if self.checkpoints is not None:
             folder = self.checkpoints / f"step-{state.global_step}"
             folder.mkdir(parents=True)
-            save(folder)
+            self.writes.save(save.snapshot, folder, state.global_step)
+
+    def close(self) -> None:
+        """Wait for the checkpoints still being written (raising a write's error)."""
+        self.writes.close()
 
 
 def train_stage(
@@ -286,17 +295,18 @@ def read_count(count: torch.Tensor, world_size: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointWriter:
-    """``save(folder)`` of a report point: a full-state checkpoint when ``full_state``, else the weights only;
-    ``whole``: under FSDP, what rank 0 gathered to write (and score); ``stopping``: the last before the workers stop
-    (``Stopped``), whose report waits for its upload."""
+    """The checkpoint of a report point: ``snapshot()`` copies it to host memory (``state.Snapshot``, whose
+    ``write(folder)`` serialises it, in any thread), ``save(folder)`` does both here. A full-state checkpoint when
+    ``full_state``, else the weights only; ``whole``: under FSDP, what rank 0 gathered to write (and score);
+    ``stopping``: the last before the workers stop (``Stopped``), whose report waits until it is stored."""
 
     full_state: bool
-    write: Callable[[Path], None]
+    snapshot: Callable[[], Snapshot]
     whole: Whole | None = None
     stopping: bool = False
 
     def __call__(self, folder: Path) -> None:
-        self.write(folder)
+        self.snapshot().write(folder)
 
 
 def checkpoint_writer(
@@ -314,11 +324,11 @@ def checkpoint_writer(
     if is_sharded(objective.encoder):  # every rank gathers; rank 0 writes (and scores) the whole model
         whole = gather_whole(objective.encoder, objective, optimization.optimizer if full_state else None)
     if not full_state:
-        return CheckpointWriter(False, lambda folder: save_weights(folder, state, objective, whole), whole)
+        return CheckpointWriter(False, lambda: take_snapshot(state, objective, device, whole), whole)
     rng_states = [rng_state(device)]
     if world_size > 1:
         rng_states = [None] * world_size
         dist.all_gather_object(rng_states, rng_state(device))
     return CheckpointWriter(
-        True, lambda folder: save_checkpoint(folder, state, objective, optimization, rng_states, whole), whole
+        True, lambda: take_snapshot(state, objective, device, whole, optimization, rng_states), whole
     )

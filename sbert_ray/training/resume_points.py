@@ -4,7 +4,8 @@ Ray Train's checkpoint manager keeps the ``checkpoint.keep_best`` best checkpoin
 deletes the rest, whatever they hold; with ``checkpoint.full_every > 1`` it would delete the last full-state one
 whenever that is not among the best and the latest holds weights only, and a failure after that would restart the
 run from step 0. So every checkpoint reported to Ray holds the model only (keep_best ranks models), and rank 0
-uploads each full-state checkpoint here, beside Ray's, under ``<run folder>/resume_points/``:
+uploads each full-state checkpoint here (from its checkpoint-writing thread: ``training.checkpoint_writes``),
+beside Ray's, under ``<run folder>/resume_points/``:
 
     step-000000060/        the full state (model, optimizer, scheduler, scaler, position, every rank's generators)
     step-000000060.json    written once every file of the folder is uploaded: the point is complete
@@ -22,19 +23,15 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import os
 import re
 import shutil
 import tempfile
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.fs as pafs
-
-from sbert_ray.training.state import MODEL_DIR, STATE_FILE
 
 RESUME_FOLDER = "resume_points"  # in the run folder, beside Ray Train's checkpoint_* folders
 KEEP = 2  # complete points kept: the newest, and the one before in case the newest cannot be read
@@ -112,44 +109,6 @@ class ResumePoints:
             if step in complete:
                 self.filesystem.delete_file(f"{self._path(step)}.json")
             self.filesystem.delete_dir(self._path(step))
-
-
-def weights_of(full: Path) -> Path:
-    """A new local folder holding the model and position of the full-state checkpoint folder ``full`` (hard links,
-    no copy): what Ray Train is given to keep by dev score, while ``full`` becomes a resume point."""
-    weights = Path(tempfile.mkdtemp(prefix="sbert-ray-ckpt-"))
-    shutil.copytree(full / MODEL_DIR, weights / MODEL_DIR, copy_function=os.link)
-    os.link(full / STATE_FILE, weights / STATE_FILE)
-    return weights
-
-
-class ResumeUploader:
-    """Rank 0's uploads of resume points: in a background thread, one at a time in step order, while training goes
-    on (``background``; else each save waits for its upload). An upload's error is raised at the next save or at
-    ``close``, which waits for the last upload."""
-
-    def __init__(self, points: ResumePoints, background: bool):
-        self.points = points
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix="resume-upload") if background else None
-        self.pending: Future | None = None
-
-    def save(self, local: Path, global_step: int) -> None:
-        if self.executor is None:
-            self.points.save(local, global_step)
-            return
-        self.wait()
-        self.pending = self.executor.submit(self.points.save, local, global_step)
-
-    def close(self) -> None:
-        if self.executor is not None:
-            self.wait()
-            self.executor.shutdown()
-
-    def wait(self) -> None:
-        """Until the last upload is complete (its error raised here)."""
-        if self.pending is not None:
-            pending, self.pending = self.pending, None
-            pending.result()
 
 
 def fetch_once_per_node(filesystem: pafs.FileSystem, point: ResumePoint, cache: Path = NODE_CACHE) -> tuple[Path, bool]:

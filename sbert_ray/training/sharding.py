@@ -16,7 +16,6 @@ device (no storage) between report points.
 
 from __future__ import annotations
 
-import copy
 import weakref
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -31,6 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from sbert_ray.models import SentenceEncoder
+from sbert_ray.training.host_copy import encoder_holding, meta_copy
 
 # Whole tensors, on rank 0's host only (the other ranks get empty dicts): a model the device could not hold whole.
 WHOLE_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -58,7 +58,7 @@ def shard_encoder(encoder: SentenceEncoder, keep_meta_copy: bool, precision: str
     unsharded in half the bytes) while each rank's shard, its gradients' reduction and AdamW's state stay fp32:
     the fp32 master weights of mixed-precision training at no extra memory. The embeddings come out in fp32."""
     if keep_meta_copy:
-        _META_COPIES[encoder] = _meta_copy(encoder)
+        _META_COPIES[encoder] = meta_copy(encoder).eval()  # what it gathers is scored
     # Without bf16 every dtype stays the parameters' own (None): a float64 test encoder must reduce in float64.
     half = precision == "bf16"
     compute, full = (torch.bfloat16, torch.float32) if half else (None, None)
@@ -81,16 +81,6 @@ def _blocks(transformer: torch.nn.Module) -> list[torch.nn.Module]:
     return blocks[::-1]
 
 
-def _meta_copy(encoder: SentenceEncoder) -> SentenceEncoder:
-    """A deep copy whose parameters are on the meta device (shape and dtype, no storage); buffers (position ids,
-    rotary frequencies: small, some not in a state dict) are copied whole."""
-    memo = {
-        id(param): torch.nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=param.requires_grad)
-        for param in encoder.parameters()
-    }
-    return copy.deepcopy(encoder, memo).eval()
-
-
 def gather_whole(
     encoder: SentenceEncoder, objective: torch.nn.Module, optimizer: torch.optim.Optimizer | None
 ) -> Whole:
@@ -104,12 +94,8 @@ def gather_whole(
     meta = _META_COPIES.get(encoder)
     if meta is None:
         return Whole(None, None)
-    # A copy sharing the meta parameters and the tokenizer, whose modules the weights are assigned into: the meta
-    # copy stays storage-free, and the weights are freed with the copy after the report point.
-    shared = {id(param): param for param in meta.parameters()} | {id(meta.tokenizer): meta.tokenizer}
-    whole = copy.deepcopy(meta, shared)
-    whole.load_state_dict(weights, assign=True)
-    return Whole(whole, optimizer_state)
+    # The weights are freed with this copy after the report point; the meta copy stays storage-free.
+    return Whole(encoder_holding(meta, weights), optimizer_state)
 
 
 def load_whole_optimizer_state(objective: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> None:

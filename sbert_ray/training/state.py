@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from sbert_ray.models import SentenceEncoder
+from sbert_ray.training.host_copy import HostCopier, encoder_holding, skeleton_of
 from sbert_ray.training.sharding import Whole, is_sharded, load_whole_optimizer_state
 
 STATE_FILE = "train_state.json"
@@ -47,29 +49,65 @@ class TrainState:
         return cls(**saved)
 
 
-def save_weights(directory: Path, state: TrainState, objective, whole: Whole | None = None) -> None:
-    """A weights-only checkpoint: the encoder in sentence-transformers layout (a checkpoint is a usable model) and
-    where training stood. ``whole``: a sharded encoder's weights as rank 0 gathered them (``training.sharding``)."""
-    (whole.encoder if whole else objective.encoder).save(directory / MODEL_DIR)
-    state.save(directory)
+@dataclass(frozen=True)
+class Snapshot:
+    """A report point's checkpoint in host memory (``take_snapshot``), serialised by ``write`` later, in another
+    thread while training goes on: the encoder's weights (rebuilt around its skeleton, ``training.host_copy``) and
+    where training stood; for a full-state checkpoint also ``training`` (head, optimizer, scheduler, scaler) and
+    ``rng_states``, one entry per rank. ``copied``: the CUDA event the host copies are complete at."""
+
+    state: TrainState
+    weights: dict[str, torch.Tensor]
+    skeleton: SentenceEncoder
+    training: dict | None = None
+    rng_states: list[dict] | None = None
+    copied: torch.cuda.Event | None = None
+
+    @property
+    def full_state(self) -> bool:
+        return self.training is not None
+
+    def write(self, directory: Path) -> None:
+        """The checkpoint's files in ``directory``: the encoder in sentence-transformers layout (a checkpoint is a
+        usable model), ``STATE_FILE``, and for a full state ``TRAINING_FILE`` and ``RNG_FILE``."""
+        if self.copied is not None:
+            self.copied.synchronize()
+        encoder_holding(self.skeleton, self.weights).save(directory / MODEL_DIR)
+        self.state.save(directory)
+        if self.training is not None:
+            torch.save(self.training, directory / TRAINING_FILE)
+            torch.save(self.rng_states, directory / RNG_FILE)
 
 
-def save_checkpoint(
-    directory: Path, state: TrainState, objective, optimization, rng_states: list[dict], whole: Whole | None = None
-) -> None:
-    """A full-state checkpoint: the weights (``save_weights``) and beside them what a resumed run needs:
-    ``optimization``'s optimizer, scheduler and scaler (``training.optimization.Optimization``), and
-    ``rng_states``, one entry per rank (``rng_state()`` of each); ``whole``: a sharded encoder's weights and
-    optimizer state, gathered whole (the same files as an unsharded run's)."""
-    optimizer, scheduler, scaler = optimization
-    save_weights(directory, state, objective, whole)
-    head = {k: v for k, v in objective.state_dict().items() if not k.startswith("encoder.")}
-    optimizer_state = whole.optimizer_state if whole else optimizer.state_dict()
-    training = {"head": head, "optimizer": optimizer_state, "scheduler": scheduler.state_dict()}
-    if scaler is not None:
-        training["scaler"] = scaler.state_dict()
-    torch.save(training, directory / TRAINING_FILE)
-    torch.save(rng_states, directory / RNG_FILE)
+def take_snapshot(
+    state: TrainState,
+    objective,
+    device: torch.device,
+    whole: Whole | None = None,
+    optimization=None,
+    rng_states: list[dict] | None = None,
+) -> Snapshot:
+    """The checkpoint of this moment copied to host memory (``training.host_copy``): weights only, or with
+    ``optimization`` (``training.optimization.Optimization``) and ``rng_states`` (``rng_state()`` of each rank) the
+    full state. ``whole``: a sharded encoder's weights and optimizer state as rank 0 gathered them
+    (``training.sharding``; the same files as an unsharded run's), kept as they are where they are on the host."""
+    copier = HostCopier(device)
+    if whole:
+        weights = copier.on_host(whole.encoder.state_dict())
+    else:
+        weights = copier.copy(objective.encoder.state_dict())
+    skeleton = skeleton_of(objective.encoder, whole.encoder if whole else None)
+    training = None
+    if optimization is not None:
+        optimizer, scheduler, scaler = optimization
+        head = {k: v for k, v in objective.state_dict().items() if not k.startswith("encoder.")}
+        optimizer_state = copier.on_host(whole.optimizer_state) if whole else copier.copy(optimizer.state_dict())
+        # The schedule's and scaler's state: numbers, in lists the next step may replace.
+        schedule = copier.copy(scheduler.state_dict())
+        training = {"head": copier.copy(head), "optimizer": optimizer_state, "scheduler": schedule}
+        if scaler is not None:
+            training["scaler"] = copier.copy(scaler.state_dict())
+    return Snapshot(dataclasses.replace(state), weights, skeleton, training, rng_states, copier.ready())
 
 
 def is_full_state(directory: Path) -> bool:

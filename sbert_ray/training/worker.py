@@ -7,12 +7,14 @@ Rank 0 additionally scores the dev set (or, with ``evaluation.async_dev``, has R
 task beside training: ``training.validation``) and writes checkpoints (the last one holds the final model); all
 ranks call ``ray.train.report`` at the same points, which is also where they synchronise. Every checkpoint Ray Train
 gets holds the model (it keeps the best by dev score); every ``checkpoint.full_every``-th report point's full state
-becomes a resume point of its own beside them (``training.resume_points``). Both upload in the background (Ray
-Train's async upload mode: one upload thread per worker, so uploads never race and are committed in report order;
-resume points in one thread of rank 0) while training continues (``checkpoint.upload: sync``: the report point
-waits for them). A restarted worker resumes from the newest complete resume point, downloaded once per node; so
-does every worker of an elastic run (``scaling.num_workers: [min, max]``) that Ray Train restarted at another size,
-where each stage's global batch, data position and schedule carry over (``training.stream``).
+becomes a resume point of its own beside them (``training.resume_points``). At a report point rank 0 only copies
+the checkpoint to host memory; it is serialised and written in rank 0's checkpoint-writing thread
+(``training.checkpoint_writes``, which also uploads the resume points) and uploaded by Ray Train's upload thread
+once written (its async upload mode: one upload thread per worker, so uploads never race and are committed in
+report order), while training continues (``checkpoint.upload: sync``: the report point waits for all of it). A
+restarted worker resumes from the newest complete resume point, downloaded once per node; so does every worker of an
+elastic run (``scaling.num_workers: [min, max]``) that Ray Train restarted at another size, where each stage's
+global batch, data position and schedule carry over (``training.stream``).
 Saving the final model and scoring it are the run layer's (``sbert_ray.runs.train_run``). On a NaN or infinite
 loss every rank stops together and returns it (rather than fail: Ray would restart them from the checkpoint into
 the same NaN).
@@ -24,6 +26,7 @@ import functools
 import logging
 import tempfile
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from pathlib import Path
 
 import ray
@@ -38,8 +41,9 @@ from sbert_ray.evaluation.dev_score import DEV_SCORE, DevScorer
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.models.encoder import compiles
 from sbert_ray.models.model_card import describe_hardware
-from sbert_ray.ray_compat import run_storage
+from sbert_ray.ray_compat import checkpoint_persister, run_storage
 from sbert_ray.tracking.mlflow_run import RunLogger
+from sbert_ray.training.checkpoint_writes import CheckpointWrites
 from sbert_ray.training.faults import WorkerFaults
 from sbert_ray.training.loop import CheckpointWriter, Diverged, Stopped
 from sbert_ray.training.meter import StepMeter
@@ -49,10 +53,8 @@ from sbert_ray.training.resume_points import (
     RESUME_FOLDER,
     ResumePoint,
     ResumePoints,
-    ResumeUploader,
     drop_node_copy,
     fetch_once_per_node,
-    weights_of,
 )
 from sbert_ray.training.stage_plan import WorkerPlan
 from sbert_ray.training.stages import Worker, alone, start_worker, train_stages
@@ -93,8 +95,8 @@ def train_loop_per_worker(loop_config: dict) -> dict:
         if compiles(config.scaling.compile, device):
             started.encoder.compile_for_training()
         run_logger = RunLogger(**tracking) if worker.rank == 0 and tracking else None
-        uploader = ResumeUploader(points, background=config.checkpoint.upload == "async") if worker.rank == 0 else None
-        reporter = RayReporter(plan, worker, started.encoder, run_logger, uploader, loop_config["report_gate"])
+        writes = CheckpointWrites(points, background=config.checkpoint.upload == "async") if worker.rank == 0 else None
+        reporter = RayReporter(plan, worker, started.encoder, run_logger, writes, loop_config["report_gate"])
         if point is not None:
             reporter.log({"train/resume_downloads": downloads}, step=started.state.global_step)
         try:
@@ -106,8 +108,8 @@ def train_loop_per_worker(loop_config: dict) -> dict:
             ray.train.collective.barrier()  # every rank's report is queued before one fails and Ray stops them all
             raise
         finally:
-            if uploader:
-                uploader.close()  # the last resume point complete before the run may end
+            if writes:
+                writes.close()  # the last resume point complete before the run may end
             if run_logger:
                 run_logger.drain()  # the metrics thread dies with this process: hand its queue on first
             if point is not None and context.get_local_rank() == 0:
@@ -192,12 +194,14 @@ class RayReporter:
         worker: Worker,
         encoder: SentenceEncoder,
         logger: RunLogger | None,
-        uploader: ResumeUploader | None,
+        writes: CheckpointWrites | None,
         gate: ray.actor.ActorHandle | None = None,
     ):
         config = plan.config
         self.rank, self.device, self.encoder, self.logger = worker.rank, worker.device, encoder, logger
-        self.uploader = uploader  # rank 0's: full-state checkpoints become resume points (``training.resume_points``)
+        # Rank 0's: checkpoints written off the training thread, full states uploaded as resume points.
+        self.writes = writes
+        self.persist = checkpoint_persister(ray.train.get_context()) if writes else None
         self.gate = gate  # a sweep trial's (tuning.trial_gate): Tune's verdict on each report, before training on
         self.async_dev = config.evaluation.async_dev  # scored beside training (``training.validation.dev_validation``)
         self.upload = UPLOAD_MODES[config.checkpoint.upload]
@@ -219,22 +223,29 @@ class RayReporter:
         validation = self.score_dev(state, metrics, save)
         if self.logger:
             self.logger.drain()  # the metrics up to this checkpoint survive this worker's loss after it
-        directory = Path(tempfile.mkdtemp(prefix="sbert-ray-ckpt-"))  # Ray Train deletes it once uploaded
-        save(directory)
-        if save.full_state:  # Ray Train keeps models by dev score; the full state is a resume point of its own
-            directory, full = weights_of(directory), directory
-            self.uploader.save(full, state.global_step)
-            if save.stopping:  # complete before the ranks meet and stop: Ray may end this process right after
-                self.uploader.wait()
+        # The training thread copies the checkpoint to host memory and goes on; it is written in the background
+        # (the model alone here: Ray Train keeps models by dev score; a full state also as a resume point).
+        directory = Path(tempfile.mkdtemp(prefix="sbert-ray-ckpt-"))  # deleted once uploaded
+        written = self.writes.save(save.snapshot, directory, state.global_step)
+        if save.stopping:  # complete before the ranks meet and stop: Ray may end this process right after
+            self.writes.wait()
         ray.train.report(
             metrics,
             checkpoint=ray.train.Checkpoint.from_directory(directory),
             # Stored before the ranks stop (a preemption) or before Tune's verdict (a sweep trial, aborted when stopped)
             checkpoint_upload_mode=ray.train.CheckpointUploadMode.SYNC if save.stopping or self.gate else self.upload,
+            checkpoint_upload_fn=functools.partial(self._store_when_written, written),
+            delete_local_checkpoint_after_upload=True,
             validation=validation,
         )
         if self.gate:  # returns when Tune lets the trial go on; a trial Tune stopped is aborted while it waits
             ray.get(self.gate.ask.remote(metrics))
+
+    def _store_when_written(self, written: Future, checkpoint: ray.train.Checkpoint, name: str) -> ray.train.Checkpoint:
+        """Ray Train's upload of a report's checkpoint (in its upload thread; in the report when SYNC): once its
+        folder is written (a failed write fails the upload, and Ray Train the run), stored as Ray would store it."""
+        written.result()
+        return self.persist(checkpoint, name)
 
     def score_dev(
         self, state: TrainState, metrics: dict, save: CheckpointWriter
