@@ -120,11 +120,12 @@ def _add_train_arguments(bench_sub, bench_common: argparse.ArgumentParser) -> No
     )
     bt.add_argument(
         "--reports",
-        type=choices("sync", "async-upload", "async"),
-        help="how our report points score and upload, one variant each, e.g. sync,async: sync (dev scored on rank "
-        "0, training waits for the upload), async-upload (a run's defaults: scored on rank 0, uploaded in the "
-        "background), async (evaluation.async_dev: scored in a Ray task beside training, uploaded in the background) "
-        "(default: async-upload)",
+        type=choices("none", "sync", "async-upload", "async"),  # bench.train_speed.REPORT_MODES (imports torch)
+        help="how our report points score and upload, one variant each, e.g. none,async: none (no report point "
+        "before the last step: the baseline without evaluation), sync (dev scored on rank 0, training waits for the "
+        "upload), async-upload (scored on rank 0, uploaded in the background: a run's defaults where no dev scorer "
+        "fits beside the workers), async (evaluation.async_dev: scored in a Ray task on evaluation.dev_resources "
+        "beside training, uploaded in the background) (default: async-upload)",
     )
     bt.add_argument("--compile", action="store_true", help="scaling.compile: torch.compile the training forward")
     bt.add_argument("--local", action="store_true", help="one worker in this process, without Ray (one GPU)")
