@@ -79,7 +79,7 @@ def run_trial(sampled: dict, context: TrialContext) -> None:
         ),
     )
     # Each report waits for Tune's verdict; a stop aborts the Train run (trial_gate.py).
-    with TrialGate(lagged_dev=config.evaluation.async_dev is True) as gate:
+    with TrialGate(config.evaluation.async_dev is True, config.scaling.resource_wait_s) as gate:
         try:
             result = run_training(
                 config,

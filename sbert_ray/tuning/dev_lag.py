@@ -3,9 +3,10 @@
 Inline (``evaluation.async_dev`` false) each report carries its own checkpoint's dev score. Off the training ranks
 (true) that score arrives while the trial trains on, so each report carries the score of the trial's previous
 report instead: a lag of one report, the same every run (the gate waits for that score if it is late, which a
-scorer as fast as one report interval never makes it do). The first report has none yet (NaN: Tune wants the metric
-in every result). ``DEV_STEP`` names the step of the checkpoint a score belongs to and is ASHA's time: a rung then
-compares trials on their scores at the same steps as inline, and stops the same trials, one report later.
+scorer as fast as one report interval never makes it do; one that never comes is given up after the trial's
+``scaling.resource_wait_s``, and that report goes without). The first report has none yet (NaN: Tune wants the
+metric in every result). ``DEV_STEP`` names the step of the checkpoint a score belongs to and is ASHA's time: a
+rung then compares trials on their scores at the same steps as inline, and stops the same trials, one report later.
 """
 
 from __future__ import annotations

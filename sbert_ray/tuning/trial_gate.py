@@ -45,8 +45,9 @@ class ReportGate:
     training ranks (``lagged``) each report goes with the previous one's score (``tuning.dev_lag``), which the
     scorer hands in (``dev_scored``). Owned by the trial's actor: it ends with the trial."""
 
-    def __init__(self, lagged: bool) -> None:
+    def __init__(self, lagged: bool, score_wait_s: float) -> None:
         self._lag, self._scored = LaggedDevScores() if lagged else None, asyncio.Event()
+        self._score_wait_s = score_wait_s
         self._reports: asyncio.Queue = asyncio.Queue(maxsize=1)
         self._go_on = asyncio.Event()
         self._controller, self._step, self._reported = None, -1, asyncio.Event()
@@ -65,10 +66,18 @@ class ReportGate:
             return None
         if self._lag is None:
             return scored_now(metrics)
-        while not self._lag.ready():  # the previous report's score is late: wait, so the lag stays one report
+        try:  # the previous report's score is late: wait, so the lag stays one report
+            await asyncio.wait_for(self._previous_scored(), self._score_wait_s)
+        except TimeoutError:  # a scorer that died says nothing: this report goes without (ASHA skips it)
+            log.warning(
+                "no dev score of the report before step %d within %g s", metrics["global_step"], self._score_wait_s
+            )
+        return self._lag.for_tune(metrics)
+
+    async def _previous_scored(self) -> None:
+        while not self._lag.ready():
             self._scored.clear()
             await self._scored.wait()
-        return self._lag.for_tune(metrics)
 
     def dev_scored(self, step: int, score: float | None) -> None:
         """The off-rank scorer: the dev score of ``step``'s checkpoint (None: its scoring failed)."""
@@ -114,10 +123,12 @@ class TrialGate:
     """In a Tune trial, around its ``run_training``: the gate rank 0 waits on (``actor``), the controller callback
     that makes the controller abortable (``callback``), and the thread that forwards reports to Tune. ``stopped``:
     Tune stopped the trial and its Train run was aborted (``run_training`` then fails: no result to report).
-    ``lagged_dev``: the trial's dev scores come off the training ranks, a report late (``tuning.dev_lag``)."""
+    ``lagged_dev``: the trial's dev scores come off the training ranks, a report late (``tuning.dev_lag``); a report
+    waits up to ``score_wait_s`` for the previous one's score (the trial's ``scaling.resource_wait_s``: the scorer
+    itself gives up after waiting that long for its resources), then goes without it."""
 
-    def __init__(self, lagged_dev: bool) -> None:
-        self.actor = ReportGate.remote(lagged_dev)
+    def __init__(self, lagged_dev: bool, score_wait_s: float) -> None:
+        self.actor = ReportGate.remote(lagged_dev, score_wait_s)
         self.callback = ControllerToGate(self.actor)
         self.stopped = False
         self._done = threading.Event()
