@@ -259,7 +259,9 @@ def tiny_training_yaml(
 ) -> str:
     """A training config (YAML) that the tests and benchmarks run on these clusters: a random tiny BERT trained by
     2 workers of half a CPU each (both fit a 2-core machine beside the driver), one regression stage at lr 1e-4
-    with ``stage``'s keys (its data, batch size, length) and ``evaluation`` as given."""
+    with ``stage``'s keys (its data, batch size, length) and ``evaluation`` as given. Dev scores inline on rank 0
+    unless ``evaluation`` says otherwise: evaluation.async_dev's auto would place a scorer of one CPU beside the
+    workers here, on the cores they train on."""
     import yaml  # here: the cluster itself needs no YAML
 
     config = {
@@ -267,7 +269,7 @@ def tiny_training_yaml(
         "data_dir": str(data_dir),
         "model": {"name": "random:tiny"},
         "stages": [{**stage, "objective": "regression", "learning_rate": 1.0e-4}],
-        "evaluation": evaluation,
+        "evaluation": {"async_dev": False, **evaluation},
         "scaling": {"num_workers": 2, "cpus_per_worker": 0.5},
         "checkpoint": {"storage_path": str(storage)},
         "tracking": {"tracking_uri": tracking_uri},

@@ -113,17 +113,24 @@ def test_bench_train_runs_in_process_without_ray(data_dir, tmp_path, capsys):
 
 
 def test_each_report_mode_configures_its_runs_and_is_labelled_apart():
-    """--reports: sync waits for the upload with the dev pairs scored on rank 0, async-upload is a training run's
-    defaults, async also scores off the rank (evaluation.async_dev); records of a non-default mode are labelled
-    (and logged) apart."""
+    """--reports: none has no report point before the last step (the baseline), sync waits for the upload with the
+    dev pairs scored on rank 0, async-upload is a training run's defaults where no scorer fits beside the workers
+    (evaluation.async_dev: auto resolved inline), async also scores off the rank; records of a non-default mode are
+    labelled (and logged) apart."""
     settings = TrainBenchSettings(model="random:tiny", eval_every=2)
-    modes = {mode: bench_config(settings, 1, 1, "/tmp/bench", mode) for mode in ("sync", "async-upload", "async")}
-    assert {mode: (c.evaluation.async_dev, c.checkpoint.upload) for mode, c in modes.items()} == {
-        "sync": (False, "sync"), "async-upload": (False, "async"), "async": (True, "async"),
+    modes = {
+        mode: bench_config(settings, 1, 1, "/tmp/bench", mode) for mode in ("none", "sync", "async-upload", "async")
+    }
+    settings_of = {
+        mode: (c.evaluation.async_dev, c.checkpoint.upload, c.evaluation.eval_every) for mode, c in modes.items()
+    }
+    assert settings_of == {
+        "none": (False, "async", 0), "sync": (False, "sync", 2), "async-upload": (False, "async", 2),
+        "async": (True, "async", 2),
     }  # fmt: skip
     defaults = TrainConfig()
-    assert (defaults.evaluation.async_dev, defaults.checkpoint.upload) == (False, "async")
+    assert (defaults.evaluation.async_dev, defaults.checkpoint.upload) == ("auto", "async")
     record = {"impl": "sbert-ray", "workers": 1, "threads_per_worker": 2, "precision": "fp32"}
     assert [label({**record, "reports": mode}) for mode in modes] == [
-        "sbert-ray/1x2/fp32/sync", "sbert-ray/1x2/fp32", "sbert-ray/1x2/fp32/async",
+        "sbert-ray/1x2/fp32/none", "sbert-ray/1x2/fp32/sync", "sbert-ray/1x2/fp32", "sbert-ray/1x2/fp32/async",
     ]  # fmt: skip

@@ -215,9 +215,10 @@ def test_the_64_gpu_job_is_elastic_mnrl_on_shards_with_compile_async_dev_and_res
     assert stage.dataset.startswith("s3://") and stage.dataset.endswith("/")  # a prefix of prepared shards
     assert scaling.use_gpu and scaling.compile and scaling.precision == "bf16" and scaling.strategy == "ddp"
     assert scaling.elastic and scaling.min_workers <= 6 * GPUS_PER_NODE - 1  # goes on with 2 of 8 nodes reclaimed
-    assert config.evaluation.async_dev and config.evaluation.eval_every > 0
+    assert config.evaluation.async_dev is True and config.evaluation.eval_every > 0
     # The training workers and the dev scorer (one worker's resources) fill one GPU group: 64 GPUs, 8 nodes.
-    scorer = scaling.gpus_per_worker if config.evaluation.async_dev else 0
+    assert config.evaluation.dev_resources == scaling.resources_per_worker()
+    scorer = config.evaluation.dev_resources["GPU"]
     assert scaling.max_workers * scaling.gpus_per_worker + scorer == 64
     assert scaling.placement_strategy == "PACK"  # 8 a node; STRICT_PACK would ask for one 64-GPU node
     assert GPUS_PER_NODE * scaling.cpus_per_worker <= 192 * 3 / 4  # a quarter of a p5's vCPUs left for the data

@@ -1,11 +1,13 @@
-"""An ASHA sweep on the token-authenticated head, with its Tune results and checkpoints on object storage: ASHA
-stops the weak trial, the sweep's rows, MLflow parent and child runs and summary files say so, and no placement
-group is left behind, even when Ray Train's own cleaner cannot find the cluster (see
-sbert_ray/tuning/placement_groups.py)."""
+"""An ASHA sweep on the token-authenticated head, with its Tune results and checkpoints on object storage and its dev
+scores off the training ranks (evaluation.async_dev: auto places a scorer beside the one trial at a time): ASHA
+stops the weak trial on its lagged score, the sweep's rows, MLflow parent and child runs and summary files say so,
+and no placement group is left behind, even when Ray Train's own cleaner cannot find the cluster (see
+sbert_ray/tuning/placement_groups.py). That ASHA stops the same trials inline and lagged: test_tuning.py."""
 
 from __future__ import annotations
 
 import csv
+import logging
 import socket
 
 import pytest
@@ -27,18 +29,20 @@ def dead_address() -> str:
 
 
 def test_asha_sweep_on_token_head_leaves_no_placement_group(
-    connect, s3_server, tiny_train_config, tmp_path, monkeypatch
+    connect, s3_server, tiny_train_config, tmp_path, monkeypatch, caplog
 ):
     for key, value in {**s3_server.env, "HOME": str(tmp_path)}.items():  # the driver reaches S3 like the cluster
         monkeypatch.setenv(key, value)
     base = yaml.safe_load(tiny_train_config(name="base").read_text())
     base["scaling"] = {"num_workers": 1, "cpus_per_worker": 0.5}
+    base["evaluation"]["async_dev"] = "auto"  # the default (the fixture's runs score inline)
     base["checkpoint"]["storage_path"] = f"s3://{BUCKET}/sweeps"
     path = tmp_path / "sweep.yaml"
     sweep = {
         "name": "pg-cleanup",
         "base": base,
-        # One trial at a time in grid order: at step 4 "cls" is far behind "mean" and ASHA stops it.
+        # One trial at a time in grid order: at step 4 "cls" is far behind "mean" and ASHA stops it (at its step-8
+        # report, which carries the step-4 score).
         "search_space": {"model.pooling": {"grid": ["mean", "cls"]}},
         "scheduler": "asha",
         "asha": {"grace_period": 4, "reduction_factor": 2},
@@ -50,12 +54,15 @@ def test_asha_sweep_on_token_head_leaves_no_placement_group(
     address_file = connect.ray_tmpdir / "ray" / "ray_current_cluster"
     own_address = address_file.read_text()
     address_file.write_text(dead_address())
+    caplog.set_level(logging.INFO, logger="sbert_ray.runs.sweep")
     try:
         result = run_sweep(load_config(path, cls=SweepConfig))
     finally:
         address_file.write_text(own_address)
 
     assert live_placement_groups() == {}  # the stopped trial's Train group was freed before the sweep returned
+    # 2 CPUs: one trial (0.5 + its token 0.01) and a scorer of 1 CPU beside it.
+    assert "evaluation.async_dev=auto: dev scores off the training ranks, on 1 CPU beside the training" in caplog.text
 
     stored = {o["Key"] for o in s3_server.client().list_objects_v2(Bucket=BUCKET, Prefix="sweeps/")["Contents"]}
     assert any(key.startswith("sweeps/pg-cleanup/experiment_state-") for key in stored)  # Tune's own results
@@ -71,7 +78,7 @@ def test_asha_sweep_on_token_head_leaves_no_placement_group(
     # The sweep's results: rows, the MLflow parent run and one child run per trial, the summary files.
     rows = {r.sampled["model.pooling"]: r for r in result.rows}
     assert {k: r.status for k, r in rows.items()} == {"mean": "finished", "cls": "stopped"}
-    assert rows["mean"].global_step == 96 // 8 and rows["cls"].global_step < 96 // 8
+    assert rows["mean"].global_step == 96 // 8 and rows["cls"].global_step == 8  # one report past the rung
     assert result.best is rows["mean"]
 
     client = MlflowClient(result.tracking_uri)
@@ -98,9 +105,11 @@ def test_asha_sweep_on_token_head_leaves_no_placement_group(
     finished = by_id[rows["mean"].run_id]
     assert finished.data.params["model.pooling"] == "mean"
     assert [m.step for m in client.get_metric_history(finished.info.run_id, "dev/spearman_cosine")] == [4, 8, 12]
-    # ASHA stopped "cls" at its step-4 report: it trained no further, so no later dev score reached its run.
+    # ASHA stopped "cls" at its step-8 report (on step 4's score): it trained no further, so no dev score past its
+    # step-8 checkpoint's (whose scoring may or may not finish as the trial ends) reached its run.
     stopped = client.get_metric_history(rows["cls"].run_id, "dev/spearman_cosine")
-    assert [m.step for m in stopped] == [rows["cls"].global_step] == [4]
+    assert [m.step for m in stopped] in ([4], [4, 8])
+    assert rows["cls"].dev_score == pytest.approx(stopped[0].value)  # Tune's last result: the lagged step-4 score
     assert finished.data.metrics["final/stsb/spearman_cosine"] == pytest.approx(rows["mean"].final["stsb"])
 
     best_config = load_config(result.summary / "best_config.yaml")

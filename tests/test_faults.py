@@ -115,6 +115,7 @@ evaluation:
   dev_limit: 20
   eval_every: 2
   final_tasks: []
+  async_dev: false
 scaling:
   num_workers: 2
   cpus_per_worker: 0.5

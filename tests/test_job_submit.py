@@ -21,6 +21,7 @@ TINY_QUICKSTART = [
     "name=submitted", "model.name=random:tiny", "stages.0.limit=96", "stages.0.batch_size=8",
     "stages.0.learning_rate=1.0e-4", "evaluation.eval_every=4", "evaluation.dev_limit=100",
     "evaluation.before_tasks=[stsb]", "evaluation.final_tasks=[stsb]", "scaling.cpus_per_worker=0.5",
+    "evaluation.async_dev=false",
 ]  # fmt: skip
 
 

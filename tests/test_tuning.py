@@ -1,18 +1,23 @@
-"""Sweeps: search-space parsing and trial sizing (the sweeps themselves run in test_reliability.py and
-test_cluster_sweep.py)."""
+"""Sweeps: search-space parsing, trial sizing, and ASHA's decisions on dev scores a report late (the sweeps themselves
+run in test_reliability.py and test_cluster_sweep.py)."""
 
 from __future__ import annotations
 
+import math
+import random
 import re
+from types import SimpleNamespace
 
 import pytest
 import yaml
+from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 from ray.tune.search.optuna import OptunaSearch
 
 from sbert_ray.config import ConfigError, TrainConfig, load_config
-from sbert_ray.runs.sweep import max_concurrent_trials
+from sbert_ray.runs.sweep import asha_scheduler, max_concurrent_trials
 from sbert_ray.tuning import SearchSpace, SweepConfig
-from sbert_ray.tuning.space import METRIC
+from sbert_ray.tuning.dev_lag import DEV_STEP, LaggedDevScores, scored_now
+from sbert_ray.tuning.space import METRIC, AshaConfig
 
 STAGE_OPTIONS = {
     "regression-stsb": {"dataset": "stsb", "objective": "regression"},
@@ -106,3 +111,80 @@ def test_concurrency_follows_cluster_and_trial_size(connect):  # the session's 2
 
     assert max_concurrent_trials(extremes([1])) == 3  # 2 CPUs / (0.5 + the trial's token 0.01)
     assert max_concurrent_trials(extremes([1, 2])) == 1  # sized by the largest trial
+
+
+# ------------------------------------------------------------------------------------ ASHA on lagged dev scores
+
+ASHA = AshaConfig(grace_period=4, reduction_factor=2, max_t=1_000)
+EVAL_EVERY, REPORTS = 4, 6  # each trial reports at steps 4, 8, ..., 24; rungs at 4, 8 and 16
+
+
+def asha_stops(curves: list[list[float]], lagged: bool, scheduler: ASHAScheduler | None = None) -> dict[int, int]:
+    """The sweep's ASHA scheduler fed each trial's reports as its gate hands them to Tune: trial i scores
+    ``curves[i][k]`` at report k, inline (on that report) or ``lagged`` (on the next; scorer done by then). The
+    trials report in turn (concurrent trials in step); a trial that ends reports its last score again (the trial's
+    final result). Returns trial -> the global step of the report at which ASHA stopped it."""
+    scheduler = scheduler or asha_scheduler(ASHA)  # the sweep's
+    scheduler.set_search_properties(METRIC, "max")
+    trials = [SimpleNamespace(trial_id=str(i)) for i in range(len(curves))]  # all the scheduler reads of a trial
+    for trial in trials:
+        scheduler.on_trial_add(None, trial)
+    lags, stopped = [LaggedDevScores() for _ in curves], {}
+    for k in range(REPORTS):
+        for i, (trial, curve) in enumerate(zip(trials, curves, strict=True)):
+            if i in stopped:
+                continue
+            step = (k + 1) * EVAL_EVERY
+            if lagged:
+                if k:
+                    lags[i].scored(step - EVAL_EVERY, curve[k - 1])  # the previous checkpoint's scorer finished
+                result = lags[i].for_tune({"global_step": step})
+            else:
+                result = scored_now({"global_step": step, METRIC: curve[k]})
+            if scheduler.on_trial_result(None, trial, result) == TrialScheduler.STOP:
+                stopped[i] = step
+    for i, (trial, curve) in enumerate(zip(trials, curves, strict=True)):
+        if i not in stopped:
+            scheduler.on_trial_complete(
+                None, trial, scored_now({"global_step": REPORTS * EVAL_EVERY, METRIC: curve[-1]})
+            )
+    return stopped
+
+
+def test_asha_stops_the_same_trials_on_lagged_dev_scores_one_report_later():
+    """Issue 31.2's claim, at the scheduler: a 4-trial ASHA sweep whose dev scores come a report late (async_dev)
+    stops the same trials at the same rungs as the sweep scored inline, each one report (EVAL_EVERY steps) later,
+    on 200 seeded sets of noisy curves. Comparing lagged scores at the report's own step instead (ASHA's time =
+    global_step) stops other trials on some of them: the check can fail."""
+    rng = random.Random(0)
+    naive_differs = 0
+    for _ in range(200):
+        curves = [[rng.uniform(0, 100) for _ in range(REPORTS)] for _ in range(4)]
+        inline = asha_stops(curves, lagged=False)
+        assert inline  # ASHA stops someone: the comparison says something
+        lagged = asha_stops(curves, lagged=True)
+        assert lagged == {trial: step + EVAL_EVERY for trial, step in inline.items()}
+        naive = ASHAScheduler(time_attr="global_step", grace_period=4, reduction_factor=2, max_t=1_000)
+        naive_differs += set(asha_stops(curves, lagged=True, scheduler=naive)) != set(inline)
+    assert naive_differs > 0
+
+
+def test_lagged_dev_scores_carry_the_previous_report_and_wait_for_it():
+    lag = LaggedDevScores()
+    first = lag.for_tune({"global_step": 4})
+    assert math.isnan(first[METRIC]) and DEV_STEP not in first  # nothing scored yet: ASHA skips it
+    assert not lag.ready()  # step 4's score has not arrived: the gate waits
+    lag.scored(4, 71.5)
+    assert lag.ready()
+    assert lag.for_tune({"global_step": 8}) == {"global_step": 8, METRIC: 71.5, DEV_STEP: 4}
+    lag.scored(8, None)  # that scoring failed: the report goes without, the lag stays one report
+    assert math.isnan(lag.for_tune({"global_step": 12})[METRIC])
+
+
+def test_a_sweep_takes_async_dev_in_base_only():
+    sweep = SweepConfig()
+    sweep.base.evaluation.async_dev = True
+    sweep.validate()
+    sweep.search_space = {"evaluation.async_dev": {"choice": [True, False]}}
+    with pytest.raises(ConfigError, match=r"^search_space: trials are ranked by one dev score, scored one way"):
+        sweep.validate()

@@ -55,11 +55,18 @@ from sbert_ray.training.storage import resolve_storage
 from sbert_ray.training.stream import local_sources
 
 OURS, REFERENCE = "sbert-ray", "sentence-transformers"
-# How our report points treat the dev scoring and the checkpoint: (evaluation.async_dev, checkpoint.upload). sync:
-# rank 0 scores the dev pairs and training waits for the checkpoint's write and upload; async-upload (a training run's
-# defaults): rank 0 scores, the checkpoint is copied to host memory and written and uploaded in the background;
-# async: both beside training (a Ray task scores each checkpoint).
-REPORT_MODES = {"sync": (False, "sync"), "async-upload": (False, "async"), "async": (True, "async")}
+# How our report points treat the dev scoring and the checkpoint: (evaluation.async_dev, checkpoint.upload).
+# none: no report point before the last step (the baseline the others' step times are held to); sync: rank 0 scores
+# the dev pairs and training waits for the checkpoint's write and upload; async-upload (a training run's defaults
+# where no dev scorer fits beside the workers): rank 0 scores, the checkpoint is copied to host memory and written
+# and uploaded in the background; async: both beside training (a Ray task on evaluation.dev_resources scores each
+# checkpoint).
+REPORT_MODES = {
+    "none": (False, "async"),
+    "sync": (False, "sync"),
+    "async-upload": (False, "async"),
+    "async": (True, "async"),
+}
 DEFAULT_REPORTS = "async-upload"
 STARTUP_KEYS = ("time_to_worker_start_s", "time_to_data_s")
 # The registered dataset each objective the bench runs trains on: STSb's scored pairs, or for in-batch negatives the
@@ -229,7 +236,8 @@ def bench_config(
 ) -> TrainConfig:
     """The quickstart's stage (STSb regression, lr 2e-5, 10% warm-up) cut to ``steps`` steps, on the bench's
     layout; report points (dev evaluation + checkpoint) every ``eval_every`` steps and after the last one, on
-    ``dev_limit`` STSb dev pairs, scored and uploaded as the ``reports`` mode says (``REPORT_MODES``)."""
+    ``dev_limit`` STSb dev pairs, scored and uploaded as the ``reports`` mode says (``REPORT_MODES``; none: only
+    after the last step)."""
     async_dev, upload = REPORT_MODES[reports]
     config = TrainConfig(
         name="bench-train",
@@ -248,7 +256,10 @@ def bench_config(
             )
         ],
         evaluation=EvalConfig(
-            dev_limit=settings.dev_limit, eval_every=settings.eval_every, async_dev=async_dev, final_tasks=[]
+            dev_limit=settings.dev_limit,
+            eval_every=0 if reports == "none" else settings.eval_every,
+            async_dev=async_dev,
+            final_tasks=[],
         ),
         scaling=ScalingConfig(
             num_workers=workers,

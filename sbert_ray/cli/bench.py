@@ -120,11 +120,12 @@ def _add_train_arguments(bench_sub, bench_common: argparse.ArgumentParser) -> No
     )
     bt.add_argument(
         "--reports",
-        type=choices("sync", "async-upload", "async"),
-        help="how our report points score and store checkpoints, one variant each, e.g. sync,async: sync (dev scored "
-        "on rank 0, training waits for the write and upload), async-upload (a run's defaults: scored on rank 0, "
-        "written and uploaded in the background), async (also evaluation.async_dev: scored in a Ray task beside "
-        "training; not with --local) (default: async-upload)",
+        type=choices("none", "sync", "async-upload", "async"),  # bench.train_speed.REPORT_MODES (imports torch)
+        help="how our report points score and store checkpoints, one variant each, e.g. none,async: none (no report "
+        "point before the last step: the baseline without evaluation), sync (dev scored on rank 0, training waits for "
+        "the write and upload), async-upload (scored on rank 0, written and uploaded in the background: a run's "
+        "defaults where no dev scorer fits beside the workers), async (evaluation.async_dev: scored in a Ray task on "
+        "evaluation.dev_resources beside training; not with --local) (default: async-upload)",
     )
     bt.add_argument(
         "--compile", choices=["auto", "on", "off"], default="auto",

@@ -122,12 +122,16 @@ class EvalConfig:
     dev_tasks: list[DevTaskConfig] = field(default_factory=list)
     eval_every: int = 0  # optimizer steps between dev evaluations; 0 = only at the end of each stage
     batch_size: int = 64  # sentences per encoding batch when scoring
-    # Score the dev set off the training ranks: each checkpoint in a Ray task sized like one training worker, while
-    # training goes on (Ray Train's checkpoint validation); keep_best re-ranks a checkpoint when its score arrives
-    # and MLflow gets it at the checkpoint's step. Off by default: the task needs a worker's CPUs (and GPU) beyond
-    # the training workers', which a 2-CPU machine lacks (the scores would wait until training ends, or share its
-    # cores), and a sweep's scheduler compares trials on each report's score, which then comes later (refused).
-    async_dev: bool = False
+    # Where each checkpoint's dev score is computed. true: off the training ranks, in a Ray task on dev_resources
+    # while training goes on (Ray Train's checkpoint validation); keep_best re-ranks a checkpoint when its score
+    # arrives, MLflow gets it at the checkpoint's step, and a sweep's scheduler gets it at the trial's next report
+    # (a lag of one report). false: inline on rank 0, training waits. auto: true where the cluster holds
+    # dev_resources beside the training workers (a sweep: beside as many trials as it would run without them),
+    # false otherwise; decided before the fit and said in the log.
+    async_dev: Literal["auto", True, False] = "auto"
+    # What the off-rank dev scorer reserves: CPUs, and a GPU or a fraction of one (e.g. {CPU: 1, GPU: 0.25}) where
+    # the cluster has one beside the training workers' GPUs; it scores on that GPU, else on its CPUs.
+    dev_resources: dict[str, float] = field(default_factory=lambda: {"CPU": 1.0})
     final_tasks: list[str] = field(default_factory=lambda: ["sts"])  # [] skips the final suite
     before_tasks: list[str] = field(default_factory=list)  # tasks scored on the model before training
 
@@ -280,6 +284,7 @@ class TrainConfig:
         evaluation = self.evaluation
         _at_least("evaluation.dev_limit", evaluation.dev_limit, 2, none_means="all dev pairs")  # Spearman needs 2
         _check_dev_task(evaluation)
+        _check_dev_resources(evaluation.dev_resources)
         _at_least("evaluation.eval_every", evaluation.eval_every, 0)
         _at_least("evaluation.batch_size", evaluation.batch_size, 1)
         _at_least("checkpoint.keep_best", self.checkpoint.keep_best, 1)
@@ -433,6 +438,17 @@ def _at_least(key: str, value: float | None, low: float, none_means: str | None 
     if value < low:
         unset = f" (leave it out or null for {none_means})" if none_means else ""
         raise ConfigError(f"{key} must be >= {low}, got {value}{unset}")
+
+
+def _check_dev_resources(resources: dict[str, float]) -> None:
+    """CPUs (at least a share of one: the scorer's threads) and optionally a GPU or a share of one."""
+    unknown = sorted(set(resources) - {"CPU", "GPU"})
+    if unknown:
+        raise ConfigError(f"evaluation.dev_resources: {unknown[0]!r} is not CPU or GPU")
+    _greater("evaluation.dev_resources.CPU", resources.get("CPU", 0.0), 0)
+    gpus = resources.get("GPU", 0.0)
+    if not (gpus >= 0 and (gpus <= 1 or float(gpus).is_integer())):
+        raise ConfigError(f"evaluation.dev_resources.GPU: a share of one GPU or a whole number, got {gpus}")
 
 
 def _greater(key: str, value: float, low: float) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import shutil
 import uuid
 from collections.abc import Sequence
@@ -22,11 +23,18 @@ from sbert_ray.data.records import TopicPair
 from sbert_ray.evaluation import argsim
 from sbert_ray.evaluation.tasks import ArgsimTask, Results
 from sbert_ray.ray_compat import connect_ray
-from sbert_ray.runs.cluster import refuse_impossible, runs_that_fit
+from sbert_ray.runs.cluster import (
+    cluster_capacity,
+    refuse_impossible,
+    resolve_async_dev,
+    runs_that_fit,
+    with_async_dev,
+)
 from sbert_ray.runs.train_run import run_training
 from sbert_ray.tracking.mlflow_run import RunTracker, resolve_tracking_uri
 from sbert_ray.training.storage import is_remote
 
+logger = logging.getLogger(__name__)
 FOLD_TEST_ENTRY = "test"  # the fold's held-out pairs, scored as the final task pairs:<run dir>/test.jsonl
 
 
@@ -73,6 +81,10 @@ def finetune_folds(name: str, folds: Sequence[argsim.Fold], train_config: TrainC
     with RunTracker(uri, tracking.experiment, run_name=f"argsim-{name}-finetune") as parent:
         connect_ray()
         refuse_impossible(train_config.scaling)
+        # As a sweep's trials: dev scores off the ranks only where that costs no concurrent fold.
+        async_dev, why = resolve_async_dev([train_config], cluster_capacity(), runs=None)
+        logger.info(why)
+        train_config = with_async_dev(train_config, async_dev)
         task = ray.remote(num_cpus=0)(_finetune_fold)
         limit = runs_that_fit([train_config])
         pending, running, scores = list(folds), {}, {}

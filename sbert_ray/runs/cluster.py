@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import sys
@@ -160,13 +161,50 @@ def most_resources(kinds: list[NodeKind] | None) -> dict[str, float] | None:
 
 def runs_fitting(capacity: dict[str, float], configs: list[TrainConfig], driver_cpus: float = 0.0) -> int:
     """How many of these runs ``capacity`` (resource -> amount) holds at once, sized by the largest; each run's
-    own driver takes ``driver_cpus``. At least 1."""
-    cpus = max(c.scaling.max_workers * c.scaling.cpus_per_worker for c in configs) + driver_cpus
-    fits = [capacity.get("CPU", 0) // cpus]
-    gpus = max((c.scaling.max_workers * c.scaling.gpus_per_worker for c in configs if c.scaling.use_gpu), default=0)
-    if gpus:
-        fits.append(capacity.get("GPU", 0) // gpus)
-    return max(1, int(min(fits)))
+    own driver takes ``driver_cpus``, and its dev scorer ``evaluation.dev_resources`` when ``async_dev`` is true.
+    At least 1."""
+    return max(1, _fitting(capacity, configs, driver_cpus))
+
+
+def _fitting(capacity: dict[str, float], configs: list[TrainConfig], driver_cpus: float) -> int:
+    needs = [run_needs(config, driver_cpus) for config in configs]
+    return int(min(capacity.get(key, 0) // most for key in ("CPU", "GPU") if (most := max(n[key] for n in needs)) > 0))
+
+
+def run_needs(config: TrainConfig, driver_cpus: float = 0.0) -> dict[str, float]:
+    """CPUs and GPUs one training run holds: its workers, its driver, its dev scorer when ``async_dev`` is true."""
+    scaling, scorer = config.scaling, config.evaluation.dev_resources if config.evaluation.async_dev is True else {}
+    gpus = scaling.max_workers * scaling.gpus_per_worker if scaling.use_gpu else 0.0
+    return {
+        "CPU": scaling.max_workers * scaling.cpus_per_worker + driver_cpus + scorer.get("CPU", 0.0),
+        "GPU": gpus + scorer.get("GPU", 0.0),
+    }
+
+
+def resolve_async_dev(
+    configs: list[TrainConfig], capacity: dict[str, float], runs: int | None, driver_cpus: float = 0.0
+) -> tuple[bool, str]:
+    """``evaluation.async_dev`` of these runs (a run, or a sweep's trials, which share it) and the log line that
+    says why. ``auto``: off the training ranks when ``capacity`` holds a dev scorer (``evaluation.dev_resources``)
+    beside each of ``runs`` of them at once (1: a training run; None: as many as it holds without scorers), so
+    scoring never takes a run's place; else inline. Decided from the cluster's size, not what is free now: the same
+    on every try. Sums over the cluster: a scorer split over two nodes' leftovers counts as placed."""
+    evaluation = configs[0].evaluation
+    scorer = resources_text(evaluation.dev_resources)
+    if evaluation.async_dev != "auto":
+        where = f"off the training ranks on {scorer}" if evaluation.async_dev else "inline on rank 0"
+        return evaluation.async_dev, f"evaluation.async_dev={str(evaluation.async_dev).lower()}: dev scores {where}"
+    runs = runs or runs_fitting(capacity, [with_async_dev(c, False) for c in configs], driver_cpus)
+    beside = _fitting(capacity, [with_async_dev(c, True) for c in configs], driver_cpus) >= runs
+    held = f"the cluster's {resources_text(_processors(capacity))}"
+    what = "the training workers" if runs == 1 else f"each of {runs} concurrent trials"
+    if beside:
+        return True, f"evaluation.async_dev=auto: dev scores off the training ranks, on {scorer} beside {what} ({held})"
+    return False, f"evaluation.async_dev=auto: dev scores inline on rank 0: {held} cannot hold {scorer} beside {what}"
+
+
+def with_async_dev(config: TrainConfig, async_dev: bool) -> TrainConfig:
+    return dataclasses.replace(config, evaluation=dataclasses.replace(config.evaluation, async_dev=async_dev))
 
 
 # Filesystem types (/proc/mounts) every node can mount: NFS (EFS), SMB, parallel filesystems, FUSE object stores.

@@ -17,6 +17,7 @@ primitives only, since Ray Train's controller unpickles it too.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,14 @@ from sbert_ray.models import check_model
 from sbert_ray.models.load import load_tokenizer
 from sbert_ray.ray_compat import connect_ray
 from sbert_ray.runs import owned_paths, record
-from sbert_ray.runs.cluster import check_resources, input_errors_unwrapped, refuse_unshared_paths
+from sbert_ray.runs.cluster import (
+    check_resources,
+    cluster_capacity,
+    input_errors_unwrapped,
+    refuse_unshared_paths,
+    resolve_async_dev,
+    with_async_dev,
+)
 from sbert_ray.tracking.errors import TrackingError
 from sbert_ray.tracking.mlflow_run import RunLogger, resolve_tracking_uri
 from sbert_ray.tracking.store import TrackingStore
@@ -39,6 +47,7 @@ from sbert_ray.training.stage_data import count_stages
 from sbert_ray.training.stage_plan import StagePlan, WorkerPlan, stage_plans
 from sbert_ray.training.storage import is_remote, resolve_storage
 
+logger = logging.getLogger(__name__)
 METRICS_SPOOL = "mlflow_pending_metrics.jsonl"  # in the run folder: metrics waiting for the tracking store
 
 
@@ -95,7 +104,9 @@ def plan_run(
         rows = count_stages(config, sources)
     check_resources(config.scaling)  # workers the cluster cannot hold: refused before the MLflow run and record
     refuse_unshared_paths(worker_paths(config), config.scaling)
-    config = masked(config, store)
+    async_dev, why = resolve_async_dev([config], cluster_capacity(), runs=1)
+    logger.info(why)
+    config = masked(with_async_dev(config, async_dev), store)
     plans = stage_plans(config, rows)
     return RunPlan(config, store, run_dir, tasks, tuple(sources), tuple(rows), plans, previous, archived)
 

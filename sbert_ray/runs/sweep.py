@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +28,14 @@ from ray.tune.search.optuna import OptunaSearch
 from sbert_ray.config import ConfigError, TrainConfig, dump_yaml, flatten, to_dict
 from sbert_ray.ray_compat import connect_ray
 from sbert_ray.runs import owned_paths
-from sbert_ray.runs.cluster import refuse_impossible, refuse_unshared_paths, runs_that_fit
+from sbert_ray.runs.cluster import (
+    cluster_capacity,
+    refuse_impossible,
+    refuse_unshared_paths,
+    resolve_async_dev,
+    runs_that_fit,
+    with_async_dev,
+)
 from sbert_ray.runs.plan import absolute_paths, masked, prepare, tracking_store, worker_paths
 from sbert_ray.runs.progress_lines import SweepProgress
 from sbert_ray.runs.train_run import TrainResult, run_training
@@ -37,11 +45,13 @@ from sbert_ray.tracking.store import TrackingStore
 from sbert_ray.tracking.sweep_run import SweepTracker
 from sbert_ray.training.storage import is_remote
 from sbert_ray.tuning import trial_results
+from sbert_ray.tuning.dev_lag import DEV_STEP, scored_now
 from sbert_ray.tuning.placement_groups import RemoveOrphanedPlacementGroups, release_trial_placement_groups
-from sbert_ray.tuning.space import METRIC, SearchSpace, SweepConfig
+from sbert_ray.tuning.space import METRIC, AshaConfig, SearchSpace, SweepConfig
 from sbert_ray.tuning.trial_gate import TrialGate
 from sbert_ray.tuning.trial_results import TrialRow
 
+logger = logging.getLogger(__name__)
 # A trial's own process only waits on its TorchTrainer; a token CPU share keeps trials from holding the CPUs their
 # training workers need (a whole CPU per trial deadlocks small machines).
 TRIAL_CPU = 0.01
@@ -68,7 +78,8 @@ def run_trial(sampled: dict, context: TrialContext) -> None:
             config.tracking, run_name=f"trial {trial_id}", registered_model_name=None, alias=None
         ),
     )
-    with TrialGate() as gate:  # each report waits for Tune's verdict; a stop aborts the Train run (trial_gate.py)
+    # Each report waits for Tune's verdict; a stop aborts the Train run (trial_gate.py).
+    with TrialGate(config.evaluation.async_dev is True, config.scaling.resource_wait_s) as gate:
         try:
             result = run_training(
                 config,
@@ -83,7 +94,7 @@ def run_trial(sampled: dict, context: TrialContext) -> None:
             raise
     # "finished", not "done": Tune reads a reported "done" as the end of the trial and stops it on the spot.
     final = {f"final_{entry}": value for entry, (_, value) in result.headlines.items()}
-    tune.report({**result.metrics, **final, "finished": True})
+    tune.report({**scored_now(result.metrics), **final, "finished": True})  # the last checkpoint's own dev score
 
 
 @dataclass
@@ -116,6 +127,7 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepResult:
     plan = plan_sweep(sweep, resume)
     with open_sweep_run(plan) as tracker:
         check_cluster(plan.extremes)
+        plan = place_dev_scores(plan)
         start = time.perf_counter()
         grid = _tuner(plan, TrialContext(plan.space, f"{plan.path}/trials", tracker.run_id), resume).fit()
         release_trial_placement_groups()  # what stopped trials reserved, before retrain_best needs it
@@ -180,6 +192,16 @@ def check_cluster(extremes: list[TrainConfig]) -> None:
         refuse_unshared_paths(worker_paths(extreme), extreme.scaling)
 
 
+def place_dev_scores(plan: SweepPlan) -> SweepPlan:
+    """The sweep with ``base.evaluation.async_dev`` decided for every trial (``resolve_async_dev``: auto is off the
+    training ranks where the cluster holds a dev scorer beside each concurrent trial), said in the log."""
+    base, sweep = plan.space.base, plan.sweep
+    async_dev, why = resolve_async_dev(plan.extremes, cluster_capacity(), sweep.max_concurrent_trials, TRIAL_CPU)
+    logger.info(why)
+    space = SearchSpace(with_async_dev(base, async_dev), sweep.search_space)
+    return dataclasses.replace(plan, space=space, extremes=[with_async_dev(c, async_dev) for c in plan.extremes])
+
+
 def _tuner(plan: SweepPlan, context: TrialContext, resume: bool) -> tune.Tuner:
     """The sweep's Tuner: restored with ``resume`` (finished and failed trials stay as they are; interrupted ones
     restart and resume training), else new."""
@@ -210,15 +232,7 @@ def _new_tuner(sweep: SweepConfig, space: SearchSpace, extremes: list[TrainConfi
         if sweep.search == "optuna"
         else BasicVariantGenerator(max_concurrent=concurrency, random_state=sweep.base.seed)
     )
-    scheduler = None  # FIFO: every trial runs to its end
-    if sweep.scheduler == "asha":
-        scheduler = ASHAScheduler(
-            time_attr="global_step",  # rungs in optimizer steps, as eval_every and the MLflow metric steps
-            grace_period=sweep.asha.grace_period,
-            reduction_factor=sweep.asha.reduction_factor,
-            max_t=sweep.asha.max_t,
-            stop_last_trials=False,  # a trial always ends on its own final evaluation
-        )
+    scheduler = asha_scheduler(sweep.asha) if sweep.scheduler == "asha" else None  # None: FIFO, every trial ends
     return tune.Tuner(
         trainable,
         param_space=space.param_space(),
@@ -237,6 +251,18 @@ def _new_tuner(sweep: SweepConfig, space: SearchSpace, extremes: list[TrainConfi
             # Stopped trials' Train groups (see placement_groups.py); a bar of trials done / running / pending.
             callbacks=[RemoveOrphanedPlacementGroups(), SweepProgress(sweep.num_samples * space.grid_size())],
         ),
+    )
+
+
+def asha_scheduler(asha: AshaConfig) -> ASHAScheduler:
+    return ASHAScheduler(
+        # Rungs in optimizer steps (as eval_every and the MLflow metric steps) of the checkpoint each dev score is
+        # of: a lagged score (async_dev) is compared at its own step, as inline (tuning.dev_lag).
+        time_attr=DEV_STEP,
+        grace_period=asha.grace_period,
+        reduction_factor=asha.reduction_factor,
+        max_t=asha.max_t,
+        stop_last_trials=False,  # a trial always ends on its own final evaluation
     )
 
 

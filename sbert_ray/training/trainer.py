@@ -91,7 +91,7 @@ def run_trainer(
             num_to_keep=config.checkpoint.keep_best, checkpoint_score_attribute=DEV_SCORE, checkpoint_score_order="max"
         ),
     )
-    return torch_trainer(plan, data, run_config, tracking, dev_validation(plan, tracking), report_gate)
+    return torch_trainer(plan, data, run_config, tracking, dev_validation(plan, tracking, report_gate), report_gate)
 
 
 def fit(trainer: TorchTrainer) -> ray.train.Result:

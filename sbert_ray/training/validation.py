@@ -1,9 +1,10 @@
 """Each checkpoint's dev score beside training (``evaluation.async_dev``): Ray Train's checkpoint validation runs
-``score_dev`` in a Ray task sized like one training worker while the workers go on."""
+``score_dev`` in a Ray task on ``evaluation.dev_resources`` (a CPU, or a share of a GPU) while the workers go on."""
 
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 import ray
@@ -28,45 +29,59 @@ def checkpoint_model(checkpoint: ray.train.Checkpoint) -> SentenceEncoder:
         return SentenceEncoder.load(Path(directory) / MODEL_DIR)
 
 
-def dev_validation(plan: WorkerPlan, tracking: dict | None) -> ray.train.ValidationConfig | None:
-    """With ``evaluation.async_dev``: Ray Train's checkpoint validation, which scores each checkpoint a report asks
-    it to (``ray.train.report(..., validation=ValidationTaskConfig({"step": ...}))``) with ``score_dev`` in a Ray
-    task sized like one training worker (``score_dev_when_free``), one at a time, and merges the returned
-    ``dev_score`` into that checkpoint's metrics (keep_best ranks it then; until then Ray keeps it). ``tracking``:
-    the run's (see ``RunLogger``), where each score is logged at its checkpoint's step. The dev task and metric
-    are the ones ``plan`` carries (resolved by the driver), as primitives."""
+def dev_validation(
+    plan: WorkerPlan, tracking: dict | None, report_gate: ray.actor.ActorHandle | None = None
+) -> ray.train.ValidationConfig | None:
+    """With ``evaluation.async_dev`` (resolved to true by the driver): Ray Train's checkpoint validation, which
+    scores each checkpoint a report asks it to (``ray.train.report(..., validation=ValidationTaskConfig({"step":
+    ...}))``) with ``score_dev`` in a Ray task on ``evaluation.dev_resources`` (``score_dev_when_free``), one at a
+    time, and merges the returned ``dev_score`` into that checkpoint's metrics (keep_best ranks it then; until then
+    Ray keeps it). ``tracking``: the run's (see ``RunLogger``), where each score is logged at its checkpoint's step.
+    ``report_gate``: a sweep trial's (``tuning.trial_gate``), told each score for the trial's next report to Tune.
+    The dev task and metric are the ones ``plan`` carries (resolved by the driver), as primitives."""
     config = plan.config
-    if not config.evaluation.async_dev:
+    if config.evaluation.async_dev is not True:
         return None
-    scaling = config.scaling
+    resources = config.evaluation.dev_resources
     dev = {"evaluation": to_dict(config.evaluation), "data_dir": config.data_dir, "spec": plan.dev.to_wire()}
     place = {
-        "device": "cuda" if scaling.use_gpu else "cpu",
-        "threads": scaling.threads_per_worker(),
-        "resources": scaling.resources_per_worker(),  # reserved for each score (``score_dev_when_free``)
-        "wait_s": scaling.resource_wait_s,
+        "device": "cuda" if resources.get("GPU") else "cpu",
+        "threads": max(1, math.ceil(resources["CPU"])),
+        "resources": resources,  # reserved for each score (``score_dev_when_free``)
+        "wait_s": config.scaling.resource_wait_s,
     }
     if tracking:  # straight to the store (rank 0's spool file is rank 0's), waiting out an outage as the driver does
         tracking = {"tracking_uri": tracking["tracking_uri"], "run_id": tracking["run_id"]}
         tracking["wait_s"] = config.tracking.wait_s
     return ray.train.ValidationConfig(
         score_dev_when_free,
-        ray.train.ValidationTaskConfig({"dev": dev, "place": place, "tracking": tracking}),
+        ray.train.ValidationTaskConfig({"dev": dev, "place": place, "tracking": tracking, "gate": report_gate}),
         # Starts at once, holding nothing, outside the caller's placement group (a Tune trial's holds its token CPU).
         ray_remote_kwargs={"num_cpus": 0, "scheduling_strategy": "DEFAULT"},
     )
 
 
 def score_dev_when_free(
-    checkpoint: ray.train.Checkpoint, step: int, dev: dict, place: dict, tracking: dict | None
+    checkpoint: ray.train.Checkpoint,
+    step: int,
+    dev: dict,
+    place: dict,
+    tracking: dict | None,
+    gate: ray.actor.ActorHandle | None,
 ) -> dict:
-    """``score_dev`` on one worker's resources (``place["resources"]``), waited for at most ``place["wait_s"]``
-    (``scaling.resource_wait_s``); Ray Train's own task would wait for ever while other work holds them. Past the
-    wait the validation fails with ``ResourcesBusy`` naming what is missing (Ray Train logs it; that checkpoint goes
-    unscored, training goes on)."""
+    """``score_dev`` on ``place["resources"]``, waited for at most ``place["wait_s"]`` (``scaling.resource_wait_s``);
+    Ray Train's own task would wait for ever while other work holds them. Past the wait the validation fails with
+    ``ResourcesBusy`` naming what is missing (Ray Train logs it; that checkpoint goes unscored, training goes on).
+    A sweep trial's gate gets the score, or None for one that failed (its next report to Tune goes without)."""
     resources = place["resources"]
     what = f"evaluation.async_dev: the dev score of step {step} on {resources_text(resources)}"
-    return call_reserved(score_dev, (checkpoint, step, dev, place, tracking), resources, place["wait_s"], what)
+    scored = None
+    try:
+        scored = call_reserved(score_dev, (checkpoint, step, dev, place, tracking), resources, place["wait_s"], what)
+        return scored
+    finally:
+        if gate is not None:
+            gate.dev_scored.remote(step, scored and scored[DEV_SCORE])
 
 
 def score_dev(checkpoint: ray.train.Checkpoint, step: int, dev: dict, place: dict, tracking: dict | None) -> dict:

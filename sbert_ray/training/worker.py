@@ -203,7 +203,8 @@ class RayReporter:
         self.writes = writes
         self.persist = checkpoint_persister(ray.train.get_context()) if writes else None
         self.gate = gate  # a sweep trial's (tuning.trial_gate): Tune's verdict on each report, before training on
-        self.async_dev = config.evaluation.async_dev  # scored beside training (``training.validation.dev_validation``)
+        # Scored beside training (``training.validation.dev_validation``); the driver resolved auto.
+        self.async_dev = config.evaluation.async_dev is True
         self.upload = UPLOAD_MODES[config.checkpoint.upload]
         self.dev = None
         if worker.rank == 0 and not self.async_dev:

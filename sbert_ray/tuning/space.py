@@ -60,8 +60,6 @@ class SweepConfig:
             self.base.validate()
         except ConfigError as err:
             raise ConfigError(f"base.{err}") from None
-        if self.base.evaluation.async_dev:
-            raise ConfigError("base.evaluation.async_dev: a sweep's scheduler needs each report's dev score")
         if self.base.scaling.elastic:
             raise ConfigError(
                 f"base.scaling.num_workers: {self.base.scaling.num_workers} is elastic; a sweep's trials train at a "
@@ -89,14 +87,20 @@ class SweepConfig:
                 raise ConfigError("search_space: scaling.num_workers must stay one number (sweeps are not elastic)")
             if _dev_settings(config.evaluation) != dev:
                 raise ConfigError(
-                    "search_space: trials are ranked by one dev score; set evaluation.dev_task, dev_metric and "
-                    "dev_tasks in base, not in the search space"
+                    "search_space: trials are ranked by one dev score, scored one way; set evaluation.dev_task, "
+                    "dev_metric, dev_tasks, async_dev and dev_resources in base, not in the search space"
                 )
 
 
 def _dev_settings(evaluation: EvalConfig) -> tuple:
-    """What the dev score is, as the config sets it."""
-    return evaluation.dev_task, evaluation.dev_metric, evaluation.dev_tasks
+    """What the dev score is and where it is computed, as the config sets it."""
+    return (
+        evaluation.dev_task,
+        evaluation.dev_metric,
+        evaluation.dev_tasks,
+        evaluation.async_dev,
+        evaluation.dev_resources,
+    )
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ Here rank 0 hands each report to a ``ReportGate`` actor and waits for Tune's ver
 ``forward_reports`` (a thread of the trial) passes the report to ``tune.report``, which returns when Tune lets the
 trial continue and raises ``SystemExit`` when Tune stops it. Then (or when Tune stops the trial between reports,
 on the sweep's Ctrl-C) the thread aborts the trial's Train controller, as Ray Train's own Ctrl-C handler does: the
-workers end and their placement group is removed, within seconds, and no later dev score is logged.
+workers end and their placement group is removed, within seconds, and no later dev score is logged (off the
+training ranks: none past the stopped report's own checkpoint, whose scoring may still finish).
 
 run_trial (Tune's trial thread)        with TrialGate(): run_training(..., report_gate=gate.actor)
   forward_reports (thread)             gate.next_report -> tune.report -> gate.go_on | abort the controller
@@ -30,6 +31,7 @@ from ray import tune
 from ray.train import UserCallback
 
 from sbert_ray.ray_compat import abort_train_controller, tune_stopping_trial
+from sbert_ray.tuning.dev_lag import LaggedDevScores, scored_now
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +41,13 @@ CONTROLLER_WAIT_S = 60.0  # for the controller to take the stopped report (its c
 
 @ray.remote(num_cpus=0)
 class ReportGate:
-    """Rank 0's reports, one at a time, to the trial's thread, and Tune's "go on" back. Owned by the trial's actor:
-    it ends with the trial."""
+    """Rank 0's reports, one at a time, to the trial's thread, and Tune's "go on" back. With dev scores off the
+    training ranks (``lagged``) each report goes with the previous one's score (``tuning.dev_lag``), which the
+    scorer hands in (``dev_scored``). Owned by the trial's actor: it ends with the trial."""
 
-    def __init__(self) -> None:
+    def __init__(self, lagged: bool, score_wait_s: float) -> None:
+        self._lag, self._scored = LaggedDevScores() if lagged else None, asyncio.Event()
+        self._score_wait_s = score_wait_s
         self._reports: asyncio.Queue = asyncio.Queue(maxsize=1)
         self._go_on = asyncio.Event()
         self._controller, self._step, self._reported = None, -1, asyncio.Event()
@@ -54,10 +59,30 @@ class ReportGate:
         await self._go_on.wait()
 
     async def next_report(self, timeout_s: float) -> dict | None:
+        """The next report as Tune gets it (None: none within ``timeout_s``)."""
         try:
-            return await asyncio.wait_for(self._reports.get(), timeout_s)
+            metrics = await asyncio.wait_for(self._reports.get(), timeout_s)
         except TimeoutError:
             return None
+        if self._lag is None:
+            return scored_now(metrics)
+        try:  # the previous report's score is late: wait, so the lag stays one report
+            await asyncio.wait_for(self._previous_scored(), self._score_wait_s)
+        except TimeoutError:  # a scorer that died says nothing: this report goes without (ASHA skips it)
+            log.warning(
+                "no dev score of the report before step %d within %g s", metrics["global_step"], self._score_wait_s
+            )
+        return self._lag.for_tune(metrics)
+
+    async def _previous_scored(self) -> None:
+        while not self._lag.ready():
+            self._scored.clear()
+            await self._scored.wait()
+
+    def dev_scored(self, step: int, score: float | None) -> None:
+        """The off-rank scorer: the dev score of ``step``'s checkpoint (None: its scoring failed)."""
+        self._lag.scored(step, score)
+        self._scored.set()
 
     def go_on(self) -> None:
         self._go_on.set()
@@ -97,10 +122,13 @@ class ControllerToGate(UserCallback):
 class TrialGate:
     """In a Tune trial, around its ``run_training``: the gate rank 0 waits on (``actor``), the controller callback
     that makes the controller abortable (``callback``), and the thread that forwards reports to Tune. ``stopped``:
-    Tune stopped the trial and its Train run was aborted (``run_training`` then fails: no result to report)."""
+    Tune stopped the trial and its Train run was aborted (``run_training`` then fails: no result to report).
+    ``lagged_dev``: the trial's dev scores come off the training ranks, a report late (``tuning.dev_lag``); a report
+    waits up to ``score_wait_s`` for the previous one's score (the trial's ``scaling.resource_wait_s``: the scorer
+    itself gives up after waiting that long for its resources), then goes without it."""
 
-    def __init__(self) -> None:
-        self.actor = ReportGate.remote()
+    def __init__(self, lagged_dev: bool, score_wait_s: float) -> None:
+        self.actor = ReportGate.remote(lagged_dev, score_wait_s)
         self.callback = ControllerToGate(self.actor)
         self.stopped = False
         self._done = threading.Event()
