@@ -245,11 +245,14 @@ def test_ray_trains_controller_unpickles_no_code_of_ours(tmp_path):
         # never tokenise.
         ("sbert_ray.training.stage_data, sbert_ray.runs.progress_lines", ("torch", "transformers", "mlflow")),
         ("sbert_ray.runs.scoring", ("mlflow",)),  # the final scores' task, which logs nothing
-        ("sbert_ray.training.worker", ("peft",)),  # every Train worker; LoRA imports it where a stage trains adapters
+        # Every Train worker: LoRA imports peft where a stage trains adapters, rank 0 of a logged run MLflow, and a
+        # sharded run FSDP (DTensor with it).
+        ("sbert_ray.training.worker", ("peft", "mlflow", "torch.distributed.tensor", "torch.distributed.fsdp")),
     ],
 )
 def test_what_rays_processes_unpickle_imports_no_more_than_they_use(modules, libraries):
-    """Each of torch, transformers, MLflow and peft is seconds of start-up for a fresh Ray process on 2 cores."""
+    """Each of torch, transformers, MLflow, peft and DTensor is ~1 s or more of start-up for a fresh Ray process on 2
+    cores."""
     probe = f"import sys, {modules}\nprint(sorted(m for m in {libraries} if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.splitlines()[-1] == "[]", result.stdout[-500:]

@@ -16,26 +16,19 @@ device (no storage) between report points.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.training.host_copy import encoder_holding, meta_copy
 
-# Whole tensors, on rank 0's host only (the other ranks get empty dicts): a model the device could not hold whole.
-WHOLE_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
-# Loading: every rank passes the whole state it read from the checkpoint and keeps its shard of it.
-WHOLE_FROM_EVERY_RANK = StateDictOptions(full_state_dict=True)
+# FSDP and torch.distributed.checkpoint are imported where a sharded run calls them: both pull in DTensor, ~0.7 CPU-s
+# in every Train worker process of every DDP run (and the test suite starts a few hundred).
+FSDP = "torch.distributed.fsdp"
 
 # Rank 0's copy of each sharded encoder, parameters on the meta device: what the gathered weights are assigned into.
 _META_COPIES: weakref.WeakKeyDictionary[SentenceEncoder, SentenceEncoder] = weakref.WeakKeyDictionary()
@@ -57,6 +50,8 @@ def shard_encoder(encoder: SentenceEncoder, keep_meta_copy: bool, precision: str
     Under bf16 the blocks compute on bf16 copies of the weights (FSDP's mixed precision: all-gathered and held
     unsharded in half the bytes) while each rank's shard, its gradients' reduction and AdamW's state stay fp32:
     the fp32 master weights of mixed-precision training at no extra memory. The embeddings come out in fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     if keep_meta_copy:
         _META_COPIES[encoder] = meta_copy(encoder).eval()  # what it gathers is scored
     # Without bf16 every dtype stays the parameters' own (None): a float64 test encoder must reduce in float64.
@@ -68,7 +63,8 @@ def shard_encoder(encoder: SentenceEncoder, keep_meta_copy: bool, precision: str
 
 
 def is_sharded(encoder: torch.nn.Module) -> bool:
-    return isinstance(encoder, FSDPModule)
+    fsdp = sys.modules.get(FSDP)  # not imported yet: nothing in this process was sharded
+    return fsdp is not None and isinstance(encoder, fsdp.FSDPModule)
 
 
 def _blocks(transformer: torch.nn.Module) -> list[torch.nn.Module]:
@@ -86,10 +82,14 @@ def gather_whole(
 ) -> Whole:
     """Every rank: gather the sharded ``encoder``'s whole weights (and with an ``optimizer``, its whole state) to
     rank 0's host. Rank 0 gets them back in its meta copy of the encoder; the others get ``Whole(None, None)``."""
-    weights = get_model_state_dict(encoder, options=WHOLE_ON_RANK0)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    # Whole tensors, on rank 0's host only (the other ranks get empty dicts): a model the device could not hold whole.
+    whole_on_rank0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(encoder, options=whole_on_rank0)
     optimizer_state = None
     if optimizer is not None:
-        by_name = get_optimizer_state_dict(objective, optimizer, options=WHOLE_ON_RANK0)
+        by_name = get_optimizer_state_dict(objective, optimizer, options=whole_on_rank0)
         optimizer_state = _by_position(by_name, _names_in_order(objective, optimizer)) if by_name else None
     meta = _META_COPIES.get(encoder)
     if meta is None:
@@ -101,6 +101,8 @@ def gather_whole(
 def load_whole_optimizer_state(objective: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> None:
     """Every rank: the whole optimizer state of a checkpoint (``optimizer.state_dict()``'s layout, from a DDP or an
     FSDP run of any size) into this rank's shards of it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
     names = _names_in_order(objective, optimizer)
     by_name = {
         "state": {names[position]: value for position, value in saved["state"].items()},
@@ -108,7 +110,8 @@ def load_whole_optimizer_state(objective: torch.nn.Module, optimizer: torch.opti
             {**group, "params": [names[position] for position in group["params"]]} for group in saved["param_groups"]
         ],
     }
-    set_optimizer_state_dict(objective, optimizer, by_name, options=WHOLE_FROM_EVERY_RANK)
+    # Every rank passes the whole state it read from the checkpoint and keeps its shard of it.
+    set_optimizer_state_dict(objective, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
 
 
 def _names_in_order(objective: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:

@@ -28,6 +28,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import ray
 import ray.train
@@ -42,7 +43,6 @@ from sbert_ray.models import SentenceEncoder
 from sbert_ray.models.encoder import compiles
 from sbert_ray.models.model_card import describe_hardware
 from sbert_ray.ray_compat import checkpoint_persister, run_storage
-from sbert_ray.tracking.mlflow_run import RunLogger
 from sbert_ray.training.checkpoint_writes import CheckpointWrites
 from sbert_ray.training.faults import WorkerFaults
 from sbert_ray.training.loop import CheckpointWriter, Diverged, Stopped
@@ -58,6 +58,9 @@ from sbert_ray.training.resume_points import (
 )
 from sbert_ray.training.stage_plan import WorkerPlan
 from sbert_ray.training.stages import Worker, alone, start_worker, train_stages
+
+if TYPE_CHECKING:
+    from sbert_ray.tracking.mlflow_run import RunLogger
 from sbert_ray.training.state import TrainState
 from sbert_ray.training.stream import SourceStream
 
@@ -94,7 +97,7 @@ def train_loop_per_worker(loop_config: dict) -> dict:
         started = start_worker(config, worker, restored)
         if compiles(config.scaling.compile, device):
             started.encoder.compile_for_training()
-        run_logger = RunLogger(**tracking) if worker.rank == 0 and tracking else None
+        run_logger = _run_logger(tracking) if worker.rank == 0 and tracking else None
         writes = CheckpointWrites(points, background=config.checkpoint.upload == "async") if worker.rank == 0 else None
         reporter = RayReporter(plan, worker, started.encoder, run_logger, writes, loop_config["report_gate"])
         if point is not None:
@@ -261,6 +264,13 @@ class RayReporter:
         metrics[DEV_SCORE] = state.dev_score = scores[self.dev.key]
         self.log(scores, step=state.global_step)
         return False
+
+
+def _run_logger(tracking: dict) -> RunLogger:
+    """Rank 0's logger into the run the driver opened: MLflow is imported (~1 CPU-s) in the one process that logs."""
+    from sbert_ray.tracking.mlflow_run import RunLogger
+
+    return RunLogger(**tracking)
 
 
 def _summary(worker: Worker, meter: StepMeter, diverged: Diverged | None = None) -> dict:
