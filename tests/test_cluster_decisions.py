@@ -4,6 +4,7 @@ scores go off the training ranks (evaluation.async_dev: auto)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from sbert_ray.config import EvalConfig, ScalingConfig, TrainConfig
@@ -90,6 +91,12 @@ def test_dev_scores_go_off_the_training_ranks_where_the_cluster_holds_a_scorer_b
     )
     assert not resolve_async_dev([eight], {"CPU": 96.0, "GPU": 8.0}, runs=1)[0]
     assert resolve_async_dev([eight], {"CPU": 96.0, "GPU": 9.0}, runs=1)[0]
+    # evaluation.dev_workers: that many scorers of dev_resources each, beside the workers
+    two_scorers = dataclasses.replace(cpu_run(2, 0.5), evaluation=EvalConfig(dev_workers=2))
+    assert resolve_async_dev([two_scorers], {"CPU": 3.0}, runs=1)[1].endswith(
+        "on 2 CPU beside the training workers (the cluster's 3 CPU)"
+    )
+    assert not resolve_async_dev([two_scorers], {"CPU": 2.0}, runs=1)[0]
     assert resolve_async_dev([cpu_run(2, 1.0, async_dev=True)], {"CPU": 2.0}, runs=1)[0] is True
     assert resolve_async_dev([cpu_run(2, 0.5, async_dev=False)], {"CPU": 2.0}, runs=1)[0] is False
 

@@ -135,6 +135,7 @@ def test_shipped_configs_load():
         (["evaluation.dev_resources={CPU: 0}"], "evaluation.dev_resources.CPU must be > 0"),
         (["evaluation.dev_resources={CPU: 1, GPU: 1.5}"], "evaluation.dev_resources.GPU: a share of one GPU or a"),
         (["evaluation.dev_resources={CPU: 1, TPU: 1}"], "evaluation.dev_resources: 'TPU' is not CPU or GPU"),
+        (["evaluation.dev_workers=0"], "evaluation.dev_workers must be >= 1, got 0"),
         (["scaling.cpus_per_worker=0"], "scaling.cpus_per_worker must be > 0"),
         (["scaling.cpus_per_worker=-1"], "scaling.cpus_per_worker must be > 0"),
         (["scaling.resource_wait_s=-1"], "scaling.resource_wait_s must be >= 0, got -1"),

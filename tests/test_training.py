@@ -82,16 +82,18 @@ def test_training_run_is_complete_in_mlflow_with_dev_scores_off_the_training_ran
 ):
     """One run, two claims (one fit: every cluster test pays a TorchTrainer start-up). It is complete in MLflow:
     metrics, params, tags, artifacts, a model that loads in the reference library, its card, the registered
-    version. And evaluation.async_dev: each checkpoint is scored in a Ray task beside training (the cluster's spare
-    CPU); its score reaches keep_best's ranking (the checkpoint's metrics), MLflow at the checkpoint's own step and
-    the run's result, and it is that checkpoint's model's score. With full state every other report point the first
+    version. And evaluation.async_dev: each checkpoint is scored beside training, its encoding shared by two
+    scorers of half a CPU (the cluster's spare CPU; evaluation.dev_workers); its score reaches keep_best's ranking
+    (the checkpoint's metrics), MLflow at the checkpoint's own step and the run's result, and it is that
+    checkpoint's model's score in one process. With full state every other report point the first
     checkpoint holds weights only; the stage's last is full. The model trains LoRA adapters (``model.lora``): saved
     merged, it is what every one of those loads; a large alpha makes its steps move the scores as full training's.
     """
     registered = ["tracking.registered_model_name=tiny-stsb", "tracking.alias=champion"]
     # keep_best=3: every checkpoint stays, to be scored again here (keep_best=2 ranking by the dev score, plus the
     # latest: test_dev_score.py::test_a_retrieval_dev_metric_keeps_the_best_checkpoints)
-    async_dev = ["evaluation.async_dev=true", "checkpoint.full_every=2", "checkpoint.keep_best=3"]
+    async_dev = ["evaluation.async_dev=true", "evaluation.dev_workers=2", "evaluation.dev_resources={CPU: 0.5}"]
+    async_dev += ["checkpoint.full_every=2", "checkpoint.keep_best=3"]
     lora = ["model.lora.r=8", "model.lora.alpha=256"]
     config = load_config(tiny_train_config(eval_every=4), [*registered, *async_dev, *lora])
     result = run_training(config)

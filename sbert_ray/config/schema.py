@@ -132,6 +132,10 @@ class EvalConfig:
     # What the off-rank dev scorer reserves: CPUs, and a GPU or a fraction of one (e.g. {CPU: 1, GPU: 0.25}) where
     # the cluster has one beside the training workers' GPUs; it scores on that GPU, else on its CPUs.
     dev_resources: dict[str, float] = field(default_factory=lambda: {"CPU": 1.0})
+    # Off the ranks: how many scorers share each dev score's encoding, each on dev_resources (whole batches dealt
+    # round-robin, the scores those of one process), for a dev corpus one scorer would not score within a report
+    # interval. 1: one scorer. Inline on rank 0 the dev score is rank 0's alone.
+    dev_workers: int = 1
     final_tasks: list[str] = field(default_factory=lambda: ["sts"])  # [] skips the final suite
     before_tasks: list[str] = field(default_factory=list)  # tasks scored on the model before training
 
@@ -285,6 +289,7 @@ class TrainConfig:
         _at_least("evaluation.dev_limit", evaluation.dev_limit, 2, none_means="all dev pairs")  # Spearman needs 2
         _check_dev_task(evaluation)
         _check_dev_resources(evaluation.dev_resources)
+        _at_least("evaluation.dev_workers", evaluation.dev_workers, 1)
         _at_least("evaluation.eval_every", evaluation.eval_every, 0)
         _at_least("evaluation.batch_size", evaluation.batch_size, 1)
         _at_least("checkpoint.keep_best", self.checkpoint.keep_best, 1)

@@ -17,6 +17,7 @@ again for each set.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
@@ -31,6 +32,7 @@ from sbert_ray.reservations import in_bundle, reserve, resources_text
 
 T = TypeVar("T")
 IN_FLIGHT = 2  # items queued per worker in map_unordered: one running, one ready to start
+COMMAND_KEYS = ("--workers", "--resource-wait-s")  # what sets a command's replicas and bounds its wait for them
 
 
 class EncoderReplica:
@@ -67,13 +69,15 @@ def replica_resources(use_gpu: bool, cpus: float = 1) -> dict[str, float]:
     return {"CPU": cpus, "GPU": 1 if use_gpu else 0}
 
 
-def reserve_replicas(replica: dict[str, float], workers: int, wait_s: float) -> PlacementGroup:
-    """A placement group of ``workers`` replicas' resources, within ``wait_s`` seconds (``--resource-wait-s``), else
-    ``ResourcesBusy`` naming what is missing: Ray would wait for ever, and the command hang silently. PACK: on one
-    node where they fit, else spread over nodes."""
+def reserve_replicas(
+    replica: dict[str, float], workers: int, wait_s: float, keys: tuple[str, str] = COMMAND_KEYS
+) -> PlacementGroup:
+    """A placement group of ``workers`` replicas' resources, within ``wait_s`` seconds, else ``ResourcesBusy`` naming
+    what is missing and ``keys`` (the option or config key setting the count, and the one bounding the wait): Ray
+    would wait for ever, and the command hang silently. PACK: on one node where they fit, else spread over nodes."""
     asked = {key: need for key, need in replica.items() if need}  # "1 CPU", not "1 CPU, 0 GPU"
-    what = f"--workers {workers} encoder replicas of {resources_text(asked)}"
-    return reserve([replica] * workers, "PACK", wait_s, what, "--resource-wait-s")
+    what = f"{keys[0]} {workers} encoder replicas of {resources_text(asked)}"
+    return reserve([replica] * workers, "PACK", wait_s, what, keys[1])
 
 
 def shareable(encoder: SentenceEncoder) -> ray.ObjectRef:
@@ -84,9 +88,10 @@ def shareable(encoder: SentenceEncoder) -> ray.ObjectRef:
 
 class RayEncoder:
     """Drop-in for ``SentenceEncoder.encode`` that runs on ``num_workers`` Ray actors (one GPU each with
-    ``use_gpu``), started in a placement group reserved for them within ``resource_wait_s`` (the commands'
-    ``--resource-wait-s``; else ``ResourcesBusy`` naming what is missing). Use as a context manager, or call
-    ``close()``, to release the actors and their resources."""
+    ``use_gpu``; or each on ``replica``'s resources, a GPU share among them), started in a placement group reserved
+    for them within ``resource_wait_s`` (else ``ResourcesBusy`` naming what is missing and ``keys``: the commands'
+    ``--workers`` and ``--resource-wait-s`` by default). Use as a context manager, or call ``close()``, to release
+    the actors and their resources."""
 
     def __init__(
         self,
@@ -95,19 +100,21 @@ class RayEncoder:
         use_gpu: bool = False,
         cpus_per_worker: int = 1,
         resource_wait_s: float = 600.0,
+        replica: dict[str, float] | None = None,
+        keys: tuple[str, str] = COMMAND_KEYS,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         connect_ray()  # as every driver: RAY_ADDRESS's cluster, else a fresh local one on 127.0.0.1
         self.encoder = encoder  # kept for tokenisation (the batch order) and its attributes
-        bundle = replica_resources(use_gpu, cpus_per_worker)
-        self.group = reserve_replicas(bundle, num_workers, resource_wait_s)
+        bundle = {"GPU": 0, **(replica or replica_resources(use_gpu, cpus_per_worker))}
+        self.group = reserve_replicas(bundle, num_workers, resource_wait_s, keys)
         shared = shareable(encoder)
         actor = ray.remote(EncoderReplica)
-        device = "cuda" if use_gpu else "cpu"
+        device, threads = "cuda" if bundle["GPU"] else "cpu", max(1, math.ceil(bundle["CPU"]))
         self.workers = [
             actor.options(num_cpus=bundle["CPU"], num_gpus=bundle["GPU"], **in_bundle(self.group, i)).remote(
-                shared, device, cpus_per_worker
+                shared, device, threads
             )
             for i in range(num_workers)
         ]

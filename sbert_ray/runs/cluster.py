@@ -14,7 +14,7 @@ from pathlib import Path
 
 import ray
 
-from sbert_ray.config import ConfigError, ScalingConfig, TrainConfig
+from sbert_ray.config import ConfigError, EvalConfig, ScalingConfig, TrainConfig
 from sbert_ray.data.records import DataError
 from sbert_ray.ray_compat import autoscaler_node_groups, started_the_cluster
 from sbert_ray.reservations import resources_text, wait_until_free
@@ -173,12 +173,17 @@ def _fitting(capacity: dict[str, float], configs: list[TrainConfig], driver_cpus
 
 def run_needs(config: TrainConfig, driver_cpus: float = 0.0) -> dict[str, float]:
     """CPUs and GPUs one training run holds: its workers, its driver, its dev scorer when ``async_dev`` is true."""
-    scaling, scorer = config.scaling, config.evaluation.dev_resources if config.evaluation.async_dev is True else {}
+    scaling, scorer = config.scaling, dev_scorers(config.evaluation) if config.evaluation.async_dev is True else {}
     gpus = scaling.max_workers * scaling.gpus_per_worker if scaling.use_gpu else 0.0
     return {
         "CPU": scaling.max_workers * scaling.cpus_per_worker + driver_cpus + scorer.get("CPU", 0.0),
         "GPU": gpus + scorer.get("GPU", 0.0),
     }
+
+
+def dev_scorers(evaluation: EvalConfig) -> dict[str, float]:
+    """What the off-rank dev scorers of one run hold in all: ``dev_workers`` times ``dev_resources``."""
+    return {key: need * evaluation.dev_workers for key, need in evaluation.dev_resources.items()}
 
 
 def resolve_async_dev(
@@ -190,7 +195,7 @@ def resolve_async_dev(
     scoring never takes a run's place; else inline. Decided from the cluster's size, not what is free now: the same
     on every try. Sums over the cluster: a scorer split over two nodes' leftovers counts as placed."""
     evaluation = configs[0].evaluation
-    scorer = resources_text(evaluation.dev_resources)
+    scorer = resources_text(dev_scorers(evaluation))
     if evaluation.async_dev != "auto":
         where = f"off the training ranks on {scorer}" if evaluation.async_dev else "inline on rank 0"
         return evaluation.async_dev, f"evaluation.async_dev={str(evaluation.async_dev).lower()}: dev scores {where}"

@@ -15,7 +15,7 @@ Not fingerprinted, as they do not change what is trained (a resumed run takes th
 keep the first ones, and the new config is logged as ``config.yaml``): where data, models and records live
 (``data_dir``, ``output_dir``, ``checkpoint.*``), how and where the run is tracked (``tracking.*``), what is scored
 besides training and where (``evaluation.before_tasks``, ``final_tasks``, ``batch_size``, ``eval_every``,
-``async_dev``, ``dev_resources``) and the resources of each worker (``scaling.cpus_per_worker``,
+``async_dev``, ``dev_resources``, ``dev_workers``) and the resources of each worker (``scaling.cpus_per_worker``,
 ``gpus_per_worker``, ``torch_threads``) and how long to wait for them (``scaling.resource_wait_s``). Everything else
 is: the seed, the model, every stage, the dev set (it decides which checkpoints are kept), the number of workers and
 GPU use (data sharding and precision). The fingerprint covers the config, not the contents of data files.
@@ -48,6 +48,7 @@ NOT_FINGERPRINTED = (
     "evaluation.eval_every",
     "evaluation.async_dev",
     "evaluation.dev_resources",
+    "evaluation.dev_workers",
     "scaling.cpus_per_worker",
     "scaling.gpus_per_worker",
     "scaling.torch_threads",

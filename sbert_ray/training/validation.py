@@ -1,5 +1,6 @@
 """Each checkpoint's dev score beside training (``evaluation.async_dev``): Ray Train's checkpoint validation runs
-``score_dev`` in a Ray task on ``evaluation.dev_resources`` (a CPU, or a share of a GPU) while the workers go on."""
+``score_dev`` in a Ray task on ``evaluation.dev_resources`` (a CPU, or a share of a GPU) while the workers go on;
+with ``evaluation.dev_workers`` N, its encoding over N scorers of those resources each (a large dev corpus)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 from sbert_ray.config import EvalConfig, from_dict, to_dict
 from sbert_ray.data.readers import resolve_data_dir
 from sbert_ray.evaluation.dev_score import DEV_SCORE, DevScorer, DevSpec
+from sbert_ray.evaluation.encoder_pool import RayEncoder
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.reservations import call_reserved, resources_text
 from sbert_ray.tracking.errors import TrackingError
@@ -47,7 +49,8 @@ def dev_validation(
     place = {
         "device": "cuda" if resources.get("GPU") else "cpu",
         "threads": max(1, math.ceil(resources["CPU"])),
-        "resources": resources,  # reserved for each score (``score_dev_when_free``)
+        "resources": resources,  # reserved for each score (``score_dev_when_free``), per scorer
+        "workers": config.evaluation.dev_workers,
         "wait_s": config.scaling.resource_wait_s,
     }
     if tracking:  # straight to the store (rank 0's spool file is rank 0's), waiting out an outage as the driver does
@@ -69,15 +72,19 @@ def score_dev_when_free(
     tracking: dict | None,
     gate: ray.actor.ActorHandle | None,
 ) -> dict:
-    """``score_dev`` on ``place["resources"]``, waited for at most ``place["wait_s"]`` (``scaling.resource_wait_s``);
-    Ray Train's own task would wait for ever while other work holds them. Past the wait the validation fails with
-    ``ResourcesBusy`` naming what is missing (Ray Train logs it; that checkpoint goes unscored, training goes on).
-    A sweep trial's gate gets the score, or None for one that failed (its next report to Tune goes without)."""
-    resources = place["resources"]
+    """``score_dev`` on ``place["resources"]`` (``evaluation.dev_workers`` scorers of them: their placement group),
+    waited for at most ``place["wait_s"]`` (``scaling.resource_wait_s``); Ray Train's own task would wait for ever
+    while other work holds them. Past the wait the validation fails with ``ResourcesBusy`` naming what is missing
+    (Ray Train logs it; that checkpoint goes unscored, training goes on). A sweep trial's gate gets the score, or
+    None for one that failed (its next report to Tune goes without)."""
+    resources, arguments = place["resources"], (checkpoint, step, dev, place, tracking)
     what = f"evaluation.async_dev: the dev score of step {step} on {resources_text(resources)}"
     scored = None
     try:
-        scored = call_reserved(score_dev, (checkpoint, step, dev, place, tracking), resources, place["wait_s"], what)
+        if place["workers"] > 1:  # the scorers reserve their own resources
+            scored = score_dev(*arguments)
+        else:
+            scored = call_reserved(score_dev, arguments, resources, place["wait_s"], what)
         return scored
     finally:
         if gate is not None:
@@ -88,10 +95,18 @@ def score_dev(checkpoint: ray.train.Checkpoint, step: int, dev: dict, place: dic
     """The dev score of a checkpoint's model (``evaluation.dev_task``/``dev_metric`` or ``dev_tasks``; by default the
     STSb dev Spearman x100), logged to the run as ``dev/<metric>`` (and each dev task's) at ``step``; a store that
     stays away for the tracking section's wait_s loses that point, the score still counts."""
-    torch.set_num_threads(place["threads"])
     evaluation, spec = from_dict(EvalConfig, dev["evaluation"]), DevSpec.from_wire(dev["spec"])
     scorer = DevScorer(evaluation, resolve_data_dir(dev["data_dir"]), spec)
-    scores = scorer.scores(checkpoint_model(checkpoint).to(place["device"]))
+    model = checkpoint_model(checkpoint)
+    if place["workers"] > 1:  # whole batches dealt round-robin to the scorers (``RayEncoder``)
+        keys = ("evaluation.dev_workers", "scaling.resource_wait_s")  # named if the scorers are not free in time
+        with RayEncoder(
+            model, place["workers"], resource_wait_s=place["wait_s"], replica=place["resources"], keys=keys
+        ) as pool:
+            scores = scorer.scores(pool)
+    else:
+        torch.set_num_threads(place["threads"])
+        scores = scorer.scores(model.to(place["device"]))
     score = scores[scorer.key]
     if tracking:
         # Here: the final scores' task imports this module too (checkpoint_model), where nothing is logged and

@@ -88,7 +88,7 @@ class SweepConfig:
             if _dev_settings(config.evaluation) != dev:
                 raise ConfigError(
                     "search_space: trials are ranked by one dev score, scored one way; set evaluation.dev_task, "
-                    "dev_metric, dev_tasks, async_dev and dev_resources in base, not in the search space"
+                    "dev_metric, dev_tasks, async_dev, dev_resources and dev_workers in base, not in the search space"
                 )
 
 
@@ -100,6 +100,7 @@ def _dev_settings(evaluation: EvalConfig) -> tuple:
         evaluation.dev_tasks,
         evaluation.async_dev,
         evaluation.dev_resources,
+        evaluation.dev_workers,
     )
 
 
