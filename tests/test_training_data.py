@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 from collections.abc import Iterable
 from types import SimpleNamespace
 
@@ -295,6 +296,14 @@ def test_bad_parquet_shards_are_refused_from_their_footers_before_ray(tmp_path, 
     stage = StageConfig(dataset=str(folder))
     (source,) = stage_sources(stage, 0)
     assert known_rows(source, stage, None) == 40
+    # Footers are read at once and reported in file order: of two bad shards among eight, the first is named.
+    for i in range(1, 8):
+        shutil.copy(folder / "part-0.parquet", folder / f"part-{i}.parquet")
+    (folder / "part-3.parquet").write_bytes(b"PAR1" + b"x" * 64)
+    (folder / "part-7.parquet").write_bytes(b"")  # fails fastest
+    (source,) = stage_sources(stage, 0)
+    with pytest.raises(DataError, match=r"part-3\.parquet: not a readable parquet file"):
+        known_rows(source, stage, None)
 
 
 def write_scored(columns: dict[str, list], path) -> None:

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import itertools
 import os
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,6 +59,7 @@ FILE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".parquet")
 HUB_PREFIX = "hf://datasets/"  # a Hub dataset's files: hf://datasets/<owner>/<name>/<path or glob>
 ROWS_PER_TABLE = 8192  # rows per table a read task yields: Ray Data gathers them into blocks
 GLOB_CHARS = "*?["
+FOOTER_READERS = 32  # parquet footers a run's preflight reads at once
 
 
 @dataclass(frozen=True)
@@ -543,7 +546,10 @@ def known_rows(source: Source, stage: StageConfig, data_dir) -> int | None:
     keeps_all = _objective(stage).keeps_every_record() and stage.errors == "raise"
     if not keeps_all or not_parquet:
         return None
-    return sum(_checked_footer(file, source, stage) for file in source.files)
+    # Read at once (each footer is a small read or two, waiting on object storage's latency); summed in file order,
+    # so a bad file is named as when read one after another.
+    with ThreadPoolExecutor(min(FOOTER_READERS, len(source.files))) as readers:
+        return sum(readers.map(functools.partial(_checked_footer, source=source, stage=stage), source.files))
 
 
 def reading(stage: StageConfig) -> dict:
