@@ -27,7 +27,7 @@ from sbert_ray.models.load import load_tokenizer
 from sbert_ray.models.random_bert import random_bert
 from sbert_ray.training.batches import TokenizedRows, split_batch, tokenize_table, tokenize_texts, truncated_rows
 from sbert_ray.training.loop import MicroBatch
-from sbert_ray.training.sources import known_rows, list_files, read_tables, stage_sources
+from sbert_ray.training.sources import Source, known_rows, list_files, read_tables, stage_sources
 from sbert_ray.training.stream import (
     BatchPlan,
     SourceCounts,
@@ -503,3 +503,24 @@ def test_a_teachers_embeddings_are_read_beside_the_texts_and_refused_before_ray_
         err = capsys.readouterr().err
         assert code == 2 and err.startswith("sbert-ray train: error: ") and err.count("\n") == 1, err
         assert message in err and (more or f"stages.0.dataset: {dataset}: " in err), err
+
+
+@pytest.mark.parametrize("prepared", [False, True])
+def test_a_read_task_carries_its_own_file_whatever_the_source_holds(prepared) -> None:
+    """Each read task's arguments are the same size for a source of 10 or 2,000 files (2,000 tasks carrying the
+    whole list would pickle 4 million paths): the task's file, and of a prepared source's manifest its shard."""
+    import ray.cloudpickle
+
+    from sbert_ray.data.prepared import Manifest, Shard
+    from sbert_ray.training.stage_data import _SourceFiles
+
+    largest = {}
+    for count in (10, 2000):
+        names = [f"part-{i:05d}.parquet" for i in range(count)]
+        manifest = Manifest("/data/x", {}, "/raw", "m", {}, {}, 8, tuple(Shard(n, 8, (8,)) for n in names))
+        files = manifest.files if prepared else tuple(f"/data/x/{n}" for n in names)
+        source = Source("stages.0.dataset", "/data/x", "train", files, manifest=manifest if prepared else None)
+        tasks = _SourceFiles(source, StageConfig(), None).get_read_tasks(1)
+        assert len(tasks) == count
+        largest[count] = max(len(ray.cloudpickle.dumps(task)) for task in tasks)
+    assert largest[2000] == largest[10]

@@ -19,6 +19,7 @@ object storage is read and written from any node.
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 import re
@@ -227,8 +228,9 @@ class _Files(Datasource):
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit=None, data_context=None) -> list[ReadTask]:
         metadata = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None, input_files=None)
+        # Each task carries its own file, not this datasource with every file (n tasks of n files each).
         return [
-            ReadTask(lambda s=source: _file_tables(s, self.tables, self.tags), metadata, schema=self.schema)
+            ReadTask(functools.partial(_file_tables, source, self.tables, self.tags), metadata, schema=self.schema)
             for source in self.sources
         ]
 

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -172,7 +173,8 @@ def _pipeline(
     use_gpu: bool,
     placement: per_file.Placement,
 ) -> ray.data.Dataset:
-    rows = per_file.read_files(pending, functools.partial(_input_tables, source, stage), TAGS, BLOCK_BYTES, placement)
+    reading = dataclasses.replace(source, files=())  # what reading one file needs: every task carries it
+    rows = per_file.read_files(pending, functools.partial(_input_tables, reading, stage), TAGS, BLOCK_BYTES, placement)
     tokenized = rows.map_batches(
         _Tokenize,
         fn_constructor_args=(model_json,),

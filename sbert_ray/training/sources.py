@@ -19,6 +19,7 @@ make tables.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import functools
 import itertools
@@ -80,6 +81,20 @@ class Source:
     def name(self) -> str:
         """A short name for logs and MLflow metric names."""
         return Path(self.spec.rstrip("/")).name.replace("*", "x") or self.spec
+
+
+def file_sources(source: Source) -> list[tuple[str | None, Source]]:
+    """Each file of ``source`` (None: a registered dataset) with the source as a read task of that file needs it:
+    that file alone and its shard of a manifest, so each task's arguments stay the same size however many files
+    the source has (not n tasks carrying n files each)."""
+    if not source.files:
+        return [(None, source)]
+    manifest = source.manifest
+    manifests = [dataclasses.replace(manifest, shards=(s,)) for s in manifest.shards] if manifest else None
+    return [
+        (file, dataclasses.replace(source, files=(file,), manifest=manifests and manifests[i]))
+        for i, file in enumerate(source.files)
+    ]
 
 
 def is_path(spec: str) -> bool:

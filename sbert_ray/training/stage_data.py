@@ -31,7 +31,7 @@ from ray.data.datasource import Datasource, ReadTask
 from sbert_ray.config import ConfigError, StageConfig, TrainConfig
 from sbert_ray.data.records import DataError
 from sbert_ray.ray_compat import OFF_CONTROL_NODES
-from sbert_ray.training.sources import Source, known_rows, read_tables
+from sbert_ray.training.sources import Source, file_sources, known_rows, read_tables
 
 # Blocks of ~5,000 short pairs, not Ray Data's 128 MiB (a whole shard of them): a worker's iterator waits for
 # its first two blocks (prefetch) before the first step, which would otherwise wait for two whole files.
@@ -128,12 +128,11 @@ class _SourceFiles(Datasource):
         return None
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit=None, data_context=None) -> list[ReadTask]:
-        source, stage, data_dir = self.source, self.stage, self.data_dir
-        files = source.files or (None,)
+        stage, data_dir = self.stage, self.data_dir
         metadata = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None, input_files=None)
         return [
             ReadTask(functools.partial(read_tables, source, file, stage, data_dir), metadata, schema=None)
-            for file in files
+            for file, source in file_sources(self.source)
         ]
 
 
