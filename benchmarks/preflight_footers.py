@@ -1,6 +1,7 @@
 """How long a run's preflight takes to count a source of many parquet shards on object storage: every shard's footer
-read and checked (``training.sources.known_rows``), one footer at a time (as before) against ``FOOTER_READERS`` at
-once, interleaved, on a local S3-compatible server (moto, as the tests start it).
+read and checked (``training.sources.known_rows``) as before (one at a time, a pyarrow filesystem built for each),
+then ``FOOTER_READERS`` at a time, then also one filesystem per folder (now), interleaved, on a local S3-compatible
+server (moto, as the tests start it).
 
     python benchmarks/preflight_footers.py --shards 2000 --repeats 2 --output footers.json
 
@@ -38,8 +39,19 @@ def write_shards(filesystem: pafs.FileSystem, prefix: str, shards: int, rows: in
         list(writers.map(write, range(shards)))
 
 
-def time_preflight(spec: str, readers: int) -> tuple[float, int]:
+FOLDER_FILESYSTEMS = sources._FolderFilesystems.__call__
+VARIANTS = {  # name: (footers read at once, one filesystem per folder)
+    "one at a time, a filesystem per file (before)": (1, False),
+    f"{sources.FOOTER_READERS} at once, a filesystem per file": (sources.FOOTER_READERS, False),
+    f"{sources.FOOTER_READERS} at once, a filesystem per folder (now)": (sources.FOOTER_READERS, True),
+}
+
+
+def time_preflight(spec: str, readers: int, per_folder: bool) -> tuple[float, int]:
     sources.FOOTER_READERS = readers
+    sources._FolderFilesystems.__call__ = (
+        FOLDER_FILESYSTEMS if per_folder else lambda folders, file: sources._filesystem(file, folders.key)
+    )
     stage = StageConfig(dataset=spec, objective="triplet")  # keeps every row: the footers count it
     start = time.perf_counter()
     (source,) = sources.stage_sources(stage, 0)
@@ -64,12 +76,12 @@ def main() -> None:
             written = time.perf_counter()
             write_shards(filesystem, prefix, args.shards, args.rows)
             written = time.perf_counter() - written
-            seconds: dict[int, list[float]] = {1: [], sources.FOOTER_READERS: []}
+            seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}
             for _ in range(args.repeats):  # interleaved: the VM's speed drifts within minutes
-                for readers in seconds:
-                    elapsed, rows = time_preflight(spec, readers)
+                for name, variant in VARIANTS.items():
+                    elapsed, rows = time_preflight(spec, *variant)
                     assert rows == args.shards * args.rows, rows
-                    seconds[readers].append(elapsed)
+                    seconds[name].append(elapsed)
         finally:
             local_cluster.stop(server.process)
 
@@ -77,8 +89,11 @@ def main() -> None:
         "shards": args.shards,
         "rows_per_shard": args.rows,
         "write_s": round(written, 1),
-        "preflight_s": {f"{readers} at once": [round(s, 1) for s in runs] for readers, runs in seconds.items()},
-        "speedup": round(statistics.median(seconds[1]) / statistics.median(seconds[max(seconds)]), 2),
+        "preflight_s": {name: [round(s, 1) for s in runs] for name, runs in seconds.items()},
+        "speedup_vs_before": {
+            name: round(statistics.median(next(iter(seconds.values()))) / statistics.median(runs), 2)
+            for name, runs in seconds.items()
+        },
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
