@@ -310,7 +310,7 @@ class ScoringReporter(LocalReporter):
         self.encoder, self.dev_pairs, self.batch_size = encoder, dev_pairs, batch_size
 
     def report(self, state, save, window: dict[str, float]) -> None:
-        state.dev_spearman = evaluate_pairs(self.encoder, self.dev_pairs, self.batch_size)["spearman_cosine"]
+        state.dev_score = evaluate_pairs(self.encoder, self.dev_pairs, self.batch_size)["spearman_cosine"]
         super().report(state, save, window)
 
 
