@@ -23,7 +23,7 @@ from sbert_ray.evaluation.hard_negatives import MiningPairs, MiningSettings, min
 from sbert_ray.models.encoder import SentenceEncoder
 from sbert_ray.models.resolve import packaged_model_dir
 from sbert_ray.models.teachers import load_teacher
-from sbert_ray.runs.mine_negatives import MineRequest
+from sbert_ray.runs.mine_negatives import MineRequest, mine_negatives
 
 # Our encoder and sentence-transformers' give all-MiniLM-L6-v2 vectors equal to ~1e-7 (other kernels), so cosine
 # scores agree to ~1e-6, and these 200 pairs have candidates whose scores lie 1e-7 apart: such near-ties may come
@@ -237,6 +237,19 @@ def test_mine_writes_parquet_shards_and_a_rerun_resumes(local_ray, tiny_model_di
     settings = MiningSettings(num_negatives=2, range_min=1)
     expected = output_columns(pairs, mine(SentenceEncoder.load(str(tiny_model_dir)), pairs, settings), settings)
     assert mined == expected and len(mined["anchor"]) > 40
+    assert "(embedded once, in 1 chunks)" in capsys.readouterr().out
+
+    # The corpus in chunks of 16, embedded once for the three shards (the chunks come back from the actors in any
+    # order): the rows of the Ray-free miner searching the same chunks.
+    chunked = MineRequest(
+        str(tiny_model_dir), str(pairs_file), tmp_path / "chunked", settings, "query", "answer", batch_size=8,
+        workers=2, shard_size=20, corpus_chunk=16,
+    )  # fmt: skip
+    result = mine_negatives(chunked)
+    assert result.shards_written == 3 and result.corpus_chunks_embedded == -(-len(pairs.corpus) // 16) > 2
+    one_process = mine(SentenceEncoder.load(str(tiny_model_dir)), pairs, settings, batch_size=8, corpus_chunk=16)
+    written = pa.concat_tables([pq.read_table(p) for p in sorted(Path(chunked.output).glob("*.parquet"))])
+    assert written.to_pydict() == output_columns(pairs, one_process, settings)
 
     kept = shards[0].stat().st_mtime_ns
     shards[1].unlink()

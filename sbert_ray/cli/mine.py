@@ -135,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"wrote {result.rows} rows in {result.shards_written} shards to {result.output} in {result.seconds:.1f} s "
         f"({result.shards_skipped} shards kept from an earlier run); {result.anchors} anchors, corpus of "
-        f"{result.corpus}; candidates dropped: {dropped}; anchors with fewer than {settings.num_negatives} "
+        f"{result.corpus} (embedded once, in {result.corpus_chunks_embedded} chunks); candidates dropped: {dropped}; "
+        f"anchors with fewer than {settings.num_negatives} "
         f"negatives: {result.short_anchors}"
     )
     return 0

@@ -64,6 +64,13 @@ class EncoderReplica:
         )
 
 
+def _kept_embeddings(
+    encoder: SentenceEncoder, texts: Sequence[str], rows: torch.Tensor, batch_size: int
+) -> tuple[ray.ObjectRef, torch.Tensor]:
+    """A chunk's embeddings, put in the object store by the worker (the caller holds only the reference)."""
+    return ray.put(encoder.encode(texts, batch_size=batch_size, convert_to="numpy")), rows
+
+
 def replica_resources(use_gpu: bool, cpus: float = 1) -> dict[str, float]:
     """What each encoder replica (``--workers`` of encode, eval and mine) asks Ray for: CPUs, and a GPU on cuda."""
     return {"CPU": cpus, "GPU": 1 if use_gpu else 0}
@@ -162,6 +169,12 @@ class RayEncoder:
             pending[worker.apply.remote(function, *item, *shared)] = worker
         while pending:
             yield from self._next_done(pending, idle)
+
+    def embed_chunks(self, chunks: Iterable[tuple[Sequence[str], torch.Tensor]], batch_size: int) -> list[tuple]:
+        """Each chunk (texts, their rows) encoded once on the workers and kept in Ray's object store, which spills
+        to disk when it fills: (its embeddings' reference, its rows) in the order they finish. For a corpus
+        searched again and again (one mining shard after another), searched as it is by ``search_chunks``."""
+        return list(self.map_unordered(_kept_embeddings, chunks, batch_size))
 
     @staticmethod
     def _next_done(pending: dict, idle: list) -> Iterator:

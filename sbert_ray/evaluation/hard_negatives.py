@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from sbert_ray.config import ConfigError
-from sbert_ray.evaluation.retrieval import CORPUS_CHUNK, QUERY_CHUNK, ChunkSearch, search_corpus
+from sbert_ray.evaluation.retrieval import CORPUS_CHUNK, QUERY_CHUNK, ChunkSearch, search_chunks, text_chunks
 
 Sampling = Literal["top", "random"]
 OutputFormat = Literal["n-tuple", "triplet"]
@@ -262,15 +262,19 @@ def mine(
     progress: Callable[[int], None] = lambda chunks: None,
     approximate: bool = False,
     rescore: Callable[[list[str], list[str]], np.ndarray] | None = None,
+    corpus_chunks: list[tuple] | None = None,
 ) -> Negatives:
     """Encode the anchors, search the corpus in chunks (here, or on a ``RayEncoder``'s workers) and choose each
     anchor's negatives. Memory: ``search_corpus``'s bound with k = ``settings.candidates(pairs.max_positives)``.
     ``approximate``: each chunk searched by a faiss HNSW graph (``retrieval.approximate_top_k``), not exactly.
-    ``rescore``: the teacher's scores of (query, text) pairs, used when ``settings.rescores``."""
+    ``rescore``: the teacher's scores of (query, text) pairs, used when ``settings.rescores``. ``corpus_chunks``:
+    the corpus embedded already, chunk by chunk (``RayEncoder.embed_chunks`` of ``text_chunks(pairs.corpus,
+    corpus_chunk)``), as each of many anchor shards searches the same corpus."""
     queries = torch.as_tensor(np.asarray(encoder.encode(pairs.queries, batch_size=batch_size, convert_to="numpy")))
     k = settings.candidates(pairs.max_positives)
     search = ChunkSearch(k, ("cosine",), query_chunk, pairs.pair_rows(), approximate)
-    ranked, positive_scores = search_corpus(encoder, queries, pairs.corpus, search, batch_size, corpus_chunk, progress)
+    chunks = text_chunks(pairs.corpus, corpus_chunk) if corpus_chunks is None else corpus_chunks
+    ranked, positive_scores = search_chunks(encoder, queries, chunks, search, batch_size, progress)
     scores, rows = ranked["cosine"]
     if settings.rescores:
         scores, positive_scores = _rescored(rescore, pairs, rows)

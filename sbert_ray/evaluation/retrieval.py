@@ -185,12 +185,16 @@ class ChunkSearch:
 
 
 def search_chunk(
-    encoder, texts: Sequence[str], rows: Tensor, batch_size: int, queries: Tensor, search: ChunkSearch
+    encoder, texts: Sequence[str] | np.ndarray, rows: Tensor, batch_size: int, queries: Tensor, search: ChunkSearch
 ) -> tuple[Ranked, Tensor]:
     """Encode one corpus chunk (``texts``, whose corpus rows are ``rows``, ascending) and search it: its top k per
     query (``chunk_top_k``) and the scores of the ``search.pairs`` that fall in it (``pair_scores``). What one
-    worker does with one chunk (``search_chunks``)."""
-    chunk = _encode(encoder, texts, batch_size, search.document_prompt)
+    worker does with one chunk (``search_chunks``). ``texts`` may be the chunk's embeddings already, kept from an
+    earlier search of the same corpus (``RayEncoder.embed_chunks``)."""
+    if isinstance(texts, np.ndarray):  # from the object store, read-only, as the queries
+        chunk = torch.from_numpy(texts.copy())
+    else:
+        chunk = _encode(encoder, texts, batch_size, search.document_prompt)
     if isinstance(queries, np.ndarray):  # from the object store, read-only: torch wants memory it may write
         queries = torch.from_numpy(queries.copy())
     if search.approximate:
@@ -210,11 +214,13 @@ def search_corpus(
     progress: Callable[[int], None] = lambda rows: None,
 ) -> tuple[Ranked, Tensor]:
     """``search_chunks`` over ``texts`` cut into consecutive chunks of ``corpus_chunk``: a text's row is its place."""
-    chunks = (
-        (texts[start : start + corpus_chunk], torch.arange(start, min(start + corpus_chunk, len(texts))))
-        for start in range(0, len(texts), corpus_chunk)
-    )
-    return search_chunks(encoder, queries, chunks, search, batch_size, progress)
+    return search_chunks(encoder, queries, text_chunks(texts, corpus_chunk), search, batch_size, progress)
+
+
+def text_chunks(texts: Sequence[str], corpus_chunk: int = CORPUS_CHUNK) -> Iterator[tuple[Sequence[str], Tensor]]:
+    """``texts`` in consecutive chunks of ``corpus_chunk``, each with its rows (a text's row is its place)."""
+    for start in range(0, len(texts), corpus_chunk):
+        yield texts[start : start + corpus_chunk], torch.arange(start, min(start + corpus_chunk, len(texts)))
 
 
 def search_chunks(

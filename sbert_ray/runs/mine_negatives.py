@@ -39,7 +39,7 @@ from sbert_ray.data.records import TEXT_FIELDS, DataError
 from sbert_ray.data.remote_corpus import RemoteCorpus, check_remote_corpus
 from sbert_ray.evaluation.encoder_pool import RayEncoder, replica_resources
 from sbert_ray.evaluation.hard_negatives import MiningPairs, MiningSettings, Negatives, mine, output_columns
-from sbert_ray.evaluation.retrieval import CORPUS_CHUNK, QUERY_CHUNK, check_faiss
+from sbert_ray.evaluation.retrieval import CORPUS_CHUNK, QUERY_CHUNK, check_faiss, text_chunks
 from sbert_ray.models import load_encoder
 from sbert_ray.models.teachers import Teacher, load_teacher
 from sbert_ray.progress import progress_bar
@@ -104,6 +104,7 @@ class MineResult:
     short_anchors: int  # anchors with fewer than num_negatives negatives (left out of n-tuples)
     dropped: dict[str, int]  # candidates each filter removed
     seconds: float
+    corpus_chunks_embedded: int = 0  # the corpus's chunks encoded by this run (each once, whatever the shards)
 
 
 @dataclass(frozen=True)
@@ -138,21 +139,31 @@ def mine_negatives(request: MineRequest, progress: Callable[[ShardDone], None] =
     result = MineResult(str(output), len(pairs.queries), len(pairs.corpus), 0, 0, 0, 0, {}, 0.0)
     refuse_impossible_encoders(replica_resources(use_gpu), request.workers)
     with RayEncoder(encoder, request.workers, use_gpu=use_gpu, resource_wait_s=request.resource_wait_s) as pool:
+        corpus_chunks = None  # embedded once, for the first shard to mine, and searched by every shard after it
         for index, first in enumerate(progress_bar(shards, desc="shards", unit="shard")):
             shard_start, path = time.perf_counter(), output / f"part-{index:05d}.parquet"
             if path.exists():
                 result.shards_skipped += 1
                 progress(ShardDone(index, len(shards), pq.ParquetFile(path).metadata.num_rows, True, 0.0))
                 continue
+            if corpus_chunks is None:
+                corpus_chunks = pool.embed_chunks(text_chunks(pairs.corpus, request.corpus_chunk), request.batch_size)
+                result.corpus_chunks_embedded = len(corpus_chunks)
             shard = pairs.slice(first, first + request.shard_size)
-            rows = _mine_shard(pool, teacher, shard, request, path, result)
+            rows = _mine_shard(pool, teacher, shard, request, path, result, corpus_chunks)
             progress(ShardDone(index, len(shards), rows, False, time.perf_counter() - shard_start))
     result.seconds = time.perf_counter() - start
     return result
 
 
 def _mine_shard(
-    pool: RayEncoder, teacher: Teacher | None, pairs: MiningPairs, request: MineRequest, path: Path, result: MineResult
+    pool: RayEncoder,
+    teacher: Teacher | None,
+    pairs: MiningPairs,
+    request: MineRequest,
+    path: Path,
+    result: MineResult,
+    corpus_chunks: list[tuple],
 ) -> int:
     chunks = progress_bar(total=-(-len(pairs.corpus) // request.corpus_chunk), desc="corpus chunks", unit="chunk")
     with chunks:
@@ -166,6 +177,7 @@ def _mine_shard(
             chunks.update,
             request.approximate,
             None if teacher is None else functools.partial(_teacher_scores, teacher, request.batch_size),
+            corpus_chunks,
         )
     table = pa.table(output_columns(pairs, negatives, request.settings), schema=_schema(request.settings))
     if table.num_rows == 0:  # training would refuse the shard; say why here, with what the filters dropped
