@@ -72,6 +72,10 @@ class StageConfig:
     # by length together. Larger pads less and shuffles wider; it is also how much of the stream a worker holds, and
     # what it skips on a short pass.
     window_batches: int = 200
+    # Each pass reads the stage's files (shards) in a seeded order of its own, and a prepared source's row groups
+    # within each shard too (seed, source, pass); false: the listed order every pass. Rows within a row group or a
+    # csv/tsv/jsonl file keep their order (until the window sorts them)
+    shuffle_files: bool = True
     # No text twice in a worker's batch (a row that would repeat one waits for the next batch); None: on for
     # in-batch-negative objectives (mnrl, cached_mnrl), where a duplicate would be its own false negative
     no_duplicates: bool | None = None

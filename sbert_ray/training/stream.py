@@ -51,6 +51,7 @@ from sbert_ray.training.sources import (
     Source,
     TextColumns,
     check_prepared,
+    pass_reads,
     read_registered,
     read_tables,
     stage_sources,
@@ -69,9 +70,10 @@ class SourceStream:
     name: str
     rows: int  # examples in one pass over the source, all workers together (counted before training)
     weight: float
-    # This worker's tokenised tables of a new pass: Arrow tables as Ray Data's stream carries them
-    # (``batches.tokenize_table``), or rows read and tokenised in this process.
-    open_pass: Callable[[], Iterable[pa.Table | TokenizedRows]]
+    # This worker's tokenised tables of a new pass, given the pass's key (stage seed, source index, pass number),
+    # which seeds the order its files and row groups are read in (``sources.pass_reads``): Arrow tables as Ray
+    # Data's stream carries them (``batches.tokenize_table``), or rows read and tokenised in this process.
+    open_pass: Callable[[tuple[int, int, int]], Iterable[pa.Table | TokenizedRows]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,7 +219,7 @@ class StageBatches:
         number, skip = divmod(taken, per_pass)
         while True:
             key = (self.plan.seed, index, number)
-            batches = pass_batches(source.open_pass(), per_pass, self.plan, key, counts)
+            batches = pass_batches(source.open_pass(key), per_pass, self.plan, key, counts)
             for position, batch in enumerate(batches):
                 if position >= skip:
                     yield batch
@@ -337,8 +339,9 @@ def local_sources(
     source's shards as they are, refused when prepared for another tokenizer, length or prompts)."""
     stage = config.stages[index]
 
-    def tables(source: Source) -> Iterator[pa.Table]:
-        read = (t for f in source.files for t in read_tables(source, f, stage, config.data_dir))
+    def tables(source: Source, key: tuple[int, int, int]) -> Iterator[pa.Table]:
+        reads = pass_reads(source, stage, key)
+        read = (t for f, groups in reads for t in read_tables(source, f, stage, config.data_dir, groups))
         first = _first_rows(read, stage.limit)
         return first if source.manifest else (tokenize_table(t, encoder) for t in first)  # prepared: tokenised
 
@@ -348,10 +351,11 @@ def local_sources(
 
     def stream(source: Source) -> SourceStream:
         if source.files or tokenise_every_pass:
-            open_pass = functools.partial(tables if source.files else registered, source)
-            return SourceStream(source.name, sum(t.num_rows for t in open_pass()), source.weight, open_pass)
+            open_pass = functools.partial(tables, source) if source.files else lambda key: registered(source)
+            rows = sum(t.num_rows for t in open_pass((0, 0, 0)))  # any pass's order holds every row
+            return SourceStream(source.name, rows, source.weight, open_pass)
         rows = list(registered(source))
-        return SourceStream(source.name, sum(part.num_rows for part in rows), source.weight, lambda: rows)
+        return SourceStream(source.name, sum(part.num_rows for part in rows), source.weight, lambda key: rows)
 
     sources = stage_sources(stage, index)
     check_prepared(sources, stage, encoder.tokenizer, encoder.max_seq_length, encoder.prompts)
