@@ -1,7 +1,8 @@
 """Prepared training sources (``sbert-ray prepare``, ``data.prepared``): training reads their shards as they are, to
 the same micro-batches as the raw source gives; a manifest made for another tokenizer, length or prompts is refused
 before Ray, naming each difference. The one prepare run on the local cluster checks that its shards hold what
-training would compute and that a rerun writes only what is missing."""
+training would compute, that training's Ray Data stream reads a pass of them in that pass's seeded order of shards
+and row groups, and that a rerun writes only what is missing."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import ray.data
 import torch
 
 from sbert_ray.cli import main
@@ -31,7 +33,7 @@ from sbert_ray.models.load import load_tokenizer
 from sbert_ray.runs.prepare_source import PrepareRequest, prepare_source, shard_inputs
 from sbert_ray.training.batches import tokenize_table
 from sbert_ray.training.sources import Source, column_roles, pass_reads, read_tables, reading, stage_sources
-from sbert_ray.training.stage_data import count_stages, stage_datasets
+from sbert_ray.training.stage_data import count_stages, pass_opener, stage_datasets
 from sbert_ray.training.stream import StageBatches, batch_plan, local_sources, stage_steps
 
 ROWS_PER_FILE = (150, 130)  # two input files: two shards
@@ -263,7 +265,7 @@ def test_prepare_refuses_bad_input_before_ray(raw_folder, tiny_model_dir, tmp_pa
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_prepare_writes_what_training_computes_and_a_rerun_only_what_is_missing(
-    local_ray, raw_folder, encoder, tiny_model_dir, tmp_path
+    local_ray, raw_folder, encoder, tiny_model_dir, tmp_path, monkeypatch
 ) -> None:
     model = str(tiny_model_dir)
     request = PrepareRequest(str(raw_folder), model, MAX_SEQ_LENGTH, tmp_path / "out", rows_per_group=ROWS_PER_GROUP)
@@ -283,10 +285,20 @@ def test_prepare_writes_what_training_computes_and_a_rerun_only_what_is_missing(
     config = train_config(tmp_path / "out", model)
     sources = [stage_sources(config.stages[0], 0)]
     assert count_stages(config, sources) == [[sum(ROWS_PER_FILE)]]  # from the manifest
-    datasets, _ = stage_datasets(config, sources, [[sum(ROWS_PER_FILE)]])
-    streamed = pa.concat_tables(datasets["stage0.0"].iter_batches(batch_format="pyarrow", batch_size=None))
+    options = ray.data.DataContext.get_current().execution_options
+    monkeypatch.setattr(options, "preserve_order", True)  # as the Train workers' DataConfig
+    datasets, (described,) = stage_datasets(config, sources, [[sum(ROWS_PER_FILE)]])
+    key = (config.seed, 0, 1)  # the second pass: its read tasks in its order of shards and row groups
+    open_pass = pass_opener(datasets["stage0.0"], described[0])
+    streamed = pa.concat_tables(open_pass(key))
     shards = pa.concat_tables(pq.read_table(tmp_path / "out" / shard.file) for shard in manifest.shards)
     assert streamed.schema.names == shards.schema.names
+    in_order = [
+        pq.ParquetFile(file).read_row_group(group).column("hash_0")
+        for file, groups in pass_reads(sources[0][0], config.stages[0], key)
+        for group in groups
+    ]
+    assert streamed.column("hash_0").to_pylist() == pa.chunked_array(in_order).to_pylist()
     assert sorted(streamed.column("hash_0").to_pylist()) == sorted(shards.column("hash_0").to_pylist())
 
     written = {path.name: path.stat().st_mtime_ns for path in (tmp_path / "out").glob("*.parquet")}

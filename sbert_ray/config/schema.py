@@ -79,7 +79,7 @@ class StageConfig:
     # No text twice in a worker's batch (a row that would repeat one waits for the next batch); None: on for
     # in-batch-negative objectives (mnrl, cached_mnrl), where a duplicate would be its own false negative
     no_duplicates: bool | None = None
-    limit: int | None = None  # use only the first N examples (smoke runs); None = all
+    limit: int | None = None  # use only the first N examples of each pass's order (smoke runs); None = all
     errors: Literal["raise", "skip"] = "raise"  # a bad row stops the run, or is skipped, counted and logged
     score_max: float = 5.0  # score targets are score / score_max (STSb's 0-5 -> 0-1, as in the paper)
     objective: str = "regression"  # a name in sbert_ray.losses.registry.OBJECTIVES

@@ -16,8 +16,10 @@ cut waits for a later batch (counted), so no text is its own negative inside a w
 Several sources: each micro-batch is drawn from one source (in-batch negatives stay within one dataset), in an
 order seeded per epoch and equal on every rank: ``proportional`` draws each source ``weight`` x its batches per
 epoch, ``round_robin`` takes one batch of each in turn until the smallest is used up. Each source streams pass
-after pass on its own; where the stage stands in each is a function of (epoch, position), so a resumed worker
-regenerates its stream up to there and goes on with the very batches the interrupted run would have taken.
+after pass on its own, each pass opened with its key (stage seed, source index, pass number), which seeds the order
+its files and row groups are read in (``sources.pass_reads``) and its windows' shuffles; where the stage stands in
+each is a function of (epoch, position), so a resumed worker regenerates its stream up to there, in the same order,
+and goes on with the very batches the interrupted run would have taken.
 
 Elastic runs: the order above is planned in global micro-batches (``batch_size / grad_accum_steps`` examples of
 all workers together; each worker's batch is its share of one, ``training.batches.BatchSplit``) at the configured,
