@@ -159,7 +159,7 @@ class _SourceFiles(Datasource):
     """A source as read tasks: one per file, or one for a registered dataset, in the order of the pass its
     ``pass_key`` (a ``PassKeys`` actor, the dataset's key) names; None: the listed order."""
 
-    def __init__(self, source: Source, stage: StageConfig, data_dir, pass_key: tuple | None):
+    def __init__(self, source: Source, stage: StageConfig, data_dir, pass_key: tuple | None = None):
         super().__init__()
         self.source, self.stage, self.data_dir, self.pass_key = source, stage, data_dir, pass_key
 
