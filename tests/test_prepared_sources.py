@@ -10,6 +10,7 @@ import csv
 import dataclasses
 import itertools
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -300,6 +301,18 @@ def test_prepare_writes_what_training_computes_and_a_rerun_only_what_is_missing(
     ]
     assert streamed.column("hash_0").to_pylist() == pa.chunked_array(in_order).to_pylist()
     assert sorted(streamed.column("hash_0").to_pylist()) == sorted(shards.column("hash_0").to_pylist())
+    # Split for two workers as Ray Train splits it: both hand the first pass's key to PassKeys, and the split's
+    # coordinator (its own actor) lists the read tasks in that pass's order, every row once between them.
+    key = (config.seed, 0, 0)
+    splits = datasets["stage0.0"].streaming_split(2, equal=True)
+    with ThreadPoolExecutor(2) as workers:  # the split's pass starts when both have asked for it
+        opened = [pass_opener(split, described[0]) for split in splits]
+        shares = list(workers.map(lambda open_pass: pa.concat_tables(open_pass(key)), opened))
+    order = [h for t in local_sources(config, 0, encoder)[0].open_pass(key) for h in t.column("hash_0").to_pylist()]
+    for share in shares:
+        rest = iter(order)
+        assert all(h in rest for h in share.column("hash_0").to_pylist())  # in the pass's order
+    assert sorted(pa.concat_tables(shares).column("hash_0").to_pylist()) == sorted(order)
 
     written = {path.name: path.stat().st_mtime_ns for path in (tmp_path / "out").glob("*.parquet")}
     again = prepare_source(request)
