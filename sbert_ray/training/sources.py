@@ -347,8 +347,7 @@ def _prepared_tables(file: str, source: Source, row_groups: tuple[int, ...] | No
     same windows from either)."""
     import pyarrow as pa
 
-    parquet = _parquet_file(file, source.key)
-    batches = parquet.iter_batches(batch_size=ROWS_PER_TABLE, row_groups=row_groups)
+    batches = _parquet_file(file, source.key).iter_batches(batch_size=ROWS_PER_TABLE, row_groups=row_groups)
     while (batch := _next_batch(batches, file)) is not None:
         yield pa.Table.from_batches([batch])
 
