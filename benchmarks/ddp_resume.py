@@ -92,8 +92,8 @@ def rank_share(config, encoder, rank: int, world_size: int, index: int) -> list[
     """Stage ``index``'s sources read and tokenised in this process, each pass every ``world_size``-th row from the
     ``rank``-th: a share of its own for each rank, as Ray Data's split gives each worker."""
 
-    def share(source: SourceStream):
-        return (table.take(np.arange(rank, table.num_rows, world_size)) for table in source.open_pass())
+    def share(source: SourceStream, key: tuple[int, int, int]):
+        return (table.take(np.arange(rank, table.num_rows, world_size)) for table in source.open_pass(key))
 
     return [
         dataclasses.replace(source, open_pass=functools.partial(share, source))

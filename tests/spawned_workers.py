@@ -323,9 +323,9 @@ def strategy_runs(rank: int, world_size: int, tmp: str, model_dir: str, data_dir
     dist.destroy_process_group()
 
 
-def _every_nth(source, rank: int):
+def _every_nth(source, rank: int, key: tuple[int, int, int]):
     world_size = dist.get_world_size()
-    return (table.take(list(range(rank, table.num_rows, world_size))) for table in source.open_pass())
+    return (table.take(list(range(rank, table.num_rows, world_size))) for table in source.open_pass(key))
 
 
 def strategy_config(model_dir: str, data_dir: str, lora: bool = False):

@@ -223,7 +223,7 @@ def collate(batch):
 
 def sources(tokenizer, sizes=(160, 80), weights=(1.0, 2.0)) -> list[SourceStream]:
     tables = {n: shard(tokenizer, n, seed=n) for n in sizes}
-    return [SourceStream(f"s{n}", n, w, lambda n=n: tables[n]) for n, w in zip(sizes, weights, strict=True)]
+    return [SourceStream(f"s{n}", n, w, lambda key, n=n: tables[n]) for n, w in zip(sizes, weights, strict=True)]
 
 
 def test_several_sources_mix_batch_by_batch_and_a_resume_continues_with_the_same_batches(tokenizer) -> None:
@@ -232,7 +232,7 @@ def test_several_sources_mix_batch_by_batch_and_a_resume_continues_with_the_same
     whole = StageBatches(streams, plan, 40, epoch=0, position=0, collate=collate)
     taken = list(itertools.islice(whole, 100))
     origin = [{int(h) for h in b.text_hashes[0]} for b in taken]
-    own = [{int(h) for t in s.open_pass() for h in t.column("hash_0").to_pylist()} for s in streams]
+    own = [{int(h) for t in s.open_pass((0, 0, 0)) for h in t.column("hash_0").to_pylist()} for s in streams]
     drawn = [next(j for j, hashes in enumerate(own) if o <= hashes) for o in origin]  # each batch: one source
     assert drawn[:40].count(0) == 20 and drawn[:40].count(1) == 20
     assert whole.metrics()["data/s160/samples"] == 8 * drawn.count(0)
@@ -355,7 +355,7 @@ def dealt_stream(blocks: list[pa.Table], plan: BatchPlan, position: int) -> Stag
     blocks (round robin, equal rows), from ``position`` of the first epoch (50 global micro-batches)."""
     rows = 800 // plan.world_size
     mine = pa.concat_tables(blocks[plan.rank :: plan.world_size]).slice(0, rows)
-    source = SourceStream("s", 800, 1.0, lambda: [mine.slice(i, 50) for i in range(0, rows, 50)])
+    source = SourceStream("s", 800, 1.0, lambda key: [mine.slice(i, 50) for i in range(0, rows, 50)])
     return StageBatches([source], plan, 50, epoch=0, position=position, collate=collate)
 
 

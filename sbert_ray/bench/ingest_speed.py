@@ -14,7 +14,6 @@ a GPU worker taking a step of 256 pairs every 40 ms) says whether one worker's i
 
 from __future__ import annotations
 
-import functools
 import os
 import statistics
 import time
@@ -120,7 +119,7 @@ def _sources(config: TrainConfig, encoder, local: bool) -> list[SourceStream]:
         return local_sources(config, 0, encoder, tokenise_every_pass=True)
     import ray.data
 
-    from sbert_ray.training.stage_data import count_rows, stage_datasets
+    from sbert_ray.training.stage_data import count_rows, pass_opener, stage_datasets
 
     # as the Train workers' DataConfig: one fixed order, so every run streams the same batches
     ray.data.DataContext.get_current().execution_options.preserve_order = True
@@ -128,14 +127,7 @@ def _sources(config: TrainConfig, encoder, local: bool) -> list[SourceStream]:
     listed = stage_sources(stage, 0)
     rows = [count_rows(source, stage, config.data_dir) for source in listed]
     datasets, (described,) = stage_datasets(config, [listed], [rows])
-    return [
-        SourceStream(d["name"], d["rows"], d["weight"], functools.partial(_stream, datasets[d["key"]]))
-        for d in described
-    ]
-
-
-def _stream(dataset):
-    return dataset.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2)
+    return [SourceStream(d["name"], d["rows"], d["weight"], pass_opener(datasets[d["key"]], d)) for d in described]
 
 
 def _time_batches(config: TrainConfig, sources: list[SourceStream], encoder, batches: int | None):

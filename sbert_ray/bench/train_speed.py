@@ -321,7 +321,7 @@ def training_flops_per_pair(settings: TrainBenchSettings) -> float:
     encoder = load_encoder(settings.model, max_seq_length=settings.max_seq_length, seed=settings.seed)
     encoder.to(torch.device(settings.device))
     (source,) = local_sources(bench_config(settings, 1, 1, storage=""), 0, encoder)
-    rows = TokenizedRows.concat(list(source.open_pass()))
+    rows = TokenizedRows.concat(list(source.open_pass((settings.seed, 0, 0))))
     forward = ForwardFlops(encoder.transformer)
     lengths = [int(n) for column in rows.columns for n in np.diff(column.offsets)]
     return 3 * sum(forward.per_sequence(length) for length in lengths) / len(rows)

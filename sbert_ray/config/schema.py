@@ -72,10 +72,14 @@ class StageConfig:
     # by length together. Larger pads less and shuffles wider; it is also how much of the stream a worker holds, and
     # what it skips on a short pass.
     window_batches: int = 200
+    # Each pass reads the stage's files (shards) in a seeded order of its own, and a prepared source's row groups
+    # within each shard too (seed, source, pass); false: the listed order every pass. Rows within a row group or a
+    # csv/tsv/jsonl file keep their order (until the window sorts them)
+    shuffle_files: bool = True
     # No text twice in a worker's batch (a row that would repeat one waits for the next batch); None: on for
     # in-batch-negative objectives (mnrl, cached_mnrl), where a duplicate would be its own false negative
     no_duplicates: bool | None = None
-    limit: int | None = None  # use only the first N examples (smoke runs); None = all
+    limit: int | None = None  # use only the first N examples of each pass's order (smoke runs); None = all
     errors: Literal["raise", "skip"] = "raise"  # a bad row stops the run, or is skipped, counted and logged
     score_max: float = 5.0  # score targets are score / score_max (STSb's 0-5 -> 0-1, as in the paper)
     objective: str = "regression"  # a name in sbert_ray.losses.registry.OBJECTIVES

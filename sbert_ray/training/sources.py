@@ -209,12 +209,37 @@ def _files_under(filesystem: pafs.FileSystem, folder: str, key: str) -> list[str
     return [i.path for i in infos if i.type == pafs.FileType.File and not is_hidden(i.path, folder)]
 
 
-def read_tables(source: Source, file: str | None, stage: StageConfig, data_dir) -> Iterator[pa.Table]:
-    """One file of the source (``file``; None: the registered dataset), as tables of the objective's examples."""
+Read = tuple[str | None, tuple[int, ...] | None]  # a file (None: a registered dataset), its row groups in order
+
+
+def pass_reads(source: Source, stage: StageConfig, key: tuple[int, int, int] | None) -> list[Read]:
+    """The reads of one pass over ``source`` in their order: each file, with a prepared shard's row groups in the
+    order they are read (None: as stored). The pass's ``key`` (stage seed, source index, pass number) seeds a
+    permutation of the files and then, shard by shard, one of each prepared shard's row groups: a different order
+    every pass, the same on every rerun, resume and world size. With ``shuffle_files: false``, or no key (a dataset
+    read as it is, not a training pass), the listed order."""
+    if not source.files:
+        return [(None, None)]
+    if not stage.shuffle_files or key is None:
+        return [(file, None) for file in source.files]
+    generator = np.random.default_rng(list(key))
+    files = generator.permutation(len(source.files))
+    shards = source.manifest.shards if source.manifest else None
+    return [
+        (source.files[i], tuple(generator.permutation(len(shards[i].row_groups)).tolist()) if shards else None)
+        for i in files
+    ]
+
+
+def read_tables(
+    source: Source, file: str | None, stage: StageConfig, data_dir, row_groups: tuple[int, ...] | None = None
+) -> Iterator[pa.Table]:
+    """One file of the source (``file``; None: the registered dataset), as tables of the objective's examples; a
+    prepared shard's ``row_groups`` in that order (None: as stored)."""
     if file is None:
         yield from (columns.to_arrow() for columns in read_registered(source, stage, data_dir))
     elif source.manifest is not None:
-        yield from _prepared_tables(file, source)
+        yield from _prepared_tables(file, source, row_groups)
     elif file.lower().endswith(".parquet"):
         yield from _parquet_tables(file, source, stage)
     elif "://" in file:  # a csv/tsv/jsonl object: its reader checks lines, so it reads a local copy
@@ -316,12 +341,13 @@ def _parquet_tables(file: str, source: Source, stage: StageConfig) -> Iterator[p
         yield pa.table(table)
 
 
-def _prepared_tables(file: str, source: Source) -> Iterator[pa.Table]:
-    """A prepared shard's tokenised tables as they are, ``ROWS_PER_TABLE`` rows at a time across its row groups
-    (the tables its input file gives, so a worker cuts the same windows from either)."""
+def _prepared_tables(file: str, source: Source, row_groups: tuple[int, ...] | None) -> Iterator[pa.Table]:
+    """A prepared shard's tokenised tables as they are, ``ROWS_PER_TABLE`` rows at a time across its row groups,
+    read in the order ``row_groups`` gives (None: as stored, the tables its input file gives, so a worker cuts the
+    same windows from either)."""
     import pyarrow as pa
 
-    batches = _parquet_file(file, source.key).iter_batches(batch_size=ROWS_PER_TABLE)
+    batches = _parquet_file(file, source.key).iter_batches(batch_size=ROWS_PER_TABLE, row_groups=row_groups)
     while (batch := _next_batch(batches, file)) is not None:
         yield pa.Table.from_batches([batch])
 

@@ -7,6 +7,10 @@
                 ``sbert-ray prepare`` tokenised beforehand: its shards are read as they are)
     split       Ray Train's streaming_split, equal rows per worker, in a fixed order (``preserve_order``): the
                 same data order for the same seed, and a resume regenerates its position exactly
+    order       each pass's read tasks in the order ``sources.pass_reads`` gives for the pass's key (files, a
+                prepared shard's row groups): only the workers know which pass of a source they open (a resumed
+                run starts inside one), so every worker hands its key to the source's ``PassKeys`` actor before it
+                opens the pass, and the split's coordinator, which lists the read tasks once all have, asks it
 
 The driver never holds the records and no process holds more than a file's table plus a worker's window.
 Ray Train's controller and Ray Data's coordinators import this module (and ``training.sources``) to unpickle the
@@ -21,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+from collections.abc import Callable, Iterable
 
 import pyarrow as pa
 import ray
@@ -31,7 +36,7 @@ from ray.data.datasource import Datasource, ReadTask
 from sbert_ray.config import ConfigError, StageConfig, TrainConfig
 from sbert_ray.data.records import DataError
 from sbert_ray.ray_compat import OFF_CONTROL_NODES
-from sbert_ray.training.sources import Source, file_sources, known_rows, read_tables
+from sbert_ray.training.sources import Source, file_sources, known_rows, pass_reads, read_tables
 
 # Blocks of ~5,000 short pairs, not Ray Data's 128 MiB (a whole shard of them): a worker's iterator waits for
 # its first two blocks (prefetch) before the first step, which would otherwise wait for two whole files.
@@ -76,14 +81,15 @@ def count_stages(config: TrainConfig, sources: list[list[Source]]) -> list[list[
 
 def stage_datasets(config: TrainConfig, sources: list[list[Source]], rows: list[list[int]]):
     """The Train datasets (``{key: ray.data.Dataset}``, lazy: nothing runs before the workers iterate them) and
-    what each worker needs to stream them."""
+    what each worker needs to stream them (with the ``PassKeys`` actor that orders each pass's reads)."""
     datasets, stage_data = {}, []
     model_json = json.dumps(dataclasses.asdict(config.model))
+    pass_keys = PassKeys.remote()  # (tiny, no CPU: anywhere)
     for i, (stage, stage_sources) in enumerate(zip(config.stages, sources, strict=True)):
         described = []
         for j, (source, n) in enumerate(zip(stage_sources, rows[i], strict=True)):
             key = f"stage{i}.{j}"
-            dataset = _read(source, stage, config.data_dir)
+            dataset = _read(source, stage, config.data_dir, (pass_keys, key))
             dataset = dataset.limit(stage.limit) if stage.limit else dataset
             # A prepared source's shards are tokenised already: read as they are.
             datasets[key] = tokenized = dataset if source.manifest else dataset.map_batches(
@@ -94,19 +100,23 @@ def stage_datasets(config: TrainConfig, sources: list[list[Source]], rows: list[
             # Training prints its own progress lines; Ray Data's bars would interleave with them in every log.
             tokenized.context.enable_progress_bars = False
             tokenized.context.target_max_block_size = BLOCK_BYTES
-            described.append({"key": key, "name": source.name, "rows": n, "weight": source.weight})
+            described.append(
+                {"key": key, "name": source.name, "rows": n, "weight": source.weight, "pass_keys": pass_keys}
+            )
         stage_data.append(described)
     return datasets, stage_data
 
 
-def _read(source: Source, stage: StageConfig, data_dir) -> ray.data.Dataset:
-    """One read task per file (the default would split a small source into ~200 blocks of a few rows). Read tasks
-    reserve no CPU, so without a cap Ray Data would run one per file at once: every one a process of its own
-    (~400 MB with torch imported), which grows with the number of shards. At most one per CPU of the cluster runs
-    at a time instead (``_task_slots``)."""
+def _read(source: Source, stage: StageConfig, data_dir, pass_key: tuple | None = None) -> ray.data.Dataset:
+    """One read task per file (the default would split a small source into ~200 blocks of a few rows), in the
+    order of the pass ``pass_key`` (a ``PassKeys`` actor and the dataset's key) finds (None: the listed order, as
+    counting reads it). Read tasks reserve no CPU, so without a cap Ray Data would run one per file at once: every
+    one a process of its own (~400 MB with torch imported), which grows with the number of shards. At most one per
+    CPU of the cluster runs at a time instead (``_task_slots``)."""
     files = max(1, len(source.files))
     return ray.data.read_datasource(
-        _SourceFiles(source, stage, data_dir), num_cpus=0, override_num_blocks=files, concurrency=_task_slots(source),
+        _SourceFiles(source, stage, data_dir, pass_key), num_cpus=0, override_num_blocks=files,
+        concurrency=_task_slots(source),
         label_selector=OFF_CONTROL_NODES,
     )  # fmt: skip
 
@@ -117,22 +127,53 @@ def _task_slots(source: Source) -> int:
     return min(max(1, len(source.files)), max(1, int(ray.cluster_resources().get("CPU", 1))))
 
 
-class _SourceFiles(Datasource):
-    """A source as read tasks: one per file, or one for a registered dataset."""
+@ray.remote(num_cpus=0)
+class PassKeys:
+    """The key (stage seed, source index, pass number) of the pass each dataset's workers open next. Every worker
+    sets it before it opens the pass (all to the same key: the schedule is equal on every rank); the split's
+    coordinator starts the pass once every worker has asked for it, and only then lists its read tasks."""
 
-    def __init__(self, source: Source, stage: StageConfig, data_dir):
+    def __init__(self):
+        self.keys: dict[str, tuple[int, int, int]] = {}
+
+    def set(self, dataset: str, key: tuple[int, int, int]) -> None:
+        self.keys[dataset] = key
+
+    def get(self, dataset: str) -> tuple[int, int, int] | None:
+        """None: no worker opened a pass (the dataset iterated as it is): the listed order."""
+        return self.keys.get(dataset)
+
+
+def pass_opener(stream, described: dict) -> Callable[[tuple[int, int, int]], Iterable[pa.Table]]:
+    """Passes over ``stream`` (a worker's shard of the dataset ``described`` names, or the dataset itself), each
+    read in the order its key seeds: the key handed to the dataset's ``PassKeys`` before the pass is asked for."""
+
+    def open_pass(key: tuple[int, int, int]) -> Iterable[pa.Table]:
+        ray.get(described["pass_keys"].set.remote(described["key"], key))
+        return stream.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2)
+
+    return open_pass
+
+
+class _SourceFiles(Datasource):
+    """A source as read tasks: one per file, or one for a registered dataset, in the order of the pass its
+    ``pass_key`` (a ``PassKeys`` actor, the dataset's key) names; None: the listed order."""
+
+    def __init__(self, source: Source, stage: StageConfig, data_dir, pass_key: tuple | None = None):
         super().__init__()
-        self.source, self.stage, self.data_dir = source, stage, data_dir
+        self.source, self.stage, self.data_dir, self.pass_key = source, stage, data_dir, pass_key
 
     def estimate_inmemory_data_size(self) -> int | None:
         return None
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit=None, data_context=None) -> list[ReadTask]:
         stage, data_dir = self.stage, self.data_dir
+        key = None if self.pass_key is None else ray.get(self.pass_key[0].get.remote(self.pass_key[1]))
+        own = dict(file_sources(self.source))  # each file's task carries that file alone (and its shard)
         metadata = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None, input_files=None)
         return [
-            ReadTask(functools.partial(read_tables, source, file, stage, data_dir), metadata, schema=None)
-            for file, source in file_sources(self.source)
+            ReadTask(functools.partial(read_tables, own[file], file, stage, data_dir, groups), metadata, schema=None)
+            for file, groups in pass_reads(self.source, stage, key)
         ]
 
 

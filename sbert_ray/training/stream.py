@@ -16,8 +16,10 @@ cut waits for a later batch (counted), so no text is its own negative inside a w
 Several sources: each micro-batch is drawn from one source (in-batch negatives stay within one dataset), in an
 order seeded per epoch and equal on every rank: ``proportional`` draws each source ``weight`` x its batches per
 epoch, ``round_robin`` takes one batch of each in turn until the smallest is used up. Each source streams pass
-after pass on its own; where the stage stands in each is a function of (epoch, position), so a resumed worker
-regenerates its stream up to there and goes on with the very batches the interrupted run would have taken.
+after pass on its own, each pass opened with its key (stage seed, source index, pass number), which seeds the order
+its files and row groups are read in (``sources.pass_reads``) and its windows' shuffles; where the stage stands in
+each is a function of (epoch, position), so a resumed worker regenerates its stream up to there, in the same order,
+and goes on with the very batches the interrupted run would have taken.
 
 Elastic runs: the order above is planned in global micro-batches (``batch_size / grad_accum_steps`` examples of
 all workers together; each worker's batch is its share of one, ``training.batches.BatchSplit``) at the configured,
@@ -51,6 +53,7 @@ from sbert_ray.training.sources import (
     Source,
     TextColumns,
     check_prepared,
+    pass_reads,
     read_registered,
     read_tables,
     stage_sources,
@@ -69,9 +72,10 @@ class SourceStream:
     name: str
     rows: int  # examples in one pass over the source, all workers together (counted before training)
     weight: float
-    # This worker's tokenised tables of a new pass: Arrow tables as Ray Data's stream carries them
-    # (``batches.tokenize_table``), or rows read and tokenised in this process.
-    open_pass: Callable[[], Iterable[pa.Table | TokenizedRows]]
+    # This worker's tokenised tables of a new pass, given the pass's key (stage seed, source index, pass number),
+    # which seeds the order its files and row groups are read in (``sources.pass_reads``): Arrow tables as Ray
+    # Data's stream carries them (``batches.tokenize_table``), or rows read and tokenised in this process.
+    open_pass: Callable[[tuple[int, int, int]], Iterable[pa.Table | TokenizedRows]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,7 +221,7 @@ class StageBatches:
         number, skip = divmod(taken, per_pass)
         while True:
             key = (self.plan.seed, index, number)
-            batches = pass_batches(source.open_pass(), per_pass, self.plan, key, counts)
+            batches = pass_batches(source.open_pass(key), per_pass, self.plan, key, counts)
             for position, batch in enumerate(batches):
                 if position >= skip:
                     yield batch
@@ -337,8 +341,9 @@ def local_sources(
     source's shards as they are, refused when prepared for another tokenizer, length or prompts)."""
     stage = config.stages[index]
 
-    def tables(source: Source) -> Iterator[pa.Table]:
-        read = (t for f in source.files for t in read_tables(source, f, stage, config.data_dir))
+    def tables(source: Source, key: tuple[int, int, int]) -> Iterator[pa.Table]:
+        reads = pass_reads(source, stage, key)
+        read = (t for f, groups in reads for t in read_tables(source, f, stage, config.data_dir, groups))
         first = _first_rows(read, stage.limit)
         return first if source.manifest else (tokenize_table(t, encoder) for t in first)  # prepared: tokenised
 
@@ -348,10 +353,11 @@ def local_sources(
 
     def stream(source: Source) -> SourceStream:
         if source.files or tokenise_every_pass:
-            open_pass = functools.partial(tables if source.files else registered, source)
-            return SourceStream(source.name, sum(t.num_rows for t in open_pass()), source.weight, open_pass)
+            open_pass = functools.partial(tables, source) if source.files else lambda key: registered(source)
+            rows = sum(t.num_rows for t in open_pass((0, 0, 0)))  # any pass's order holds every row
+            return SourceStream(source.name, rows, source.weight, open_pass)
         rows = list(registered(source))
-        return SourceStream(source.name, sum(part.num_rows for part in rows), source.weight, lambda: rows)
+        return SourceStream(source.name, sum(part.num_rows for part in rows), source.weight, lambda key: rows)
 
     sources = stage_sources(stage, index)
     check_prepared(sources, stage, encoder.tokenizer, encoder.max_seq_length, encoder.prompts)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import logging
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -56,6 +56,7 @@ from sbert_ray.training.resume_points import (
     drop_node_copy,
     fetch_once_per_node,
 )
+from sbert_ray.training.stage_data import pass_opener
 from sbert_ray.training.stage_plan import WorkerPlan
 from sbert_ray.training.stages import Worker, alone, start_worker, train_stages
 
@@ -163,16 +164,16 @@ def _stage_data(loop_config: dict) -> Callable[[int], list[SourceStream]]:
 
     def streams(index: int) -> list[SourceStream]:
         return [
-            SourceStream(source["name"], source["rows"], source["weight"], _passes(source["key"]))
+            SourceStream(
+                source["name"],
+                source["rows"],
+                source["weight"],
+                pass_opener(ray.train.get_dataset_shard(source["key"]), source),
+            )  # fmt: skip
             for source in loop_config["stage_data"][index]
         ]
 
     return streams
-
-
-def _passes(key: str) -> Callable[[], Iterable]:
-    shard = ray.train.get_dataset_shard(key)
-    return lambda: shard.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2)
 
 
 def _ddp(objective: torch.nn.Module, bf16_gradients: bool) -> torch.nn.Module:
