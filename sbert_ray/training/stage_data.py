@@ -84,7 +84,9 @@ def stage_datasets(config: TrainConfig, sources: list[list[Source]], rows: list[
     what each worker needs to stream them (with the ``PassKeys`` actor that orders each pass's reads)."""
     datasets, stage_data = {}, []
     model_json = json.dumps(dataclasses.asdict(config.model))
-    pass_keys = PassKeys.remote()  # (tiny, no CPU: anywhere)
+    # On the driver's node (no CPU): a worker node lost mid-run must not take the pass order with it.
+    here = {"ray.io/node-id": ray.get_runtime_context().get_node_id()}
+    pass_keys = PassKeys.options(label_selector=here).remote()
     for i, (stage, stage_sources) in enumerate(zip(config.stages, sources, strict=True)):
         described = []
         for j, (source, n) in enumerate(zip(stage_sources, rows[i], strict=True)):
