@@ -18,8 +18,11 @@ order seeded per epoch and equal on every rank: ``proportional`` draws each sour
 epoch, ``round_robin`` takes one batch of each in turn until the smallest is used up. Each source streams pass
 after pass on its own, each pass opened with its key (stage seed, source index, pass number), which seeds the order
 its files and row groups are read in (``sources.pass_reads``) and its windows' shuffles; where the stage stands in
-each is a function of (epoch, position), so a resumed worker regenerates its stream up to there, in the same order,
-and goes on with the very batches the interrupted run would have taken.
+each is a function of (epoch, position), so a resumed worker goes on with the very batches the interrupted run
+would have taken: a raw source's stream regenerated up to there, in the same order; a prepared source's read from
+the window the position lies in (``share_batches``: each rank reads its own share of a pass from the shards, its
+rows a function of the pass key, the world sizes and its rank alone, and every whole window gives exactly
+``window_batches`` batches, carrying nothing over, so a position names its window without reading any before it).
 
 Elastic runs: the order above is planned in global micro-batches (``batch_size / grad_accum_steps`` examples of
 all workers together; each worker's batch is its share of one, ``training.batches.BatchSplit``) at the configured,
@@ -28,9 +31,11 @@ size, and a position saved at one size is a position at another: each source goe
 worker as far into its new share as the run had come into its old one. What the resize cannot carry over is where
 each worker stood inside its window (its batches are shuffled): rows of the windows it cut (``window_batches``
 global micro-batches' worth, at each size) may be trained twice or not in that pass. Where the global micro-batch
-does not divide by the live world size the first ranks take one example more of each than the others, from shards
-of equal rows (Ray Data's ``streaming_split``): per pass they repeat about as many rows as the others leave unseen
-(``repeated`` / ``unseen`` below), at most one row per global micro-batch and rank.
+does not divide by the live world size the first ranks take one example more of each than the others: a prepared
+source deals each window by those shares (``BatchPlan.share_windows``), so every row of a pass is still taken once
+but the fewer-than-``planned_workers`` rows its planned equal shares leave (counted unseen); a raw source's shards
+hold equal rows (Ray Data's ``streaming_split``), so per pass the first ranks repeat about as many rows as the
+others leave unseen (``repeated`` / ``unseen`` below), at most one row per global micro-batch and rank.
 """
 
 from __future__ import annotations
