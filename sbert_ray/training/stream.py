@@ -55,7 +55,7 @@ from sbert_ray.losses.registry import OBJECTIVES
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.training.batches import TokenizedRows, split_batch, tokenize_table, tokenize_texts
 from sbert_ray.training.loop import MicroBatch
-from sbert_ray.training.prepared_reads import PreparedPasses
+from sbert_ray.training.prepared_reads import PreparedPasses, RowGroup
 from sbert_ray.training.sources import (
     Source,
     TextColumns,
@@ -327,7 +327,7 @@ def share_batches(
 
 def _share_window(
     prepared: PreparedPasses,
-    groups: list,
+    groups: list[RowGroup],
     windows: list[tuple[int, int]],
     number: int,
     plan: BatchPlan,
