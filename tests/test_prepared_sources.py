@@ -277,6 +277,28 @@ def test_a_resized_run_trains_every_row_of_a_pass_once_but_the_remainder(prepare
     assert not Counter(trained[0] + trained[1]) - Counter(every_row(prepared_folder))  # each row at most once
 
 
+def test_a_run_resized_inside_a_pass_trains_every_row_outside_the_window_it_stood_in_once(
+    prepared_folder, encoder, tiny_model_dir
+):
+    """Planned for 3 workers (a global micro-batch of 9, windows of 4 of them: 36 rows), 13 global micro-batches
+    taken by 3 workers, the rest of the pass by 2 from that position: the window the position lies in (the 4th) is
+    cut anew at the new size (its rows may be trained twice or not), every other row of the pass exactly once."""
+    config = train_config(prepared_folder, str(tiny_model_dir), batch_size=9)
+    before = [rank_rows(rank_stream(config, encoder, 3, rank, max_workers=3), 13) for rank in range(3)]
+    after = []
+    for rank in (0, 1):
+        stream = rank_stream(config, encoder, 2, rank, position=13, max_workers=3)
+        after += rank_rows(stream, (31 - 13) * stream.plan.chunks)
+    (source,) = local_sources(config, 0, encoder)
+    table, _ = source.prepared.read(source.prepared.row_groups((config.seed, 0, 0)), 0, 279)
+    sequence = list(zip(table.column("hash_0").to_pylist(), table.column("hash_1").to_pylist(), strict=True))
+    window, outside = Counter(sequence[3 * 36 : 4 * 36]), Counter(sequence[: 3 * 36] + sequence[4 * 36 :])
+    trained = Counter(itertools.chain(*before, after))
+    only_outside = {row: n for row, n in outside.items() if row not in window}  # (one pair is there twice)
+    assert {row: trained[row] for row in only_outside} == only_outside and len(only_outside) > 240  # each once
+    assert all(trained[row] <= 2 * n for row, n in window.items()) and not set(trained) - set(sequence)
+
+
 @pytest.mark.parametrize("position", [31, 33])  # 90 % into a pass of 35 (a whole window), and into its last window
 def test_a_resume_reads_one_window_and_takes_the_batches_of_the_uninterrupted_run(
     prepared_folder, encoder, tiny_model_dir, position
