@@ -1,8 +1,9 @@
 """Prepared training sources (``sbert-ray prepare``, ``data.prepared``): training reads their shards as they are, to
-the same micro-batches as the raw source gives; a manifest made for another tokenizer, length or prompts is refused
-before Ray, naming each difference. The one prepare run on the local cluster checks that its shards hold what
-training would compute, that training's Ray Data stream reads a pass of them in that pass's seeded order of shards
-and row groups, and that a rerun writes only what is missing."""
+the same examples as the raw source gives, each rank its own share of each pass (a function of the pass key, the
+world sizes and the rank), a resume only from the window it stands in; a manifest made for another tokenizer,
+length or prompts is refused before Ray, naming each difference. The one prepare run on the local cluster checks
+that its shards hold what training would compute, that two workers' shares read in Ray tasks are those read in
+process, and that a rerun writes only what is missing."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ import csv
 import dataclasses
 import itertools
 import json
-from concurrent.futures import ThreadPoolExecutor
+import pickle
+from collections import Counter
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import ray.data
+import ray
 import torch
 
 from sbert_ray.cli import main
@@ -33,9 +35,17 @@ from sbert_ray.models import load_encoder
 from sbert_ray.models.load import load_tokenizer
 from sbert_ray.runs.prepare_source import PrepareRequest, prepare_source, shard_inputs
 from sbert_ray.training.batches import tokenize_table
+from sbert_ray.training.prepared_reads import PreparedPasses
 from sbert_ray.training.sources import Source, column_roles, pass_reads, read_tables, reading, stage_sources
-from sbert_ray.training.stage_data import count_stages, pass_opener, stage_datasets
-from sbert_ray.training.stream import StageBatches, batch_plan, local_sources, stage_steps
+from sbert_ray.training.stage_data import count_stages, source_stream, stage_datasets
+from sbert_ray.training.stream import (
+    SourceCounts,
+    StageBatches,
+    batch_plan,
+    local_sources,
+    share_batches,
+    stage_steps,
+)
 
 ROWS_PER_FILE = (150, 130)  # two input files: two shards
 ROWS_PER_GROUP = 64
@@ -61,25 +71,27 @@ def encoder(tiny_model_dir):
     return load_encoder(str(tiny_model_dir), max_seq_length=MAX_SEQ_LENGTH)
 
 
-def write_prepared(raw, output, stage: StageConfig, encoder, model: str) -> None:
+def write_prepared(raw, output, stage: StageConfig, encoder, model: str, rows_per_group=ROWS_PER_GROUP) -> None:
     """A prepared folder written in this process: each input file's tables tokenised as the training stream does,
-    in row groups of ROWS_PER_GROUP, and its manifest (the cluster test shows prepare writes the same shards)."""
+    in row groups of ``rows_per_group``, and its manifest (the cluster test shows prepare writes the same shards)."""
     (source,) = stage_sources(dataclasses.replace(stage, dataset=str(raw)), 0)
     output.mkdir()
     shards = []
     for item in shard_inputs(source.files):
         table = pa.concat_tables(tokenize_table(t, encoder) for t in read_tables(source, item.uri, stage, None))
-        pq.write_table(table, output / f"{item.key}.parquet", row_group_size=ROWS_PER_GROUP)
-        groups = [min(ROWS_PER_GROUP, table.num_rows - start) for start in range(0, table.num_rows, ROWS_PER_GROUP)]
+        pq.write_table(table, output / f"{item.key}.parquet", row_group_size=rows_per_group)
+        groups = [min(rows_per_group, table.num_rows - start) for start in range(0, table.num_rows, rows_per_group)]
         shards.append(Shard(f"{item.key}.parquet", table.num_rows, tuple(groups)))
     settings = prepared_settings(encoder.tokenizer, encoder.max_seq_length, encoder.prompts, reading(stage))
     roles = column_roles(stage, 2)
-    manifest = Manifest(str(output), settings, str(raw), model, {}, roles, ROWS_PER_GROUP, tuple(shards))
+    manifest = Manifest(str(output), settings, str(raw), model, {}, roles, rows_per_group, tuple(shards))
     (output / MANIFEST).write_text(json.dumps(manifest.to_json()))
 
 
-def train_config(dataset, model: str, shuffle_files: bool = True, **model_settings) -> TrainConfig:
-    stage = StageConfig(dataset=str(dataset), batch_size=8, window_batches=4, epochs=2, shuffle_files=shuffle_files)
+def train_config(dataset, model: str, shuffle_files: bool = True, batch_size=8, **model_settings) -> TrainConfig:
+    stage = StageConfig(
+        dataset=str(dataset), batch_size=batch_size, window_batches=4, epochs=2, shuffle_files=shuffle_files
+    )
     return TrainConfig(
         name="prepared",
         model=ModelConfig(name=model, max_seq_length=MAX_SEQ_LENGTH, **model_settings),
@@ -91,23 +103,46 @@ def train_config(dataset, model: str, shuffle_files: bool = True, **model_settin
 def micro_batches(config: TrainConfig, encoder, count: int, epoch: int = 0, position: int = 0) -> list:
     """The first ``count`` micro-batches of the stage's one worker (``config.seed``) from (``epoch``, ``position``)
     on, across the epoch boundary."""
+    return list(itertools.islice(rank_stream(config, encoder, 1, 0, epoch, position), count))
+
+
+def rank_stream(config: TrainConfig, encoder, world_size: int, rank: int, epoch=0, position=0, max_workers=None):
+    """Rank ``rank``'s micro-batches of ``world_size`` live workers (of ``max_workers`` planned) from (``epoch``,
+    ``position``) on, as a Train worker takes them (``StageBatches``)."""
     stage = config.stages[0]
     sources = local_sources(config, 0, encoder)
-    plan = batch_plan(stage, 0, seed=config.seed, world_size=1, rank=0)
+    plan = batch_plan(stage, 0, seed=config.seed, world_size=world_size, rank=rank, max_workers=max_workers)
     per_epoch, _ = stage_steps([s.rows for s in sources], [s.weight for s in sources], stage, plan)
 
     def collate(batch):
         rows, index = batch
         return rows.collate(index, pad_token_id=0, pad_left=False, device=torch.device("cpu"))
 
-    return list(itertools.islice(StageBatches(sources, plan, per_epoch, epoch, position, collate), count))
+    return StageBatches(sources, plan, per_epoch, epoch, position, collate)
 
 
-def test_a_prepared_source_gives_the_micro_batches_of_its_raw_source(raw_folder, encoder, tiny_model_dir, tmp_path):
-    """Token ids, text hashes, labels and positions of every micro-batch of two epochs are equal, read from the raw
-    csv shards (tokenised in the loop) or from their prepared shards (read as they are), in the files' listed order
-    (with ``shuffle_files`` the prepared shards' row groups are read in an order of their own, which raw files
-    have not)."""
+def rank_rows(stream: StageBatches, count: int) -> list[tuple[int, int]]:
+    """The (text hashes of the) examples of ``stream``'s next ``count`` micro-batches, in order."""
+    return [tuple(map(int, row)) for m in itertools.islice(stream, count) for row in zip(*m.text_hashes, strict=True)]
+
+
+def trained_rows(batches: list, epoch: int) -> list[tuple]:
+    """Every example the micro-batches of ``epoch`` train on, as (text hashes, token ids per text, label), sorted."""
+    rows = []
+    for batch in (b for b in batches if b.epoch == epoch):
+        ids = [
+            [tuple(row[mask.bool()].tolist()) for row, mask in zip(f["input_ids"], f["attention_mask"], strict=True)]
+            for f in batch.features
+        ]
+        hashes = [h.tolist() for h in batch.text_hashes]
+        rows += zip(*hashes, *ids, batch.labels.tolist(), strict=True)
+    return sorted(rows)
+
+
+def test_a_prepared_source_trains_on_the_examples_of_its_raw_source(raw_folder, encoder, tiny_model_dir, tmp_path):
+    """Token ids, text hashes and labels of every example of two epochs are equal, read from the raw csv shards
+    (tokenised in the loop) or from their prepared shards (read as they are); the batches differ (a prepared
+    source's windows are cut at whole windows of rows, a raw one's where its tables end), the steps do not."""
     stage = StageConfig(dataset=str(raw_folder))
     prepared = tmp_path / "prepared"
     write_prepared(raw_folder, prepared, stage, encoder, str(tiny_model_dir))
@@ -118,12 +153,10 @@ def test_a_prepared_source_gives_the_micro_batches_of_its_raw_source(raw_folder,
     raw = micro_batches(train_config(raw_folder, str(tiny_model_dir), shuffle_files=False), encoder, count)
     read = micro_batches(train_config(prepared, str(tiny_model_dir), shuffle_files=False), encoder, count)
     assert len(raw) == len(read) == count and {b.epoch for b in raw} == {0, 1}
-    for a, b in zip(raw, read, strict=True):
-        assert (a.epoch, a.position, a.size) == (b.epoch, b.position, b.size)
-        for features_a, features_b in zip(a.features, b.features, strict=True):
-            assert torch.equal(features_a["input_ids"], features_b["input_ids"])
-        assert all(torch.equal(x, y) for x, y in zip(a.text_hashes, b.text_hashes, strict=True))
-        assert torch.equal(a.labels, b.labels)
+    assert [(a.epoch, a.position, a.size) for a in raw] == [(b.epoch, b.position, b.size) for b in read]
+    for epoch in (0, 1):
+        assert len(trained_rows(read, epoch)) == sum(ROWS_PER_FILE)
+        assert trained_rows(raw, epoch) == trained_rows(read, epoch)
 
 
 def test_each_pass_reads_the_files_and_row_groups_in_an_order_seeded_by_seed_source_and_pass() -> None:
@@ -148,9 +181,10 @@ def test_each_pass_reads_the_files_and_row_groups_in_an_order_seeded_by_seed_sou
 def test_a_pass_reads_every_row_once_in_its_own_order_and_a_resume_continues_it_exactly(
     raw_folder, encoder, tiny_model_dir, tmp_path
 ):
-    """A prepared source (two shards of three row groups) through the stream of one worker: each pass's tables are
-    the row groups in ``pass_reads``' order, every row once; two epochs give each row once each, in other batches;
-    a run resumed inside the second epoch takes exactly the micro-batches the uninterrupted run takes from there."""
+    """A prepared source (two shards of three row groups) through the stream of one worker: each pass's sequence of
+    rows is the row groups in ``pass_reads``' order, every row once, any stretch of it read as it is there; two
+    epochs give each row once each, in other batches; a run resumed inside the second epoch takes exactly the
+    micro-batches the uninterrupted run takes from there."""
     stage = StageConfig(dataset=str(raw_folder))
     prepared = tmp_path / "prepared"
     write_prepared(raw_folder, prepared, stage, encoder, str(tiny_model_dir))
@@ -163,8 +197,14 @@ def test_a_pass_reads_every_row_once_in_its_own_order_and_a_resume_continues_it_
             for file, order in pass_reads(source, config.stages[0], key)
             for group in order
         ]
-        reads.append([h for table in stream.open_pass(key) for h in table.column("hash_0").to_pylist()])
+        row_groups = stream.prepared.row_groups(key)
+        table, read = stream.prepared.read(row_groups, 0, stream.rows)
+        reads.append(table.column("hash_0").to_pylist())
         assert reads[-1] == list(itertools.chain(*groups))  # in the pass's order of files and row groups
+        assert read == stream.rows and [g.rows for g in row_groups] == [len(g) for g in groups]
+        stretch, read = stream.prepared.read(row_groups, 70, 130)  # only the row groups it lies in are read
+        assert stretch.column("hash_0").to_pylist() == reads[-1][70:130]
+        assert read == sum(g.rows for g in row_groups if g.first < 130 and g.first + g.rows > 70) < stream.rows
     assert reads[0] != reads[1] and sorted(reads[0]) == sorted(reads[1])  # two passes, two orders of the same rows
     rows = pa.concat_tables(pq.read_table(prepared / shard.file) for shard in source.manifest.shards)
     every_row = sorted(zip(rows.column("hash_0").to_pylist(), rows.column("hash_1").to_pylist(), strict=True))
@@ -188,6 +228,96 @@ def test_a_pass_reads_every_row_once_in_its_own_order_and_a_resume_continues_it_
         assert (a.epoch, a.position) == (b.epoch, b.position)
         assert torch.equal(a.features[0]["input_ids"], b.features[0]["input_ids"])
         assert all(torch.equal(x, y) for x, y in zip(a.text_hashes, b.text_hashes, strict=True))
+
+
+@pytest.fixture
+def prepared_folder(raw_folder, encoder, tiny_model_dir, tmp_path):
+    """The raw folder prepared in row groups of 8 rows (more row groups than windows)."""
+    prepared = tmp_path / "prepared"
+    write_prepared(raw_folder, prepared, StageConfig(dataset=str(raw_folder)), encoder, str(tiny_model_dir), 8)
+    return prepared
+
+
+def every_row(prepared) -> list[tuple[int, int]]:
+    shards = pa.concat_tables(pq.read_table(path) for path in sorted(prepared.glob("*.parquet")))
+    return sorted(zip(shards.column("hash_0").to_pylist(), shards.column("hash_1").to_pylist(), strict=True))
+
+
+def test_each_rank_trains_on_rows_of_its_pass_key_world_sizes_and_rank_alone(prepared_folder, encoder, tiny_model_dir):
+    """Two workers: each rank's examples of a pass are the same whichever rank reads first and from a source rebuilt
+    from the wire (as another process on another node gets it); the ranks' examples are disjoint and together every
+    row of the pass once; the next pass gives each rank other rows."""
+    config = train_config(prepared_folder, str(tiny_model_dir))
+    per_pass = -(-sum(ROWS_PER_FILE) // 8)  # 35 global micro-batches of 8: 4 examples per rank
+    ranks = [rank_rows(rank_stream(config, encoder, 2, rank), 2 * per_pass) for rank in (0, 1)]
+    again = [rank_rows(rank_stream(config, encoder, 2, rank), 2 * per_pass) for rank in (1, 0)][::-1]
+    assert ranks == again
+    (stream,) = local_sources(config, 0, encoder)
+    wired = PreparedPasses.from_wire(json.loads(json.dumps(stream.prepared.to_wire())), config.stages[0])
+    assert wired == stream.prepared
+    for first, second in [(rows[: len(rows) // 2], rows[len(rows) // 2 :]) for rows in ranks]:
+        assert len(first) == len(second) == sum(ROWS_PER_FILE) // 2
+    passes = [[rows[: len(rows) // 2] for rows in ranks], [rows[len(rows) // 2 :] for rows in ranks]]
+    for shares in passes:  # (the same multiset: one pair of the rows is there twice)
+        assert sorted(shares[0] + shares[1]) == every_row(prepared_folder)
+    assert set(passes[0][0]) != set(passes[1][0])  # another pass, another share
+
+
+def test_a_resized_run_trains_every_row_of_a_pass_once_but_the_remainder(prepared_folder, encoder, tiny_model_dir):
+    """Planned for 3 workers, live 2 (a global micro-batch of 9: shares 5 and 4): each rank's share of a pass is
+    its share's part of every window, so the two take every row once but the one the 3 planned equal shares leave
+    (280 // 3 * 3 = 279; counted unseen), and both take the planned 31 micro-batches."""
+    config = train_config(prepared_folder, str(tiny_model_dir), batch_size=9)
+    streams = [rank_stream(config, encoder, 2, rank, max_workers=3) for rank in (0, 1)]
+    trained = [rank_rows(stream, 31 * stream.plan.chunks) for stream in streams]  # 31 global micro-batches
+    assert [len(rows) for rows in trained] == [7 * 4 * 5 + 15, 7 * 4 * 4 + 12]  # 7 whole windows, then 27 rows
+    counts = [stream.metrics() for stream in streams]
+    assert [c["data/prepared/unseen"] for c in counts] == [0, 1]
+    assert [c["data/prepared/repeated"] for c in counts] == [0, 0]
+    assert not Counter(trained[0] + trained[1]) - Counter(every_row(prepared_folder))  # each row at most once
+
+
+def test_a_run_resized_inside_a_pass_trains_every_row_outside_the_window_it_stood_in_once(
+    prepared_folder, encoder, tiny_model_dir
+):
+    """Planned for 3 workers (a global micro-batch of 9, windows of 4 of them: 36 rows), 13 global micro-batches
+    taken by 3 workers, the rest of the pass by 2 from that position: the window the position lies in (the 4th) is
+    cut anew at the new size (its rows may be trained twice or not), every other row of the pass exactly once."""
+    config = train_config(prepared_folder, str(tiny_model_dir), batch_size=9)
+    before = [rank_rows(rank_stream(config, encoder, 3, rank, max_workers=3), 13) for rank in range(3)]
+    after = []
+    for rank in (0, 1):
+        stream = rank_stream(config, encoder, 2, rank, position=13, max_workers=3)
+        after += rank_rows(stream, (31 - 13) * stream.plan.chunks)
+    (source,) = local_sources(config, 0, encoder)
+    table, _ = source.prepared.read(source.prepared.row_groups((config.seed, 0, 0)), 0, 279)
+    sequence = list(zip(table.column("hash_0").to_pylist(), table.column("hash_1").to_pylist(), strict=True))
+    window, outside = Counter(sequence[3 * 36 : 4 * 36]), Counter(sequence[: 3 * 36] + sequence[4 * 36 :])
+    trained = Counter(itertools.chain(*before, after))
+    only_outside = {row: n for row, n in outside.items() if row not in window}  # (one pair is there twice)
+    assert {row: trained[row] for row in only_outside} == only_outside and len(only_outside) > 240  # each once
+    assert all(trained[row] <= 2 * n for row, n in window.items()) and not set(trained) - set(sequence)
+
+
+@pytest.mark.parametrize("position", [31, 33])  # 90 % into a pass of 35 (a whole window), and into its last window
+def test_a_resume_reads_one_window_and_takes_the_batches_of_the_uninterrupted_run(
+    prepared_folder, encoder, tiny_model_dir, position
+):
+    """Two workers, windows of 4 global micro-batches (16 examples per rank), row groups of 8: a run resumed at
+    ``position`` of the first pass reads at most its window and the two row groups it starts and ends in before
+    its first micro-batch, per rank (counted at the reader), and takes exactly the micro-batches the uninterrupted
+    run takes from there on, into the next pass."""
+    config = train_config(prepared_folder, str(tiny_model_dir))
+    for rank in (0, 1):
+        whole = list(itertools.islice(rank_stream(config, encoder, 2, rank), 35 + 10))
+        resumed_stream = rank_stream(config, encoder, 2, rank, epoch=0, position=position)
+        resumed = iter(resumed_stream)
+        first = next(resumed)
+        assert resumed_stream.metrics()["data/prepared/read"] <= 4 * 4 + 2 * 8
+        for a, b in zip(whole[position:], [first, *itertools.islice(resumed, 35 + 10 - position - 1)], strict=True):
+            assert (a.epoch, a.position, a.size) == (b.epoch, b.position, b.size)
+            assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(a.features, b.features, strict=True))
+            assert all(torch.equal(x, y) for x, y in zip(a.text_hashes, b.text_hashes, strict=True))
 
 
 def test_a_manifest_made_for_other_settings_is_refused_naming_each_difference(
@@ -266,7 +396,7 @@ def test_prepare_refuses_bad_input_before_ray(raw_folder, tiny_model_dir, tmp_pa
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_prepare_writes_what_training_computes_and_a_rerun_only_what_is_missing(
-    local_ray, raw_folder, encoder, tiny_model_dir, tmp_path, monkeypatch
+    local_ray, raw_folder, encoder, tiny_model_dir, tmp_path
 ) -> None:
     model = str(tiny_model_dir)
     request = PrepareRequest(str(raw_folder), model, MAX_SEQ_LENGTH, tmp_path / "out", rows_per_group=ROWS_PER_GROUP)
@@ -282,37 +412,30 @@ def test_prepare_writes_what_training_computes_and_a_rerun_only_what_is_missing(
         assert pq.read_table(tmp_path / "out" / shard.file).equals(pq.read_table(expected / shard.file))
     assert manifest.settings == read_manifest(str(expected)).settings
 
-    # Training's Ray Data stream of the prepared source: its shards' rows as they are, no tokenise stage.
+    # Training reads the prepared source without Ray Data (no dataset, no PassKeys): each worker reads its share of
+    # a pass from the shards, described to it in primitives (Ray Train's controller unpickles them). Two workers'
+    # shares read in Ray tasks, wherever they run, are the shares read here, every row once between them.
     config = train_config(tmp_path / "out", model)
     sources = [stage_sources(config.stages[0], 0)]
     assert count_stages(config, sources) == [[sum(ROWS_PER_FILE)]]  # from the manifest
-    options = ray.data.DataContext.get_current().execution_options
-    monkeypatch.setattr(options, "preserve_order", True)  # as the Train workers' DataConfig
     datasets, (described,) = stage_datasets(config, sources, [[sum(ROWS_PER_FILE)]])
-    key = (config.seed, 0, 1)  # the second pass: its read tasks in its order of shards and row groups
-    open_pass = pass_opener(datasets["stage0.0"], described[0])
-    streamed = pa.concat_tables(open_pass(key))
+    assert datasets == {} and set(described[0]) == {"name", "rows", "weight", "prepared"}
+    assert b"sbert_ray" not in pickle.dumps(described)
+
+    def share_hashes(described: dict, stage: StageConfig, seed: int, rank: int) -> list[int]:
+        """Rank ``rank`` of two workers: the second texts' hashes of its examples of a pass, read from the source
+        as ``stage_datasets`` describes it to the workers (``source_stream``)."""
+        prepared = source_stream(described, None, stage).prepared
+        plan = batch_plan(stage, 0, seed=seed, world_size=2, rank=rank)
+        per_pass, key = plan.units_per_pass(prepared.rows), (plan.seed, 0, 0)
+        batches = share_batches(prepared, per_pass, plan, key, 0, SourceCounts())
+        return [int(h) for rows, index in batches for h in rows.hashes[1][index]]
+
+    read_share = ray.remote(num_cpus=0)(share_hashes)
+    shares = ray.get([read_share.remote(described[0], config.stages[0], config.seed, rank) for rank in (0, 1)])
+    assert shares == [share_hashes(described[0], config.stages[0], config.seed, rank) for rank in (0, 1)]
     shards = pa.concat_tables(pq.read_table(tmp_path / "out" / shard.file) for shard in manifest.shards)
-    assert streamed.schema.names == shards.schema.names
-    in_order = [
-        pq.ParquetFile(file).read_row_group(group).column("hash_0")
-        for file, groups in pass_reads(sources[0][0], config.stages[0], key)
-        for group in groups
-    ]
-    assert streamed.column("hash_0").to_pylist() == pa.chunked_array(in_order).to_pylist()
-    assert sorted(streamed.column("hash_0").to_pylist()) == sorted(shards.column("hash_0").to_pylist())
-    # Split for two workers as Ray Train splits it: both hand the first pass's key to PassKeys, and the split's
-    # coordinator (its own actor) lists the read tasks in that pass's order, every row once between them.
-    key = (config.seed, 0, 0)
-    splits = datasets["stage0.0"].streaming_split(2, equal=True)
-    with ThreadPoolExecutor(2) as workers:  # the split's pass starts when both have asked for it
-        opened = [pass_opener(split, described[0]) for split in splits]
-        shares = list(workers.map(lambda open_pass: pa.concat_tables(open_pass(key)), opened))
-    order = [h for t in local_sources(config, 0, encoder)[0].open_pass(key) for h in t.column("hash_0").to_pylist()]
-    for share in shares:
-        rest = iter(order)
-        assert all(h in rest for h in share.column("hash_0").to_pylist())  # in the pass's order
-    assert sorted(pa.concat_tables(shares).column("hash_0").to_pylist()) == sorted(order)
+    assert sorted(shares[0] + shares[1]) == sorted(shards.column("hash_1").to_pylist())
 
     written = {path.name: path.stat().st_mtime_ns for path in (tmp_path / "out").glob("*.parquet")}
     again = prepare_source(request)

@@ -32,6 +32,7 @@ from sbert_ray.evaluation.sts import evaluate_pairs
 from sbert_ray.models import load_encoder
 from sbert_ray.models.encoder import SentenceEncoder
 from sbert_ray.runs.plan import prepare
+from sbert_ray.runs.prepare_source import PrepareRequest, prepare_source
 from sbert_ray.runs.train_run import run_training
 from sbert_ray.training.resume_points import RESUME_FOLDER
 from sbert_ray.training.sources import read_tables
@@ -340,7 +341,9 @@ def test_uneven_shards_give_every_worker_the_same_steps_and_a_nan_loss_stops_the
     or reduce-scatter, for a step another never takes) after exactly the planned steps, having trained on every
     pair of each epoch. Its second stage, at an absurd learning rate, blows the weights up: the workers stop
     together at the next loss read instead of training on, no checkpoint is written from the broken weights, the
-    error names the step and the checkpoint of the first stage, and the MLflow run ends FAILED."""
+    error names the step and the checkpoint of the first stage, and the MLflow run ends FAILED. The second stage
+    trains on a source ``sbert-ray prepare`` tokenised (on this cluster): the workers read their shares of it from
+    its shards, with no Ray dataset."""
     pairs = load_records("stsb", "train", data_dir)[:200]
     folder = tmp_path / "shards"
     folder.mkdir()
@@ -348,8 +351,13 @@ def test_uneven_shards_give_every_worker_the_same_steps_and_a_nan_loss_stops_the
         rows = {f: [getattr(p, f) for p in pairs[start:end]] for f in ("sentence1", "sentence2", "score")}
         pq.write_table(pa.table(rows), folder / f"part-{name}.parquet")
     uneven = [f"stages.0.dataset={folder}", "stages.0.limit=null", "stages.0.epochs=2"]
+    raw = tmp_path / "second" / "pairs.parquet"
+    raw.parent.mkdir()
+    pq.write_table(pq.read_table(folder / "part-b.parquet").slice(0, 96), raw)
+    prepared = prepare_source(PrepareRequest(str(raw.parent), "random:tiny", 128, tmp_path / "prepared"))
+    assert prepared.rows == 96
     second_stage = [
-        "stages.1.dataset=stsb",
+        f"stages.1.dataset={tmp_path / 'prepared'}",
         "stages.1.limit=96",
         "stages.1.batch_size=8",
         "stages.1.learning_rate=1e30",

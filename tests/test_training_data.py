@@ -34,6 +34,7 @@ from sbert_ray.training.stream import (
     SourceStream,
     StageBatches,
     batch_plan,
+    cut_whole_window,
     pass_batches,
     stage_steps,
 )
@@ -209,6 +210,25 @@ def test_no_text_appears_twice_in_a_batch_and_every_row_is_trained_once(tokenize
     expected = sorted(zip(table.column("hash_0").to_pylist(), table.column("hash_1").to_pylist(), strict=True))
     assert len(trained) - counts.repeated + counts.unseen == 300
     assert set(trained) <= set(expected)
+
+
+def test_a_whole_window_of_a_prepared_share_gives_its_batches_without_duplicates(tokenizer) -> None:
+    """Exactly ``window_batches`` duplicate-free batches from a window of as many batches' rows, nothing carried
+    over (a resume finds the window from the position alone): anchors that recur wait for another batch of the
+    window; rows that fit no whole batch of it (one anchor in every row) fill the missing batches as far as they go
+    without a duplicate, the rest counted unseen."""
+    plan = BatchPlan(batch_size=8, world_size=1, rank=0, seed=0, window_batches=4, no_duplicates=True)
+    positives = [f"hypothesis {i}" for i in range(32)]
+    for anchors, unseen in [([f"premise {i % 16}" for i in range(32)], 0), (["one premise"] * 32, 28)]:
+        rows = TokenizedRows.from_arrow(tokenized([anchors, positives], tokenizer))
+        counts = SourceCounts()
+        batches = cut_whole_window(rows, plan, (0, 0, 0, 0), counts)
+        assert len(batches) == 4 and counts.unseen == unseen and counts.deferred_duplicates > 0
+        for batch in batches:
+            texts = [h for column in rows.hashes for h in column[batch]]
+            assert len(texts) == len(set(texts))
+        placed = np.concatenate(batches).tolist()
+        assert len(placed) == len(set(placed)) == 32 - unseen
 
 
 def collate(batch):
@@ -505,21 +525,18 @@ def test_a_teachers_embeddings_are_read_beside_the_texts_and_refused_before_ray_
         assert message in err and (more or f"stages.0.dataset: {dataset}: " in err), err
 
 
-@pytest.mark.parametrize("prepared", [False, True])
-def test_a_read_task_carries_its_own_file_whatever_the_source_holds(prepared) -> None:
+def test_a_read_task_carries_its_own_file_whatever_the_source_holds() -> None:
     """Each read task's arguments are the same size for a source of 10 or 2,000 files (2,000 tasks carrying the
-    whole list would pickle 4 million paths): the task's file, and of a prepared source's manifest its shard."""
+    whole list would pickle 4 million paths): the task's file. (A prepared source has no read tasks: each worker
+    reads its shards, ``training.prepared_reads``.)"""
     import ray.cloudpickle
 
-    from sbert_ray.data.prepared import Manifest, Shard
     from sbert_ray.training.stage_data import _SourceFiles
 
     largest = {}
     for count in (10, 2000):
-        names = [f"part-{i:05d}.parquet" for i in range(count)]
-        manifest = Manifest("/data/x", {}, "/raw", "m", {}, {}, 8, tuple(Shard(n, 8, (8,)) for n in names))
-        files = manifest.files if prepared else tuple(f"/data/x/{n}" for n in names)
-        source = Source("stages.0.dataset", "/data/x", "train", files, manifest=manifest if prepared else None)
+        files = tuple(f"/data/x/part-{i:05d}.parquet" for i in range(count))
+        source = Source("stages.0.dataset", "/data/x", "train", files)
         tasks = _SourceFiles(source, StageConfig(), None).get_read_tasks(1)
         assert len(tasks) == count
         largest[count] = max(len(ray.cloudpickle.dumps(task)) for task in tasks)

@@ -119,7 +119,7 @@ def _sources(config: TrainConfig, encoder, local: bool) -> list[SourceStream]:
         return local_sources(config, 0, encoder, tokenise_every_pass=True)
     import ray.data
 
-    from sbert_ray.training.stage_data import count_rows, pass_opener, stage_datasets
+    from sbert_ray.training.stage_data import count_rows, source_stream, stage_datasets
 
     # as the Train workers' DataConfig: one fixed order, so every run streams the same batches
     ray.data.DataContext.get_current().execution_options.preserve_order = True
@@ -127,7 +127,7 @@ def _sources(config: TrainConfig, encoder, local: bool) -> list[SourceStream]:
     listed = stage_sources(stage, 0)
     rows = [count_rows(source, stage, config.data_dir) for source in listed]
     datasets, (described,) = stage_datasets(config, [listed], [rows])
-    return [SourceStream(d["name"], d["rows"], d["weight"], pass_opener(datasets[d["key"]], d)) for d in described]
+    return [source_stream(d, datasets.get, stage) for d in described]
 
 
 def _time_batches(config: TrainConfig, sources: list[SourceStream], encoder, batches: int | None):

@@ -129,9 +129,10 @@ class TokenizedColumn:
 
     @classmethod
     def from_arrow(cls, ids: pa.ListArray) -> TokenizedColumn:
-        """From a tokenised table's ``ids_<k>`` column (one chunk), zero-copy."""
+        """From a tokenised table's ``ids_<k>`` column (one chunk), zero-copy; a slice of one (a prepared shard's
+        row group cut at a window's edge) holds only its rows' ids (``flatten``, not the whole ``values``)."""
         offsets = ids.offsets.to_numpy()
-        return cls(ids.values.to_numpy(), offsets - offsets[0] if offsets[0] else offsets)
+        return cls(ids.flatten().to_numpy(), offsets - offsets[0] if offsets[0] else offsets)
 
     @classmethod
     def concat(cls, parts: Sequence[TokenizedColumn]) -> TokenizedColumn:

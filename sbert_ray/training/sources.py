@@ -85,16 +85,11 @@ class Source:
 
 def file_sources(source: Source) -> list[tuple[str | None, Source]]:
     """Each file of ``source`` (None: a registered dataset) with the source as a read task of that file needs it:
-    that file alone and its shard of a manifest, so each task's arguments stay the same size however many files
-    the source has (not n tasks carrying n files each)."""
+    that file alone, so each task's arguments stay the same size however many files the source has (not n tasks
+    carrying n files each)."""
     if not source.files:
         return [(None, source)]
-    manifest = source.manifest
-    manifests = [dataclasses.replace(manifest, shards=(s,)) for s in manifest.shards] if manifest else None
-    return [
-        (file, dataclasses.replace(source, files=(file,), manifest=manifests and manifests[i]))
-        for i, file in enumerate(source.files)
-    ]
+    return [(file, dataclasses.replace(source, files=(file,))) for file in source.files]
 
 
 def is_path(spec: str) -> bool:
@@ -231,15 +226,11 @@ def pass_reads(source: Source, stage: StageConfig, key: tuple[int, int, int] | N
     ]
 
 
-def read_tables(
-    source: Source, file: str | None, stage: StageConfig, data_dir, row_groups: tuple[int, ...] | None = None
-) -> Iterator[pa.Table]:
-    """One file of the source (``file``; None: the registered dataset), as tables of the objective's examples; a
-    prepared shard's ``row_groups`` in that order (None: as stored)."""
+def read_tables(source: Source, file: str | None, stage: StageConfig, data_dir) -> Iterator[pa.Table]:
+    """One file of the source (``file``; None: the registered dataset), as tables of the objective's examples (a
+    prepared source's shards are read by row group instead: ``read_prepared_groups``)."""
     if file is None:
         yield from (columns.to_arrow() for columns in read_registered(source, stage, data_dir))
-    elif source.manifest is not None:
-        yield from _prepared_tables(file, source, row_groups)
     elif file.lower().endswith(".parquet"):
         yield from _parquet_tables(file, source, stage)
     elif "://" in file:  # a csv/tsv/jsonl object: its reader checks lines, so it reads a local copy
@@ -341,15 +332,14 @@ def _parquet_tables(file: str, source: Source, stage: StageConfig) -> Iterator[p
         yield pa.table(table)
 
 
-def _prepared_tables(file: str, source: Source, row_groups: tuple[int, ...] | None) -> Iterator[pa.Table]:
-    """A prepared shard's tokenised tables as they are, ``ROWS_PER_TABLE`` rows at a time across its row groups,
-    read in the order ``row_groups`` gives (None: as stored, the tables its input file gives, so a worker cuts the
-    same windows from either)."""
+def read_prepared_groups(source: Source, file: str, groups: list[int]) -> pa.Table:
+    """Row groups ``groups`` of a prepared shard, as they are, in that order (a corrupt one is a DataError naming
+    the file)."""
     import pyarrow as pa
 
-    batches = _parquet_file(file, source.key).iter_batches(batch_size=ROWS_PER_TABLE, row_groups=row_groups)
-    while (batch := _next_batch(batches, file)) is not None:
-        yield pa.Table.from_batches([batch])
+    parquet = _parquet_file(file, source.key)
+    with _unreadable_parquet(file):
+        return pa.concat_tables([parquet.read_row_group(group) for group in groups])
 
 
 def _next_batch(batches: Iterator[pa.RecordBatch], file: str) -> pa.RecordBatch | None:

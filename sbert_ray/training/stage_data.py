@@ -1,16 +1,19 @@
-"""Each stage's training data as Ray Data streams, which the Train workers consume as their shards.
+"""Each stage's training data as the Train workers read it: a raw source as a Ray Data stream, which the workers
+consume as their shards; a prepared one read by each worker straight from its shards.
 
     sources     listed and counted before training (``count_rows``): parquet from its footers, anything else by
                 a read of every row on the cluster, which also checks each one (an error names the file and line)
+    prepared    a source ``sbert-ray prepare`` tokenised beforehand goes through no Ray Data at all: each worker
+                reads its share of each pass from the shards (``training.prepared_reads``, ``stream.share_batches``),
+                the same rows for the same pass key, world sizes and rank, on any cluster
     read        one read task per file (or per registered dataset): tables of the objective's examples
-    tokenize    a map stage on the cluster's CPUs: token ids, lengths and text hashes per row (none for a source
-                ``sbert-ray prepare`` tokenised beforehand: its shards are read as they are)
+    tokenize    a map stage on the cluster's CPUs: token ids, lengths and text hashes per row
     split       Ray Train's streaming_split, equal rows per worker, in a fixed order (``preserve_order``): the
-                same data order for the same seed, and a resume regenerates its position exactly
-    order       each pass's read tasks in the order ``sources.pass_reads`` gives for the pass's key (files, a
-                prepared shard's row groups): only the workers know which pass of a source they open (a resumed
-                run starts inside one), so every worker hands its key to the source's ``PassKeys`` actor before it
-                opens the pass, and the split's coordinator, which lists the read tasks once all have, asks it
+                same data order for the same seed, and a resume regenerates its position
+    order       each pass's read tasks in the order ``sources.pass_reads`` gives for the pass's key: only the
+                workers know which pass of a source they open (a resumed run starts inside one), so every worker
+                hands its key to the source's ``PassKeys`` actor before it opens the pass, and the split's
+                coordinator, which lists the read tasks once all have, asks it
 
 The driver never holds the records and no process holds more than a file's table plus a worker's window.
 Ray Train's controller and Ray Data's coordinators import this module (and ``training.sources``) to unpickle the
@@ -36,6 +39,7 @@ from ray.data.datasource import Datasource, ReadTask
 from sbert_ray.config import ConfigError, StageConfig, TrainConfig
 from sbert_ray.data.records import DataError
 from sbert_ray.ray_compat import OFF_CONTROL_NODES
+from sbert_ray.training.prepared_reads import PreparedPasses
 from sbert_ray.training.sources import Source, file_sources, known_rows, pass_reads, read_tables
 
 # Blocks of ~5,000 short pairs, not Ray Data's 128 MiB (a whole shard of them): a worker's iterator waits for
@@ -80,21 +84,26 @@ def count_stages(config: TrainConfig, sources: list[list[Source]]) -> list[list[
 
 
 def stage_datasets(config: TrainConfig, sources: list[list[Source]], rows: list[list[int]]):
-    """The Train datasets (``{key: ray.data.Dataset}``, lazy: nothing runs before the workers iterate them) and
-    what each worker needs to stream them (with the ``PassKeys`` actor that orders each pass's reads)."""
+    """The Train datasets of the raw sources (``{key: ray.data.Dataset}``, lazy: nothing runs before the workers
+    iterate them) and what each worker needs to stream every source (``source_stream``): a raw one's dataset key
+    and the ``PassKeys`` actor that orders each pass's reads, a prepared one's ``PreparedPasses``."""
     datasets, stage_data = {}, []
     model_json = json.dumps(dataclasses.asdict(config.model))
-    # On the driver's node (no CPU): a worker node lost mid-run must not take the pass order with it.
-    here = {"ray.io/node-id": ray.get_runtime_context().get_node_id()}
-    pass_keys = PassKeys.options(label_selector=here).remote()
+    pass_keys = None
     for i, (stage, stage_sources) in enumerate(zip(config.stages, sources, strict=True)):
         described = []
         for j, (source, n) in enumerate(zip(stage_sources, rows[i], strict=True)):
             key = f"stage{i}.{j}"
+            if source.manifest is not None:  # (primitives: see ``PreparedPasses.to_wire``)
+                prepared = PreparedPasses.of(source, stage).to_wire()
+                described.append({"name": source.name, "rows": n, "weight": source.weight, "prepared": prepared})
+                continue
+            if pass_keys is None:  # on the driver's node (no CPU): a node lost mid-run must not take it along
+                here = {"ray.io/node-id": ray.get_runtime_context().get_node_id()}
+                pass_keys = PassKeys.options(label_selector=here).remote()
             dataset = _read(source, stage, config.data_dir, (pass_keys, key))
             dataset = dataset.limit(stage.limit) if stage.limit else dataset
-            # A prepared source's shards are tokenised already: read as they are.
-            datasets[key] = tokenized = dataset if source.manifest else dataset.map_batches(
+            datasets[key] = tokenized = dataset.map_batches(
                 tokenize, fn_args=(model_json,), batch_size=None, batch_format="pyarrow", num_cpus=0,
                 label_selector=OFF_CONTROL_NODES,  # as the read's, and its task pool: Ray Data fuses the two
                 compute=ray.data.TaskPoolStrategy(size=_task_slots(source)),
@@ -146,6 +155,19 @@ class PassKeys:
         return self.keys.get(dataset)
 
 
+def source_stream(described: dict, dataset: Callable[[str], object], stage: StageConfig):
+    """A source of ``stage`` as a worker streams it (``training.stream.SourceStream``), as ``stage_datasets``
+    described it: a prepared one read from its shards, a raw one as passes over ``dataset(key)`` (this worker's
+    shard of the dataset, or the dataset itself)."""
+    from sbert_ray.training.stream import SourceStream  # here: see the module's docstring
+
+    if "prepared" in described:
+        prepared = PreparedPasses.from_wire(described["prepared"], stage)
+        return SourceStream(described["name"], described["rows"], described["weight"], None, prepared)
+    opener = pass_opener(dataset(described["key"]), described)
+    return SourceStream(described["name"], described["rows"], described["weight"], opener)
+
+
 def pass_opener(stream, described: dict) -> Callable[[tuple[int, int, int]], Iterable[pa.Table]]:
     """Passes over ``stream`` (a worker's shard of the dataset ``described`` names, or the dataset itself), each
     read in the order its key seeds: the key handed to the dataset's ``PassKeys`` before the pass is asked for."""
@@ -174,8 +196,8 @@ class _SourceFiles(Datasource):
         own = dict(file_sources(self.source))  # each file's task carries that file alone (and its shard)
         metadata = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None, input_files=None)
         return [
-            ReadTask(functools.partial(read_tables, own[file], file, stage, data_dir, groups), metadata, schema=None)
-            for file, groups in pass_reads(self.source, stage, key)
+            ReadTask(functools.partial(read_tables, own[file], file, stage, data_dir), metadata, schema=None)
+            for file, _ in pass_reads(self.source, stage, key)
         ]
 
 

@@ -18,8 +18,11 @@ order seeded per epoch and equal on every rank: ``proportional`` draws each sour
 epoch, ``round_robin`` takes one batch of each in turn until the smallest is used up. Each source streams pass
 after pass on its own, each pass opened with its key (stage seed, source index, pass number), which seeds the order
 its files and row groups are read in (``sources.pass_reads``) and its windows' shuffles; where the stage stands in
-each is a function of (epoch, position), so a resumed worker regenerates its stream up to there, in the same order,
-and goes on with the very batches the interrupted run would have taken.
+each is a function of (epoch, position), so a resumed worker goes on with the very batches the interrupted run
+would have taken: a raw source's stream regenerated up to there, in the same order; a prepared source's read from
+the window the position lies in (``share_batches``: each rank reads its own share of a pass from the shards, its
+rows a function of the pass key, the world sizes and its rank alone, and every whole window gives exactly
+``window_batches`` batches, carrying nothing over, so a position names its window without reading any before it).
 
 Elastic runs: the order above is planned in global micro-batches (``batch_size / grad_accum_steps`` examples of
 all workers together; each worker's batch is its share of one, ``training.batches.BatchSplit``) at the configured,
@@ -28,15 +31,18 @@ size, and a position saved at one size is a position at another: each source goe
 worker as far into its new share as the run had come into its old one. What the resize cannot carry over is where
 each worker stood inside its window (its batches are shuffled): rows of the windows it cut (``window_batches``
 global micro-batches' worth, at each size) may be trained twice or not in that pass. Where the global micro-batch
-does not divide by the live world size the first ranks take one example more of each than the others, from shards
-of equal rows (Ray Data's ``streaming_split``): per pass they repeat about as many rows as the others leave unseen
-(``repeated`` / ``unseen`` below), at most one row per global micro-batch and rank.
+does not divide by the live world size the first ranks take one example more of each than the others: a prepared
+source deals each window by those shares (``BatchPlan.share_windows``), so every row of a pass is still taken once
+but the fewer-than-``planned_workers`` rows its planned equal shares leave (counted unseen); a raw source's shards
+hold equal rows (Ray Data's ``streaming_split``), so per pass the first ranks repeat about as many rows as the
+others leave unseen (``repeated`` / ``unseen`` below), at most one row per global micro-batch and rank.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -49,6 +55,7 @@ from sbert_ray.losses.registry import OBJECTIVES
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.training.batches import TokenizedRows, split_batch, tokenize_table, tokenize_texts
 from sbert_ray.training.loop import MicroBatch
+from sbert_ray.training.prepared_reads import PreparedPasses, RowGroup
 from sbert_ray.training.sources import (
     Source,
     TextColumns,
@@ -73,9 +80,11 @@ class SourceStream:
     rows: int  # examples in one pass over the source, all workers together (counted before training)
     weight: float
     # This worker's tokenised tables of a new pass, given the pass's key (stage seed, source index, pass number),
-    # which seeds the order its files and row groups are read in (``sources.pass_reads``): Arrow tables as Ray
-    # Data's stream carries them (``batches.tokenize_table``), or rows read and tokenised in this process.
-    open_pass: Callable[[tuple[int, int, int]], Iterable[pa.Table | TokenizedRows]]
+    # which seeds the order its files are read in (``sources.pass_reads``): Arrow tables as Ray Data's stream
+    # carries them (``batches.tokenize_table``), or rows read and tokenised in this process. None: prepared.
+    open_pass: Callable[[tuple[int, int, int]], Iterable[pa.Table | TokenizedRows]] | None
+    # A prepared source: this worker reads its share of each pass straight from the shards (``share_batches``).
+    prepared: PreparedPasses | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,13 +106,33 @@ class BatchPlan:
     unit: int = 0  # examples of a global micro-batch, all workers together; 0: batch_size * world_size
     planned_workers: int = 0  # the world size the batch size is configured at (the most workers); 0: world_size
     largest_micro_batch: int = 0  # the most rows of any worker's micro-batch (``BatchSplit``'s); 0: not planned
+    share_start: int = 0  # the examples of a global micro-batch the ranks before this one take
+
+    def pass_rows(self, rows: int) -> int:
+        """The rows of a pass over a source of ``rows`` examples that the planned workers' equal shares hold
+        (Ray Data's streaming_split, and ``share_windows``, hand each of them ``rows // workers``)."""
+        planned = self.planned_workers or self.world_size
+        return rows // planned * planned
 
     def units_per_pass(self, rows: int) -> int:
-        """Global micro-batches per pass over a source of ``rows`` examples, as planned: the rows the planned
-        workers' equal shards hold (streaming_split hands each worker ``rows // workers``) cut into global
-        micro-batches, the last possibly short. The same at every live world size."""
-        planned = self.planned_workers or self.world_size
-        return math.ceil(rows // planned * planned / (self.unit or self.batch_size * self.world_size))
+        """Global micro-batches per pass over a source of ``rows`` examples, as planned: ``pass_rows`` cut into
+        global micro-batches, the last possibly short. The same at every live world size."""
+        return math.ceil(self.pass_rows(rows) / self._unit())
+
+    def share_windows(self, rows: int) -> list[tuple[int, int]]:
+        """This rank's share of a pass over a prepared source of ``rows`` examples, window by window: the
+        stretches (start, stop) of the pass's sequence of rows (``training.prepared_reads``) it cuts its batches
+        from. The pass is cut into windows of ``window_batches`` global micro-batches' rows; each rank takes its
+        share's part of each, side by side (``window_batches`` times its batch), and of the last, short one as
+        much as its share of the rows left. So window w is the same rows at any world size, and position p (in
+        global micro-batches) lies in window p // window_batches on every rank."""
+        used, unit, start = self.pass_rows(rows), self._unit(), self.share_start
+        span = self.window_batches * unit
+        parts = [(w * span, min(span, used - w * span)) for w in range(math.ceil(used / span))]
+        return [(at + n * start // unit, at + n * (start + self.batch_size) // unit) for at, n in parts]
+
+    def _unit(self) -> int:
+        return self.unit or self.batch_size * self.world_size
 
 
 def epoch_schedule(per_pass: list[int], weights: list[float], plan: BatchPlan, epoch: int) -> np.ndarray:
@@ -146,6 +175,7 @@ def batch_plan(
         unit=stage.batch_size // stage.grad_accum_steps,
         planned_workers=max_workers or world_size,
         largest_micro_batch=split.largest_micro_batch,
+        share_start=sum(split.shares[:rank]),
     )
 
 
@@ -156,6 +186,7 @@ class SourceCounts:
     samples: int = 0  # examples trained on
     deferred_duplicates: int = 0  # rows moved to a later batch because a text of theirs was in the batch
     unseen: int = 0  # rows of a pass beyond its units_per_pass batches (a shard larger than its share)
+    read: int = 0  # rows read from a prepared source's shards (whole row groups: ``prepared_reads``)
     repeated: int = 0  # examples of batches repeated to fill a short pass
     truncated_texts: int = 0  # texts cut to max_seq_length
 
@@ -213,18 +244,20 @@ class StageBatches:
         }
 
     def _source_batches(self, index: int, taken: int) -> Iterator[Batch]:
-        """Source ``index``'s micro-batches pass after pass, from its ``taken``-th on (the earlier ones regenerated
-        and passed over: a resume continues where the interrupted run was; at another world size, where its
-        shards of the pass stood, to within a window of rows per worker)."""
+        """Source ``index``'s micro-batches pass after pass, from its ``taken``-th on: a resume continues where the
+        interrupted run was (at another world size, where its shares of the pass stood, to within a window of rows
+        per worker). A prepared source's are read from the window that batch lies in; a raw source's pass is
+        regenerated from its start and the batches before passed over."""
         source, counts = self.sources[index], self.counts[index]
         per_pass = self.per_pass[index]
         number, skip = divmod(taken, per_pass)
         while True:
             key = (self.plan.seed, index, number)
-            batches = pass_batches(source.open_pass(key), per_pass, self.plan, key, counts)
-            for position, batch in enumerate(batches):
-                if position >= skip:
-                    yield batch
+            if source.prepared is not None:
+                yield from share_batches(source.prepared, per_pass, self.plan, key, skip, counts)
+            else:
+                batches = pass_batches(source.open_pass(key), per_pass, self.plan, key, counts)
+                yield from itertools.islice(batches, skip, None)
             number, skip = number + 1, 0
 
 
@@ -256,11 +289,105 @@ def pass_batches(
         yield batch
 
 
-def _cut_pass(tables: Iterable[pa.Table | TokenizedRows], plan: BatchPlan, key: tuple[int, ...], counts: SourceCounts):
+def share_batches(
+    prepared: PreparedPasses, per_pass: int, plan: BatchPlan, key: tuple[int, int, int], skip: int, counts: SourceCounts
+) -> Iterator[Batch]:
+    """This rank's batches of one pass over a prepared source from its ``skip``-th on (``per_pass - skip`` of
+    them), read window by window (``BatchPlan.share_windows``) straight from the shards: only the window batch
+    ``skip`` lies in and those after it are read. Every whole window gives exactly ``window_batches`` batches
+    (``cut_whole_window``), so that window is known without reading any before it; the last one is cut as a
+    raw pass's end. As ``pass_batches``: batches beyond ``per_pass`` are counted unseen, a short share repeats
+    its first window's batches, and the rows no planned worker's equal share holds are counted unseen (on the last
+    rank, as the pass opens)."""
+    groups, windows = prepared.row_groups(key), plan.share_windows(prepared.rows)
+    if plan.rank == plan.world_size - 1:
+        counts.unseen += prepared.rows - plan.pass_rows(prepared.rows)
+    first = min(skip // plan.window_batches, max(len(windows) - 1, 0))
+    made = first * plan.window_batches
+    for number in range(first, len(windows)):
+        for batch in _share_window(prepared, groups, windows, number, plan, key, counts):
+            if made >= per_pass:
+                counts.unseen += len(batch[1])
+            elif made >= skip:
+                yield batch
+            made += 1
+    if made < per_pass:  # the pass's first batches again, to fill it (read again: a resume may not have cut them)
+        scratch = SourceCounts()
+        first_window = _share_window(prepared, groups, windows, 0, plan, key, scratch)
+        again = list(itertools.islice(first_window, plan.window_batches))
+        counts.read += scratch.read
+        if not again:
+            raise ValueError(f"this worker's share of a pass held no example (source {key[1]}, pass {key[2]})")
+        for position in range(made, per_pass):
+            batch = again[(position - made) % len(again)]
+            if position >= skip:
+                counts.repeated += len(batch[1])
+                yield batch
+
+
+def _share_window(
+    prepared: PreparedPasses,
+    groups: list[RowGroup],
+    windows: list[tuple[int, int]],
+    number: int,
+    plan: BatchPlan,
+    key: tuple[int, int, int],
+    counts: SourceCounts,
+) -> Iterator[Batch]:
+    """The batches of this rank's window ``number`` of the pass (its row ``groups``): a whole window's
+    ``window_batches``, or the last window's as a raw pass ends (whole batches, then the rest, short ones too)."""
+    start, stop = windows[number]
+    if start == stop:  # (a share of the last window too small to hold a row of this rank)
+        return
+    table, read = prepared.read(groups, start, stop)
+    counts.read += read
+    if stop - start < plan.window_batches * plan.batch_size:
+        yield from _cut_pass([table], plan, key, counts, first=number)
+        return
+    rows = TokenizedRows.from_arrow(table)
+    counts.truncated_texts += int(rows.truncated.sum())
+    yield from ((rows, batch) for batch in cut_whole_window(rows, plan, (*key, number), counts))
+
+
+def cut_whole_window(rows: TokenizedRows, plan: BatchPlan, key: tuple[int, ...], counts: SourceCounts):
+    """Exactly ``window_batches`` batches of a window of as many batches' rows, with nothing carried over to the
+    next window (so a window's batches depend on its rows alone). With ``no_duplicates`` the rows that waited are
+    tried again in further batches; rows that still make no whole duplicate-free batch (rare: the last rows left
+    share texts among themselves) fill the batches that are missing as far as they go without a duplicate, and any row
+    that fits none is counted unseen."""
+    batches, waiting = _fill(_by_length(rows, plan, key), rows, plan, counts, keep_short=False)
+    while len(waiting):
+        more, left = _fill(waiting, rows, plan, counts, keep_short=False)
+        if not more:
+            break
+        batches, waiting = batches + more, left
+    return _shuffled(batches + _spread(waiting, rows, plan.window_batches - len(batches), plan, counts), key)
+
+
+def _spread(waiting: np.ndarray, rows: TokenizedRows, missing: int, plan: BatchPlan, counts: SourceCounts):
+    """``missing`` batches of the ``waiting`` rows, each row in the first with room and none of its texts, short
+    where they run out; a row that fits none is counted unseen."""
+    batches: list[list[int]] = [[] for _ in range(missing)]
+    texts_in: list[set[int]] = [set() for _ in range(missing)]
+    for i in waiting:
+        texts = {int(h[i]) for h in rows.hashes}
+        fits = (b for b in range(missing) if len(batches[b]) < plan.batch_size and texts.isdisjoint(texts_in[b]))
+        target = next(fits, None)
+        if target is None:
+            counts.unseen += 1
+            continue
+        batches[target].append(int(i))
+        texts_in[target] |= texts
+    return [np.array(batch, dtype=np.int64) for batch in batches]
+
+
+def _cut_pass(
+    tables: Iterable[pa.Table | TokenizedRows], plan: BatchPlan, key: tuple[int, ...], counts: SourceCounts, first=0
+):
     """Every row of the pass in a batch: window by window (rows that do not fill a whole batch carry over to the
-    next window), then the last rows, short batches included."""
-    carry, number = None, 0
-    for number, window in enumerate(_windows(tables, plan.window_batches * plan.batch_size, counts)):
+    next window), then the last rows, short batches included. ``first``: the number of the first window."""
+    carry, number = None, first
+    for number, window in enumerate(_windows(tables, plan.window_batches * plan.batch_size, counts), start=first):
         rows = window if carry is None else TokenizedRows.concat([carry, window])
         batches, leftover = cut_window(rows, plan, (*key, number), whole_only=True, counts=counts)
         carry = rows.take(leftover) if len(leftover) else None
@@ -294,14 +421,22 @@ def cut_window(
     """A window's rows sorted by length (ties in a random order of this rank) and cut into batches, shuffled
     alike on every rank. ``whole_only``: only full batches, the other rows returned (carried to the next window);
     else every row goes into a batch, the last ones possibly short."""
-    order = np.random.default_rng([*key, plan.rank]).permutation(len(rows))
-    order = order[np.argsort(rows.lengths[order], kind="stable")]
-    batches, leftover = _fill(order, rows, plan, counts, keep_short=not whole_only)
+    batches, leftover = _fill(_by_length(rows, plan, key), rows, plan, counts, keep_short=not whole_only)
     while not whole_only and len(leftover):  # rows that waited, until every one is in a batch
         more, leftover = _fill(leftover, rows, plan, counts, keep_short=True)
         batches += more
-    shuffled = np.random.default_rng(list(key)).permutation(len(batches))
-    return [batches[i] for i in shuffled], leftover
+    return _shuffled(batches, key), leftover
+
+
+def _by_length(rows: TokenizedRows, plan: BatchPlan, key: tuple[int, ...]) -> np.ndarray:
+    """The window's rows in order of length, ties in a random order of this rank."""
+    order = np.random.default_rng([*key, plan.rank]).permutation(len(rows))
+    return order[np.argsort(rows.lengths[order], kind="stable")]
+
+
+def _shuffled(batches: list[np.ndarray], key: tuple[int, ...]) -> list[np.ndarray]:
+    """The window's batches in an order seeded alike on every rank."""
+    return [batches[i] for i in np.random.default_rng(list(key)).permutation(len(batches))]
 
 
 def _fill(order: np.ndarray, rows: TokenizedRows, plan: BatchPlan, counts: SourceCounts, keep_short: bool):
@@ -337,21 +472,23 @@ def local_sources(
     benchmark's ``--local`` runs, tests): the same rows the cluster's stream gives, counted by a first read. A
     registered dataset is read whole anyway (``data.readers``), so it is read and tokenised once, without pyarrow,
     and its rows kept for every pass, unless ``tokenise_every_pass`` (the ingest benchmark, which times
-    tokenisation); the user's files are read through pyarrow, as on the cluster, pass after pass (a prepared
-    source's shards as they are, refused when prepared for another tokenizer, length or prompts)."""
+    tokenisation); the user's files are read through pyarrow, as on the cluster, pass after pass; a prepared
+    source's shards as they are, by the rank ``StageBatches``' plan names, as a cluster's worker reads them
+    (``share_batches``; refused when prepared for another tokenizer, length or prompts)."""
     stage = config.stages[index]
 
     def tables(source: Source, key: tuple[int, int, int]) -> Iterator[pa.Table]:
-        reads = pass_reads(source, stage, key)
-        read = (t for f, groups in reads for t in read_tables(source, f, stage, config.data_dir, groups))
-        first = _first_rows(read, stage.limit)
-        return first if source.manifest else (tokenize_table(t, encoder) for t in first)  # prepared: tokenised
+        read = (t for f, _ in pass_reads(source, stage, key) for t in read_tables(source, f, stage, config.data_dir))
+        return (tokenize_table(t, encoder) for t in _first_rows(read, stage.limit))
 
     def registered(source: Source) -> Iterator[TokenizedRows]:
         read = _first_rows(read_registered(source, stage, config.data_dir), stage.limit)
         return (tokenize_texts(columns.texts, columns.labels, encoder) for columns in read)
 
     def stream(source: Source) -> SourceStream:
+        if source.manifest is not None:  # tokenised: each rank reads its share straight from the shards
+            prepared = PreparedPasses.of(source, stage)
+            return SourceStream(source.name, prepared.rows, source.weight, None, prepared)
         if source.files or tokenise_every_pass:
             open_pass = functools.partial(tables, source) if source.files else lambda key: registered(source)
             rows = sum(t.num_rows for t in open_pass((0, 0, 0)))  # any pass's order holds every row

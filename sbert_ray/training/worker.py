@@ -37,6 +37,7 @@ import ray.train.torch
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+from sbert_ray.config import StageConfig
 from sbert_ray.data.readers import resolve_data_dir
 from sbert_ray.evaluation.dev_score import DEV_SCORE, DevScorer
 from sbert_ray.models import SentenceEncoder
@@ -56,7 +57,7 @@ from sbert_ray.training.resume_points import (
     drop_node_copy,
     fetch_once_per_node,
 )
-from sbert_ray.training.stage_data import pass_opener
+from sbert_ray.training.stage_data import source_stream
 from sbert_ray.training.stage_plan import WorkerPlan
 from sbert_ray.training.stages import Worker, alone, start_worker, train_stages
 
@@ -104,7 +105,7 @@ def train_loop_per_worker(loop_config: dict) -> dict:
         if point is not None:
             reporter.log({"train/resume_downloads": downloads}, step=started.state.global_step)
         try:
-            stage_data = faults.opened(_stage_data(loop_config))
+            stage_data = faults.opened(_stage_data(loop_config, config.stages))
             train_stages(plan.stages, started, stage_data, worker, reporter, meter)
         except Diverged as diverged:
             return _summary(worker, meter, diverged)
@@ -158,20 +159,13 @@ def _count(flag: bool, worker: Worker) -> int:
     return sum(flags)
 
 
-def _stage_data(loop_config: dict) -> Callable[[int], list[SourceStream]]:
-    """Stage i's sources as this worker's shards of their Ray datasets (``training.stage_data``), each pass a new
-    iteration of the shard."""
+def _stage_data(loop_config: dict, stages: list[StageConfig]) -> Callable[[int], list[SourceStream]]:
+    """Stage i's sources as this worker streams them (``training.stage_data.source_stream``): a raw one's passes
+    new iterations of its shard of the Ray dataset, a prepared one's read from the shards."""
 
     def streams(index: int) -> list[SourceStream]:
-        return [
-            SourceStream(
-                source["name"],
-                source["rows"],
-                source["weight"],
-                pass_opener(ray.train.get_dataset_shard(source["key"]), source),
-            )  # fmt: skip
-            for source in loop_config["stage_data"][index]
-        ]
+        shard = ray.train.get_dataset_shard
+        return [source_stream(source, shard, stages[index]) for source in loop_config["stage_data"][index]]
 
     return streams
 
