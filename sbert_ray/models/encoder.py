@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, ClassVar, Literal, get_args
 
 import numpy as np
 import torch
@@ -44,6 +44,8 @@ class SentenceEncoder(nn.Module):
     as sentence-transformers truncates); `forward`, what training sees, stays full size. `prompts` and
     `default_prompt_name`: named texts put before the inputs (``sbert_ray.models.prompts``).
     """
+
+    joins_pairs: ClassVar[bool] = False  # each text embedded alone (a reranker's ``CrossEncoderModel`` reads pairs)
 
     def __init__(
         self,
