@@ -316,7 +316,7 @@ class TrainConfig:
         for name in ("pooling", "normalize", "prompts", "default_prompt_name", "gradient_checkpointing", "lora"):
             if getattr(self.model, name) != getattr(defaults, name):
                 raise ConfigError(
-                    f"model.{name}: a bi-encoder setting; model.type cross_encoder has none, leave it out"
+                    f"model.{name}: a bi-encoder setting, which model.type cross_encoder has not; leave it out"
                 )
 
     def _validate_scaling(self) -> None:

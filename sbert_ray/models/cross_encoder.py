@@ -44,7 +44,10 @@ class CrossEncoderModel(nn.Module):
         self.transformer = transformer
         self.tokenizer = tokenizer
         self.max_seq_length = max_seq_length
-        self.compiled = False  # the training loop's buckets ask; a reranker's forward runs eager
+        # A reranker's forward runs eager (``SentenceEncoder.compile_for_training`` is the bi-encoder's); the
+        # training loop and the checkpoints' host copies ask, as they ask a bi-encoder.
+        self._compiled_forward = None
+        self.compiled = False
 
     @classmethod
     def random(
