@@ -88,11 +88,11 @@ def trained(tmp_path_factory, data_dir) -> tuple[Path, LocalReporter]:
     data = functools.partial(local_sources, config, encoder=started.encoder)
     train_stages(stage_plans(config), started, data, worker, reporter, StepMeter(time.time(), CPU))
     reporter.close()
-    return folder / "checkpoints" / f"step-{reporter.reports[-1]['global_step']}" / MODEL_DIR, reporter
+    return folder / "checkpoints" / f"step-{reporter.reports[-1]['global_step']}", reporter, config
 
 
 def test_both_objectives_train_the_reranker(trained):
-    _, reporter = trained
+    _, reporter, _ = trained
     for stage in (0, 1):
         losses = [report["train_loss"] for report in reporter.reports if report["stage"] == stage]
         assert len(losses) >= 4 and all(math.isfinite(loss) for loss in losses)
@@ -102,7 +102,7 @@ def test_both_objectives_train_the_reranker(trained):
 def test_the_trained_reranker_loads_in_sentence_transformers_and_predicts_as_ours(trained):
     from sentence_transformers import CrossEncoder
 
-    model_dir, _ = trained
+    model_dir = trained[0] / MODEL_DIR
     ours = CrossEncoderModel.load(model_dir)
     theirs = CrossEncoder(str(model_dir), device="cpu")
     assert theirs.num_labels == 1 and theirs.max_seq_length == ours.max_seq_length == 24
@@ -113,6 +113,18 @@ def test_the_trained_reranker_loads_in_sentence_transformers_and_predicts_as_our
     tolerance = 16 * np.finfo(np.float32).eps
     np.testing.assert_allclose(scores, expected, rtol=0, atol=tolerance)
     assert np.ptp(expected) > 100 * tolerance  # trained apart: the comparison compares different numbers
+
+
+def test_a_reranker_resumes_from_its_checkpoint_as_a_reranker(trained):
+    checkpoint, reporter, config = trained
+    started = start_worker(config, Worker(CPU), checkpoint)
+    assert isinstance(started.encoder, CrossEncoderModel)
+    assert started.state.global_step == reporter.reports[-1]["global_step"] and started.state.stage_done
+
+
+def test_a_plain_encoder_loads_as_a_reranker_with_a_new_one_label_head(tiny_model_dir):
+    model = CrossEncoderModel.load(tiny_model_dir)
+    assert model.transformer.config.num_labels == 1 and model.predict([("a", "b")]).shape == (1,)
 
 
 def test_pair_token_types_are_the_tokenizers():
@@ -165,7 +177,7 @@ def test_reranker_bce_equals_sentence_transformers_binary_cross_entropy(trained)
     """On float64 logits: sentence-transformers' own forward casts the labels, and with them the loss, to float32."""
     from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
 
-    ours, theirs = float64_pair(trained[0])
+    ours, theirs = float64_pair(trained[0] / MODEL_DIR)
     rows = scored_rows()
     labels = np.asarray(rows["score"], dtype=np.float32)
     features, labels, widths = batch_features(ours, [rows["sentence1"], rows["sentence2"]], labels)
@@ -182,7 +194,7 @@ def test_reranker_mnrl_equals_sentence_transformers_multiple_negatives_ranking_w
     in-batch sampling refuses to draw 0 negatives)."""
     from sentence_transformers.cross_encoder.losses import MultipleNegativesRankingLoss
 
-    ours, theirs = float64_pair(trained[0])
+    ours, theirs = float64_pair(trained[0] / MODEL_DIR)
     anchors, *candidates = columns = list(ntuple_rows().values())
     features, _, widths = batch_features(ours, columns)
     loss = RerankerMNRLoss(ours, scale=7.0)(features, None, used_widths=widths)

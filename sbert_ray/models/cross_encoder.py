@@ -80,13 +80,16 @@ class CrossEncoderModel(nn.Module):
         attn_implementation: str = "sdpa",
     ) -> CrossEncoderModel:
         """A reranker folder (ours, sentence-transformers' ``CrossEncoder`` layout, or a plain Hugging Face
-        ``...ForSequenceClassification`` model with one label) or Hub id, in fp32 and eval mode; safetensors
+        ``...ForSequenceClassification`` model with one label) or Hub id, in fp32 and eval mode; a plain encoder
+        (a bi-encoder's folder too) gets a new, randomly initialised one-label head. Safetensors
         weights only unless ``allow_unsafe_weights``. ``max_seq_length`` None keeps the saved one."""
         from transformers import AutoConfig, AutoModelForSequenceClassification
 
         files = ModelFiles.read(resolve_model_ref(ref))
         files.check_weights(allow_pickle=allow_unsafe_weights)
         config = AutoConfig.from_pretrained(files.path, subfolder=files.subfolder, trust_remote_code=False)
+        if not any(name.endswith("ForSequenceClassification") for name in config.architectures or ()):
+            config.num_labels = 1  # a plain encoder: its new head scores with one label
         transformer = AutoModelForSequenceClassification.from_pretrained(
             files.path,
             config=config,
