@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from sbert_ray.models.encoder import DEFAULT_MAX_SEQ_LENGTH, check_attention, max_seq_length_problem
+from sbert_ray.models.encoder import DEFAULT_MAX_SEQ_LENGTH, check_attention, load_pretrained, max_seq_length_problem
 from sbert_ray.models.resolve import ModelFiles, resolve_model_ref
 from sbert_ray.models.st_layout import ModelError
 
@@ -90,14 +90,8 @@ class CrossEncoderModel(nn.Module):
         config = AutoConfig.from_pretrained(files.path, subfolder=files.subfolder, trust_remote_code=False)
         if not any(name.endswith("ForSequenceClassification") for name in config.architectures or ()):
             config.num_labels = 1  # a plain encoder: its new head scores with one label
-        transformer = AutoModelForSequenceClassification.from_pretrained(
-            files.path,
-            config=config,
-            subfolder=files.subfolder,
-            dtype=torch.float32,
-            use_safetensors=None if allow_unsafe_weights else True,
-            trust_remote_code=False,
-            attn_implementation=check_attention(attn_implementation),
+        transformer = load_pretrained(
+            AutoModelForSequenceClassification, files, config, allow_unsafe_weights, attn_implementation, str(ref)
         )
         tokenizer = files.tokenizer()
         if max_seq_length is None:
