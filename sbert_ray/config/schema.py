@@ -15,6 +15,7 @@ from typing import Any, Literal
 from sbert_ray.config.conversion import ConfigError, check_choice, convert_value
 from sbert_ray.models.attention import AttentionImplementation
 from sbert_ray.models.lora_settings import LoraSettings
+from sbert_ray.models.model_type import ModelType
 from sbert_ray.models.pooling_mode import PoolingMode
 
 
@@ -25,7 +26,7 @@ class ModelConfig:
     # bi_encoder: a sentence encoder (transformer + pooling), embedding each text alone; cross_encoder: a reranker
     # (a sequence-classification head with one label) scoring each (query, passage) pair read together, trained
     # with the reranker_* objectives and saved as sentence-transformers' CrossEncoder (docs/retrieval.md)
-    type: Literal["bi_encoder", "cross_encoder"] = "bi_encoder"
+    type: ModelType = "bi_encoder"
     pooling: PoolingMode | None = None  # None keeps the model's own pooling (mean for a plain Hugging Face model)
     max_seq_length: int = 128  # tokens per text; longer texts are truncated (and counted in the training log)
     normalize: bool | None = None  # L2-normalise the embeddings; None keeps the saved model's setting

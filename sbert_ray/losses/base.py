@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -13,9 +13,8 @@ from torch.nn import functional as F
 
 from sbert_ray.data.records import Kind, Record
 from sbert_ray.models.encoder import SentenceEncoder
+from sbert_ray.models.model_type import ModelType
 from sbert_ray.models.padded_widths import unpadded
-
-ModelType = Literal["bi_encoder", "cross_encoder"]  # model.type: what the objective trains
 
 
 class EncoderLoss(nn.Module, ABC):

@@ -9,7 +9,8 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from sbert_ray.data.records import ScoredPair
-from sbert_ray.losses.base import EncoderLoss, ModelType
+from sbert_ray.losses.base import EncoderLoss
+from sbert_ray.models.model_type import ModelType
 
 
 class RerankerBCELoss(EncoderLoss):

@@ -10,8 +10,9 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from sbert_ray.data.records import Triplet
-from sbert_ray.losses.base import EncoderLoss, ModelType
+from sbert_ray.losses.base import EncoderLoss
 from sbert_ray.models.cross_encoder import CrossEncoderModel
+from sbert_ray.models.model_type import ModelType
 
 
 class RerankerMNRLoss(EncoderLoss):

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from sbert_ray.models.cross_encoder import CrossEncoderModel
 from sbert_ray.models.encoder import DEFAULT_MAX_SEQ_LENGTH, SentenceEncoder
 from sbert_ray.models.lora_settings import LoraSettings
+from sbert_ray.models.model_type import ModelType
 from sbert_ray.models.pooling import PoolingMode
 from sbert_ray.models.prompts import check_prompts
 from sbert_ray.models.random_bert import bert_tokenizer, random_bert
@@ -16,12 +17,10 @@ from sbert_ray.models.resolve import ModelFiles, resolve_model_ref
 from sbert_ray.models.st_layout import ModelError
 
 RANDOM_PREFIX = "random:"
-ModelType = Literal["bi_encoder", "cross_encoder"]  # model.type
 
 
 def load_encoder(
     name: str,
-    type: ModelType = "bi_encoder",
     pooling: PoolingMode | None = None,
     max_seq_length: int | None = None,
     normalize: bool | None = None,
@@ -32,6 +31,7 @@ def load_encoder(
     attn_implementation: str = "sdpa",
     gradient_checkpointing: bool = False,
     lora: LoraSettings | Mapping[str, Any] | None = None,
+    type: ModelType = "bi_encoder",
 ) -> SentenceEncoder | CrossEncoderModel:
     """``name`` as ``SentenceEncoder.load`` reads it, or for ``random:<shape>`` a freshly initialised BERT (the
     same weights for the same seed, so every data-parallel worker starts equal); with ``type`` cross_encoder the
