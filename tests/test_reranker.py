@@ -16,6 +16,7 @@ from sbert_ray.cli import main
 from sbert_ray.config import EvalConfig, ModelConfig, ScalingConfig, StageConfig, TrainConfig
 from sbert_ray.losses import RerankerBCELoss, RerankerMNRLoss
 from sbert_ray.models.cross_encoder import CrossEncoderModel, pair_token_types
+from sbert_ray.models.teachers import load_teacher
 from sbert_ray.training.batches import tokenize_texts
 from sbert_ray.training.loop import LocalReporter
 from sbert_ray.training.meter import StepMeter
@@ -113,6 +114,7 @@ def test_the_trained_reranker_loads_in_sentence_transformers_and_predicts_as_our
     tolerance = 16 * np.finfo(np.float32).eps
     np.testing.assert_allclose(scores, expected, rtol=0, atol=tolerance)
     assert np.ptp(expected) > 100 * tolerance  # trained apart: the comparison compares different numbers
+    assert load_teacher(str(model_dir)).kind == "cross-encoder"  # a teacher for score and mine --rescore-with
 
 
 def test_a_reranker_resumes_from_its_checkpoint_as_a_reranker(trained):
