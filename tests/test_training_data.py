@@ -10,7 +10,6 @@ import itertools
 import json
 import shutil
 from collections.abc import Iterable
-from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
@@ -23,7 +22,7 @@ from sbert_ray.config import ConfigError, DatasetSource, ScalingConfig, StageCon
 from sbert_ray.data import DataError
 from sbert_ray.losses.registry import OBJECTIVES
 from sbert_ray.models import load_encoder
-from sbert_ray.models.load import load_tokenizer
+from sbert_ray.models.load import TextTokenizer, load_tokenizer
 from sbert_ray.models.random_bert import random_bert
 from sbert_ray.training.batches import TokenizedRows, split_batch, tokenize_table, tokenize_texts, truncated_rows
 from sbert_ray.training.loop import MicroBatch
@@ -51,7 +50,7 @@ def tokenizer(encoder):
 
 
 def tokenized(texts: list[list[str]], tokenizer, max_seq_length: int = 32, prompts=None) -> pa.Table:
-    encoder = SimpleNamespace(tokenizer=tokenizer, max_seq_length=max_seq_length, prompts=prompts or {})
+    encoder = TextTokenizer(tokenizer, max_seq_length, prompts or {})
     return tokenize_table(pa.table({f"text_{k}": c for k, c in enumerate(texts)}), encoder)
 
 
@@ -128,7 +127,7 @@ def test_truncated_texts_are_counted(tokenizer) -> None:
     texts = ["a b c", "a b", "a b c d e f", "a"]
     for max_length, expected in ((5, 1), (4, 2), (8, 0)):
         ids = tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
-        assert truncated_rows(tokenizer, texts, ids, max_length).sum() == expected
+        assert truncated_rows(tokenizer, (texts,), ids, max_length).sum() == expected
     table = tokenized([texts, ["x " * 10] * 4], tokenizer, max_seq_length=5)
     assert table.column("truncated").to_pylist() == [1, 1, 2, 1]
 
@@ -139,7 +138,7 @@ def test_rows_tokenised_without_pyarrow_are_the_arrow_streams_and_cut_and_join_a
     ``take``) as the tables did."""
     texts = [["a cat sat", "x " * 40, "a dog"], ["a mat", "y", "a log"]]
     labels = np.array([0.1, 0.5, 0.9], dtype=np.float32)
-    encoder = SimpleNamespace(tokenizer=tokenizer, max_seq_length=16, prompts={})
+    encoder = TextTokenizer(tokenizer, 16, {})
     rows = tokenize_texts(texts, labels, encoder)
     table = pa.table({"text_0": texts[0], "text_1": texts[1], "label": labels})
     arrow = TokenizedRows.from_arrow(tokenize_table(table, encoder))
@@ -449,7 +448,7 @@ def test_a_teachers_scores_are_read_beside_the_negatives_and_a_missing_one_is_re
     (table,) = read_tables(source, source.files[0], stage, None)
     assert table.column("label").to_pylist() == [[9.5, 1.0, -3.0], [8.0, 2.5, -4.0]]
     assert table.column("text_3").to_pylist() == ["m1", "m2"]
-    tokens = tokenize_table(table, SimpleNamespace(tokenizer=tokenizer, max_seq_length=8, prompts={}))
+    tokens = tokenize_table(table, TextTokenizer(tokenizer, 8, {}))
     assert TokenizedRows.from_arrow(tokens).labels.tolist() == [[9.5, 1.0, -3.0], [8.0, 2.5, -4.0]]
 
     pq.write_table(pa.table(rows | scores | {"score_negative_1": [1.0, None]}), path)
@@ -485,7 +484,7 @@ def test_a_teachers_embeddings_are_read_beside_the_texts_and_refused_before_ray_
     (source,) = stage_sources(stage, 0)
     (table,) = read_tables(source, source.files[0], stage, None)
     assert table.column("text_1").to_pylist() == ["ein Hund", "eine Katze"]
-    tokens = tokenize_table(table, SimpleNamespace(tokenizer=tokenizer, max_seq_length=8, prompts={}))
+    tokens = tokenize_table(table, TextTokenizer(tokenizer, 8, {}))
     assert TokenizedRows.from_arrow(tokens).labels.tolist() == [[0.5, 1.0, -2.0], [3.0, 0.0, 1.5]]
     fixed_size = pa.array([[1.0, 2.0]], pa.list_(pa.float32(), 2))  # as encode writes it
     pq.write_table(pa.table({"sentence": ["a dog"], "teacher": fixed_size}), path)

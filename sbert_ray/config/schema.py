@@ -15,6 +15,7 @@ from typing import Any, Literal
 from sbert_ray.config.conversion import ConfigError, check_choice, convert_value
 from sbert_ray.models.attention import AttentionImplementation
 from sbert_ray.models.lora_settings import LoraSettings
+from sbert_ray.models.model_type import ModelType
 from sbert_ray.models.pooling_mode import PoolingMode
 
 
@@ -22,6 +23,10 @@ from sbert_ray.models.pooling_mode import PoolingMode
 class ModelConfig:
     # A local folder, a Hub id, or "random:<shape>" (tiny|mini|small|base) for a randomly initialised BERT.
     name: str = "sentence-transformers/all-MiniLM-L6-v2"
+    # bi_encoder: a sentence encoder (transformer + pooling), embedding each text alone; cross_encoder: a reranker
+    # (a sequence-classification head with one label) scoring each (query, passage) pair read together, trained
+    # with the reranker_* objectives and saved as sentence-transformers' CrossEncoder (docs/retrieval.md)
+    type: ModelType = "bi_encoder"
     pooling: PoolingMode | None = None  # None keeps the model's own pooling (mean for a plain Hugging Face model)
     max_seq_length: int = 128  # tokens per text; longer texts are truncated (and counted in the training log)
     normalize: bool | None = None  # L2-normalise the embeddings; None keeps the saved model's setting
@@ -280,6 +285,7 @@ class TrainConfig:
                 f"model.default_prompt_name: {self.model.default_prompt_name!r} is not a key of model.prompts "
                 f"({', '.join(self.model.prompts) or 'none'})"
             )
+        self._validate_model_type()
         lora_problem = self.model.lora.problem("model.lora") if self.model.lora else None
         if lora_problem:
             raise ConfigError(lora_problem)
@@ -301,7 +307,18 @@ class TrainConfig:
         _at_least("checkpoint.full_every", self.checkpoint.full_every, 1)
         self.tracking.validate()
         for i, stage in enumerate(self.stages):  # last: the objective registry imports torch
-            stage.loss = _objective_settings(f"stages.{i}", stage)
+            stage.loss = _objective_settings(f"stages.{i}", stage, self.model.type)
+
+    def _validate_model_type(self) -> None:
+        """A reranker has no pooling, embedding or prompts: settings of those would be silently unused."""
+        if self.model.type != "cross_encoder":
+            return
+        defaults = ModelConfig()
+        for name in ("pooling", "normalize", "prompts", "default_prompt_name", "gradient_checkpointing", "lora"):
+            if getattr(self.model, name) != getattr(defaults, name):
+                raise ConfigError(
+                    f"model.{name}: a bi-encoder setting, which model.type cross_encoder has not; leave it out"
+                )
 
     def _validate_scaling(self) -> None:
         scaling = self.scaling
@@ -420,12 +437,22 @@ def _check_dev_task(evaluation: EvalConfig) -> None:
             raise ConfigError(f"evaluation.dev_tasks.{i}.weight: must be > 0, got {part.weight}")
 
 
-def _objective_settings(key: str, stage: StageConfig) -> dict[str, Any]:
-    """The stage's objective checked against the registry (with what it cannot be combined with), and its ``loss``
-    settings against (and converted to) the loss class's keyword arguments."""
+def _objective_settings(key: str, stage: StageConfig, model_type: str) -> dict[str, Any]:
+    """The stage's objective checked against the registry (with what it cannot be combined with: among others a
+    model of the other type), and its ``loss`` settings against (and converted to) the loss class's keyword
+    arguments."""
     from sbert_ray.losses.registry import OBJECTIVES, loss_settings  # torch: only once everything else is valid
 
     check_choice(f"{key}.objective", stage.objective, tuple(OBJECTIVES))
+    trains = OBJECTIVES[stage.objective].model_type
+    if trains != model_type:
+        fitting = ", ".join(name for name, loss in OBJECTIVES.items() if loss.model_type == model_type)
+        raise ConfigError(
+            f"{key}.objective: {stage.objective!r} trains a {trains} and model.type is {model_type}; "
+            f"set model.type: {trains}, or use one of: {fitting}"
+        )
+    if stage.matryoshka_dims and trains == "cross_encoder":
+        raise ConfigError(f"{key}.matryoshka_dims: a reranker has no embedding to truncate; leave it out")
     if stage.matryoshka_dims and OBJECTIVES[stage.objective].label_field == "vector":
         raise ConfigError(
             f"{key}.matryoshka_dims: objective {stage.objective!r} regresses the whole embedding onto a teacher's "

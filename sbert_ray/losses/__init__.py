@@ -11,6 +11,8 @@ from sbert_ray.losses.matryoshka import MatryoshkaLoss
 from sbert_ray.losses.mse import MSELoss
 from sbert_ray.losses.multiple_negatives_ranking import MultipleNegativesRankingLoss
 from sbert_ray.losses.registry import OBJECTIVES, build_loss, loss_settings
+from sbert_ray.losses.reranker_bce import RerankerBCELoss
+from sbert_ray.losses.reranker_mnrl import RerankerMNRLoss
 from sbert_ray.losses.softmax import CONCAT_FEATURES, SoftmaxLoss
 from sbert_ray.losses.triplet import DISTANCES, TripletLoss
 
@@ -28,6 +30,8 @@ __all__ = [
     "MarginMSELoss",
     "MatryoshkaLoss",
     "MultipleNegativesRankingLoss",
+    "RerankerBCELoss",
+    "RerankerMNRLoss",
     "SoftmaxLoss",
     "TripletLoss",
     "build_loss",

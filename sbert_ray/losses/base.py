@@ -13,6 +13,7 @@ from torch.nn import functional as F
 
 from sbert_ray.data.records import Kind, Record
 from sbert_ray.models.encoder import SentenceEncoder
+from sbert_ray.models.model_type import ModelType
 from sbert_ray.models.padded_widths import unpadded
 
 
@@ -32,6 +33,9 @@ class EncoderLoss(nn.Module, ABC):
     settings (a stage's `loss:` mapping), checked against their annotations when a config is loaded.
     """
 
+    # A bi-encoder (``SentenceEncoder``: each column embedded alone) or a reranker (``CrossEncoderModel``: each
+    # column a (query, passage) pair tokenised together, its "embedding" the pair's logit); ``model.type`` must agree.
+    model_type: ClassVar[ModelType] = "bi_encoder"
     record_types: ClassVar[tuple[type[Record], ...]]
     user_file_kind: ClassVar[Kind]
     # "label" (class index), "score" (scaled to [0, 1] by score_max), "scores" (a teacher's, as they are: per row

@@ -23,6 +23,8 @@ from sbert_ray.losses.margin_mse import MarginMSELoss
 from sbert_ray.losses.matryoshka import MatryoshkaLoss
 from sbert_ray.losses.mse import MSELoss
 from sbert_ray.losses.multiple_negatives_ranking import MultipleNegativesRankingLoss
+from sbert_ray.losses.reranker_bce import RerankerBCELoss
+from sbert_ray.losses.reranker_mnrl import RerankerMNRLoss
 from sbert_ray.losses.softmax import SoftmaxLoss
 from sbert_ray.losses.triplet import TripletLoss
 from sbert_ray.models.encoder import SentenceEncoder
@@ -38,6 +40,8 @@ OBJECTIVES: dict[str, type[EncoderLoss]] = {
     "margin_mse": MarginMSELoss,
     "distill_kl": DistillKLDivLoss,
     "mse": MSELoss,
+    "reranker_bce": RerankerBCELoss,  # model.type: cross_encoder
+    "reranker_mnrl": RerankerMNRLoss,  # model.type: cross_encoder
 }
 
 

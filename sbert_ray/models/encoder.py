@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, ClassVar, Literal, get_args
 
 import numpy as np
 import torch
@@ -44,6 +44,8 @@ class SentenceEncoder(nn.Module):
     as sentence-transformers truncates); `forward`, what training sees, stays full size. `prompts` and
     `default_prompt_name`: named texts put before the inputs (``sbert_ray.models.prompts``).
     """
+
+    joins_pairs: ClassVar[bool] = False  # each text embedded alone (a reranker's ``CrossEncoderModel`` reads pairs)
 
     def __init__(
         self,
@@ -103,17 +105,7 @@ class SentenceEncoder(nn.Module):
         files = ModelFiles.read(resolve_model_ref(ref))
         files.check_weights(allow_pickle=allow_unsafe_weights)
         config = AutoConfig.from_pretrained(files.path, subfolder=files.subfolder, trust_remote_code=False)
-        # fp32 whatever the checkpoint holds (transformers 5 defaults to dtype="auto"): training and published
-        # numbers need fp32 weights; 16-bit runs cast or autocast explicitly.
-        transformer = AutoModel.from_pretrained(
-            files.path,
-            config=config,
-            subfolder=files.subfolder,
-            dtype=torch.float32,
-            use_safetensors=None if allow_unsafe_weights else True,
-            trust_remote_code=False,
-            attn_implementation=supported_attention(config, check_attention(attn_implementation), str(ref)),
-        )
+        transformer = load_pretrained(AutoModel, files, config, allow_unsafe_weights, attn_implementation, str(ref))
         tokenizer, layout = files.tokenizer(), files.layout
         if max_seq_length is None:
             max_seq_length = _saved_max_seq_length(layout, tokenizer, transformer)
@@ -508,6 +500,24 @@ def smart_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | Non
 
 def input_order_batches(count: int, batch_size: int) -> list[list[int]]:
     return [list(range(start, min(start + batch_size, count))) for start in range(0, count, batch_size)]
+
+
+def load_pretrained(
+    auto_class, files: ModelFiles, config, allow_unsafe_weights: bool, attn_implementation: str, ref: str
+) -> PreTrainedModel:
+    """``auto_class.from_pretrained`` (AutoModel, or a reranker's AutoModelForSequenceClassification) of ``files``
+    with ``config``, as every model here loads: fp32 whatever the checkpoint holds (transformers 5 defaults to
+    dtype="auto"; training and published numbers need fp32 weights, 16-bit runs cast or autocast explicitly),
+    safetensors weights unless ``allow_unsafe_weights``, never the model's own code."""
+    return auto_class.from_pretrained(
+        files.path,
+        config=config,
+        subfolder=files.subfolder,
+        dtype=torch.float32,
+        use_safetensors=None if allow_unsafe_weights else True,
+        trust_remote_code=False,
+        attn_implementation=supported_attention(config, check_attention(attn_implementation), ref),
+    )
 
 
 def check_attention(attn_implementation: str) -> str:

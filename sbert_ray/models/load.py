@@ -6,8 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sbert_ray.models.cross_encoder import CrossEncoderModel
 from sbert_ray.models.encoder import DEFAULT_MAX_SEQ_LENGTH, SentenceEncoder
 from sbert_ray.models.lora_settings import LoraSettings
+from sbert_ray.models.model_type import ModelType
 from sbert_ray.models.pooling import PoolingMode
 from sbert_ray.models.prompts import check_prompts
 from sbert_ray.models.random_bert import bert_tokenizer, random_bert
@@ -29,14 +31,18 @@ def load_encoder(
     attn_implementation: str = "sdpa",
     gradient_checkpointing: bool = False,
     lora: LoraSettings | Mapping[str, Any] | None = None,
-) -> SentenceEncoder:
+    type: ModelType = "bi_encoder",
+) -> SentenceEncoder | CrossEncoderModel:
     """``name`` as ``SentenceEncoder.load`` reads it, or for ``random:<shape>`` a freshly initialised BERT (the
-    same weights for the same seed, so every data-parallel worker starts equal). Arguments that are not None
+    same weights for the same seed, so every data-parallel worker starts equal); with ``type`` cross_encoder the
+    reranker ``load_reranker`` loads (``model.type``). Arguments that are not None
     override what a saved model says (``prompts`` replace the saved prompts and their default);
     ``allow_unsafe_weights`` also loads pickled PyTorch weights. ``attn_implementation``: transformers' attention
     kernels (``model.attn_implementation``); ``gradient_checkpointing``: training recomputes each layer's
     activations in the backward pass instead of keeping them (``model.gradient_checkpointing``); ``lora``: the
     transformer trains LoRA adapters only (``model.lora``, its settings or their mapping; ``models.lora``)."""
+    if type == "cross_encoder":  # the bi-encoder settings are refused for it by the config (``model.type``)
+        return load_reranker(name, max_seq_length, seed, allow_unsafe_weights, attn_implementation)
     if name.startswith(RANDOM_PREFIX):
         encoder = random_bert(
             name.removeprefix(RANDOM_PREFIX),
@@ -73,6 +79,21 @@ def load_encoder(
     return encoder
 
 
+def load_reranker(
+    name: str,
+    max_seq_length: int | None = None,
+    seed: int = 0,
+    allow_unsafe_weights: bool = False,
+    attn_implementation: str = "sdpa",
+) -> CrossEncoderModel:
+    """The reranker ``name`` names, as ``CrossEncoderModel.load`` reads it, or for ``random:<shape>`` a freshly
+    initialised BERT with a one-label head (the same weights for the same seed)."""
+    if name.startswith(RANDOM_PREFIX):
+        shape, length = name.removeprefix(RANDOM_PREFIX), max_seq_length or DEFAULT_MAX_SEQ_LENGTH
+        return CrossEncoderModel.random(shape, seed, length, attn_implementation)
+    return CrossEncoderModel.load(name, max_seq_length, allow_unsafe_weights, attn_implementation)
+
+
 @dataclass(frozen=True)
 class TextTokenizer:
     """What tokenising a model's inputs takes (as ``SentenceEncoder`` has it), without the model's weights."""
@@ -80,13 +101,22 @@ class TextTokenizer:
     tokenizer: Any  # a transformers tokenizer
     max_seq_length: int
     prompts: dict[str, str]
+    joins_pairs: bool = False  # a reranker's: the anchor and each other column tokenised as one text pair
 
 
-def load_tokenizer(name: str, max_seq_length: int, prompts: Mapping[str, str] | None = None, **_) -> TextTokenizer:
+def load_tokenizer(
+    name: str,
+    max_seq_length: int,
+    prompts: Mapping[str, str] | None = None,
+    type: ModelType = "bi_encoder",
+    **_,
+) -> TextTokenizer:
     """The tokenizer of the model ``load_encoder`` would load for the same arguments (its prompts: the saved ones
-    unless ``prompts`` replace them), for processes that only tokenise; the other arguments are ignored."""
+    unless ``prompts`` replace them; a reranker has none), for processes that only tokenise; the other arguments
+    are ignored."""
+    pairs = type == "cross_encoder"
     if name.startswith(RANDOM_PREFIX):
-        return TextTokenizer(bert_tokenizer(), max_seq_length, dict(prompts or {}))
+        return TextTokenizer(bert_tokenizer(), max_seq_length, dict(prompts or {}), pairs)
     files = ModelFiles.read(resolve_model_ref(name))
-    saved = files.layout.prompts if files.layout else {}
-    return TextTokenizer(files.tokenizer(), max_seq_length, dict(saved if prompts is None else prompts))
+    saved = files.layout.prompts if files.layout and not pairs else {}
+    return TextTokenizer(files.tokenizer(), max_seq_length, dict(saved if prompts is None else prompts), pairs)

@@ -81,14 +81,14 @@ def random_bert(
     if shape not in BERT_SHAPES:
         raise ValueError(f"unknown BERT shape {shape!r}; expected one of {sorted(BERT_SHAPES)}")
     tokenizer = bert_tokenizer(vocab_file)
-    config = _bert_config(shape, tokenizer, attn_implementation=check_attention(attn_implementation))
+    config = bert_config(shape, tokenizer, attn_implementation=check_attention(attn_implementation))
     with torch.random.fork_rng(devices=[]):  # seeded weights without disturbing the caller's RNG stream
         torch.manual_seed(seed)
         transformer = BertModel(config)
     return SentenceEncoder(transformer, tokenizer, pooling, max_seq_length, normalize)
 
 
-def _bert_config(shape: str, tokenizer: BertTokenizer, **settings) -> BertConfig:
+def bert_config(shape: str, tokenizer: BertTokenizer, **settings) -> BertConfig:
     layers, hidden, heads, intermediate = BERT_SHAPES[shape]
     return BertConfig(
         vocab_size=len(tokenizer),
@@ -114,7 +114,7 @@ def build_random_cross_encoder(out_dir: str | os.PathLike[str], shape: str = "ti
         torch.manual_seed(seed)
         # BERT's initialisation (std 0.02) gives every pair nearly the same score; wider weights spread the scores
         # over (0, 1), so comparisons of scores compare different numbers.
-        model = BertForSequenceClassification(_bert_config(shape, tokenizer, num_labels=1, initializer_range=0.5))
+        model = BertForSequenceClassification(bert_config(shape, tokenizer, num_labels=1, initializer_range=0.5))
     with tempfile.TemporaryDirectory() as plain:  # a Hugging Face model folder, which CrossEncoder loads as such
         model.save_pretrained(plain)
         tokenizer.save_pretrained(plain)

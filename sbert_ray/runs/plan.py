@@ -244,6 +244,13 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, list[list[Source]]]:
 def _checked(config: TrainConfig, tasks: RunTasks, store: TrackingStore) -> tuple[TrainConfig, list[list[Source]]]:
     """``prepare`` of an absolute config, its parsed tasks and its tracking store: places, tracking store, model,
     data, in this order."""
+    if config.model.type == "cross_encoder":
+        # Dev scoring, the final suite and the MLflow flavor read embeddings: a reranker's run needs its own
+        # (reranking) evaluation first. The training core trains one (``training.stages``; tests/test_reranker.py).
+        raise ConfigError(
+            "model.type: cross_encoder runs are not yet trained on the cluster (checkpoint scoring and the final "
+            "model's logging know bi-encoders only); use bi_encoder"
+        )
     storage = config.checkpoint.storage_path
     # The final model is copied here from the last checkpoint (a download when storage is remote).
     output_dir = config.output_dir or (

@@ -19,6 +19,7 @@ import torch
 
 from sbert_ray.config import StageConfig
 from sbert_ray.models import SentenceEncoder
+from sbert_ray.models.cross_encoder import CrossEncoderModel
 from sbert_ray.models.load import TextTokenizer
 from sbert_ray.models.padded_widths import bucketed_width
 from sbert_ray.models.prompts import prompt_for_column
@@ -72,21 +73,31 @@ def text_hashes(texts: Sequence[str]) -> np.ndarray:
 
 
 def tokenize_texts(
-    texts: Sequence[Sequence[str]], labels: np.ndarray | None, encoder: SentenceEncoder | TextTokenizer
+    texts: Sequence[Sequence[str]],
+    labels: np.ndarray | None,
+    encoder: SentenceEncoder | CrossEncoderModel | TextTokenizer,
 ) -> TokenizedRows:
     """A source's text columns (``texts[k]``: column k, every column one text per row) tokenised with the
     encoder's tokenizer: per column the token ids (truncated to its ``max_seq_length``; the anchor column after
     the model's query prompt, the others after its document prompt, as ``encode_query`` / ``encode_document`` put
     them) and a hash of each text itself; per row its longest text (which sets its batch's padded width), the texts
-    that lost tokens, and ``labels``."""
+    that lost tokens, and ``labels``. A reranker (``joins_pairs``) reads the anchor with each other column as one
+    text pair, as ``CrossEncoder`` tokenises pairs (truncated longest first): its columns are those pairs, each
+    hashed by its passage."""
     tokenizer, max_seq_length = encoder.tokenizer, encoder.max_seq_length
+    queries = texts[0] if encoder.joins_pairs else None
+    if queries is not None:
+        texts = texts[1:]
     rows = len(texts[0])
     columns, hashes, truncated = [], [], np.zeros(rows, dtype=np.int8)
     for index, column in enumerate(texts):
-        prompt = prompt_for_column(encoder.prompts, index)
-        sentences = [prompt + text for text in column]
+        if queries is None:
+            prompt = prompt_for_column(encoder.prompts, index)
+            inputs = ([prompt + text for text in column],)
+        else:
+            inputs = (list(queries), list(column))
         ids = tokenizer(
-            sentences, truncation=True, max_length=max_seq_length, return_attention_mask=False,
+            *inputs, truncation=True, max_length=max_seq_length, return_attention_mask=False,
             return_token_type_ids=False,
         )["input_ids"]  # fmt: skip
         lengths = np.fromiter(map(len, ids), dtype=np.int32, count=rows)
@@ -95,7 +106,7 @@ def tokenize_texts(
         flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(offsets[-1]))
         columns.append(TokenizedColumn(flat, offsets))
         hashes.append(text_hashes(column))
-        truncated += truncated_rows(tokenizer, sentences, ids, max_seq_length)
+        truncated += truncated_rows(tokenizer, inputs, ids, max_seq_length)
     lengths = np.max([np.diff(column.offsets) for column in columns], 0)
     return TokenizedRows(columns, hashes, lengths, labels, truncated)
 
@@ -109,13 +120,17 @@ def tokenize_table(table: pa.Table, encoder: SentenceEncoder | TextTokenizer) ->
     return tokens.append_column("label", table.column("label")) if "label" in table.column_names else tokens
 
 
-def truncated_rows(tokenizer, texts: Sequence[str], input_ids: Sequence[Sequence[int]], max_length: int) -> np.ndarray:
-    """1 for each of ``texts`` that lost tokens when tokenised to ``input_ids`` with ``max_length``, else 0. Only
-    those that came out exactly max_length long can have, so only they are tokenised again, in full."""
-    flags = np.zeros(len(texts), dtype=np.int8)
+def truncated_rows(
+    tokenizer, inputs: Sequence[Sequence[str]], input_ids: Sequence[Sequence[int]], max_length: int
+) -> np.ndarray:
+    """1 for each input that lost tokens when tokenised to ``input_ids`` with ``max_length``, else 0; ``inputs``:
+    the texts (one sequence), or the pairs' first and second texts (two). Only those that came out exactly
+    max_length long can have, so only they are tokenised again, in full."""
+    flags = np.zeros(len(input_ids), dtype=np.int8)
     full_length = [i for i, ids in enumerate(input_ids) if len(ids) >= max_length]
     if full_length:
-        lengths = tokenizer([texts[i] for i in full_length], return_attention_mask=False, verbose=False)["input_ids"]
+        again = [[texts[i] for i in full_length] for texts in inputs]
+        lengths = tokenizer(*again, return_attention_mask=False, verbose=False)["input_ids"]
         flags[[i for i, ids in zip(full_length, lengths, strict=True) if len(ids) > max_length]] = 1
     return flags
 

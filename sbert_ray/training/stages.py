@@ -21,6 +21,7 @@ import torch
 from sbert_ray.config import TrainConfig
 from sbert_ray.losses.registry import build_loss
 from sbert_ray.models import SentenceEncoder, load_encoder
+from sbert_ray.models.cross_encoder import CrossEncoderModel
 from sbert_ray.models.padded_widths import buckets_for
 from sbert_ray.training.loop import Reporter, Telemetry, Trainee, never, train_stage
 from sbert_ray.training.meter import StepMeter
@@ -98,9 +99,11 @@ def start_worker(config: TrainConfig, worker: Worker, restored: Path | None) -> 
     return Started(encoder, state, restored)
 
 
-def _restored_encoder(config: TrainConfig, model_dir: Path) -> SentenceEncoder:
+def _restored_encoder(config: TrainConfig, model_dir: Path) -> SentenceEncoder | CrossEncoderModel:
     """The model of a checkpoint; with ``model.lora``, its frozen base built from the config again (a LoRA
     checkpoint's weights are merged) and the checkpoint's adapter in it, to train on apart."""
+    if config.model.type == "cross_encoder":
+        return CrossEncoderModel.load(model_dir)
     if config.model.lora is None:
         return SentenceEncoder.load(str(model_dir))
     from sbert_ray.models.lora import restore_adapter  # peft: only for runs that use it

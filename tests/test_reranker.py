@@ -1,0 +1,238 @@
+"""Rerankers (``model.type: cross_encoder``): trained by the training core in process, saved as sentence-transformers'
+CrossEncoder, their objectives equal to sentence-transformers' cross-encoder losses, bad configs refused by the CLI."""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from sbert_ray.cli import main
+from sbert_ray.config import EvalConfig, ModelConfig, ScalingConfig, StageConfig, TrainConfig
+from sbert_ray.losses import RerankerBCELoss, RerankerMNRLoss
+from sbert_ray.models.cross_encoder import CrossEncoderModel, pair_token_types
+from sbert_ray.models.teachers import load_teacher
+from sbert_ray.training.batches import tokenize_texts
+from sbert_ray.training.loop import LocalReporter
+from sbert_ray.training.meter import StepMeter
+from sbert_ray.training.stage_plan import stage_plans
+from sbert_ray.training.stages import Worker, start_worker, train_stages
+from sbert_ray.training.state import MODEL_DIR
+from sbert_ray.training.stream import local_sources
+
+CPU = torch.device("cpu")
+QUERIES = ["what do cats eat", "how is rain made", "who wrote hamlet", "why is the sky blue"]
+RELEVANT = ["cats eat meat and fish", "rain falls from clouds", "shakespeare wrote hamlet", "light scatters in air"]
+IRRELEVANT = ["the stock market fell", "a recipe for bread", "trains run on rails", "the moon orbits earth"]
+
+
+def scored_rows() -> dict[str, list]:
+    """Each query with its relevant passage (score 1) and an irrelevant one (score 0)."""
+    return {
+        "sentence1": QUERIES * 2,
+        "sentence2": RELEVANT + IRRELEVANT,
+        "score": [1.0] * len(QUERIES) + [0.0] * len(QUERIES),
+    }
+
+
+def ntuple_rows() -> dict[str, list]:
+    """Each query, its positive and two hard negatives (the n-tuples ``sbert-ray mine`` writes)."""
+    return {
+        "anchor": QUERIES,
+        "positive": RELEVANT,
+        "negative_1": IRRELEVANT,
+        "negative_2": IRRELEVANT[1:] + IRRELEVANT[:1],
+    }
+
+
+def write_parquet(rows: dict[str, list], path: Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table(rows), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data_dir) -> tuple[Path, LocalReporter]:
+    """A random tiny BERT reranker trained in process by the training core: a BCE stage on scored pairs (labels
+    0/1: score_max 1), then a listwise stage on n-tuples; checkpoints written as a run writes them."""
+    folder = tmp_path_factory.mktemp("reranker")
+    stages = [
+        StageConfig(
+            dataset=str(write_parquet(scored_rows(), folder / "scored.parquet")), objective="reranker_bce",
+            score_max=1.0, batch_size=8, epochs=6, learning_rate=1e-3, warmup_ratio=0.0,
+        ),
+        StageConfig(
+            dataset=str(write_parquet(ntuple_rows(), folder / "ntuples.parquet")), objective="reranker_mnrl",
+            loss={"scale": 10.0}, batch_size=4, epochs=10, learning_rate=3e-3, warmup_ratio=0.0,
+        ),
+    ]  # fmt: skip
+    config = TrainConfig(
+        seed=0,
+        data_dir=str(data_dir),
+        model=ModelConfig(name="random:tiny", type="cross_encoder", max_seq_length=24),
+        stages=stages,
+        evaluation=EvalConfig(eval_every=1, final_tasks=[]),
+        scaling=ScalingConfig(torch_threads=torch.get_num_threads()),  # leaves this process's threads as they are
+    )
+    config.validate()
+    reporter = LocalReporter(folder / "checkpoints")
+    worker = Worker(CPU)
+    started = start_worker(config, worker, None)
+    assert isinstance(started.encoder, CrossEncoderModel)
+    data = functools.partial(local_sources, config, encoder=started.encoder)
+    train_stages(stage_plans(config), started, data, worker, reporter, StepMeter(time.time(), CPU))
+    reporter.close()
+    return folder / "checkpoints" / f"step-{reporter.reports[-1]['global_step']}", reporter, config
+
+
+def test_both_objectives_train_the_reranker(trained):
+    _, reporter, _ = trained
+    for stage in (0, 1):
+        losses = [report["train_loss"] for report in reporter.reports if report["stage"] == stage]
+        assert len(losses) >= 4 and all(math.isfinite(loss) for loss in losses)
+        assert losses[-1] < losses[0], (stage, losses)
+
+
+def test_the_trained_reranker_loads_in_sentence_transformers_and_predicts_as_ours(trained):
+    from sentence_transformers import CrossEncoder
+
+    model_dir = trained[0] / MODEL_DIR
+    ours = CrossEncoderModel.load(model_dir)
+    theirs = CrossEncoder(str(model_dir), device="cpu")
+    assert theirs.num_labels == 1 and theirs.max_seq_length == ours.max_seq_length == 24
+    pairs = [(q, p) for q in QUERIES for p in RELEVANT + IRRELEVANT]
+    expected = theirs.predict(pairs, batch_size=7, show_progress_bar=False)
+    scores = ours.predict(pairs, batch_size=7)
+    # The same float32 kernels on the same token ids: equal up to rounding in the last bits of a sigmoid (< 1).
+    tolerance = 16 * np.finfo(np.float32).eps
+    np.testing.assert_allclose(scores, expected, rtol=0, atol=tolerance)
+    assert np.ptp(expected) > 100 * tolerance  # trained apart: the comparison compares different numbers
+    assert load_teacher(str(model_dir)).kind == "cross-encoder"  # a teacher for score and mine --rescore-with
+
+
+def test_a_reranker_resumes_from_its_checkpoint_as_a_reranker(trained):
+    checkpoint, reporter, config = trained
+    started = start_worker(config, Worker(CPU), checkpoint)
+    assert isinstance(started.encoder, CrossEncoderModel)
+    assert started.state.global_step == reporter.reports[-1]["global_step"] and started.state.stage_done
+
+
+def test_a_plain_encoder_loads_as_a_reranker_with_a_new_one_label_head(tiny_model_dir):
+    model = CrossEncoderModel.load(tiny_model_dir)
+    assert model.transformer.config.num_labels == 1 and model.predict([("a", "b")]).shape == (1,)
+
+
+def test_pair_token_types_are_the_tokenizers():
+    model = CrossEncoderModel.random("tiny", max_seq_length=12)  # short: some pairs are truncated
+    batch = model.tokenize_pairs(QUERIES, ["cats"] + [p + " " + p for p in RELEVANT[1:]])
+    assert batch["attention_mask"].sum(dim=1).min() < batch["attention_mask"].shape[1]  # some padding
+    rebuilt = pair_token_types(batch["input_ids"], batch["attention_mask"], model.tokenizer.sep_token_id)
+    assert torch.equal(rebuilt, batch["token_type_ids"]) and rebuilt.any()
+
+
+def float64_pair(model_dir: Path):
+    """Our reranker and sentence-transformers' CrossEncoder of one folder, both float64 and in eval mode (no
+    dropout): the same weights, two implementations."""
+    from sentence_transformers import CrossEncoder
+
+    ours = CrossEncoderModel.load(model_dir).double()
+    theirs = CrossEncoder(str(model_dir), device="cpu")
+    theirs.to(torch.float64).eval()
+    return ours, theirs
+
+
+def batch_features(model: CrossEncoderModel, columns: list[list[str]], labels=None):
+    rows = tokenize_texts(columns, labels, model)
+    features, labels, _, widths = rows.collate(range(len(columns[0])), model.tokenizer.pad_token_id, False, CPU)
+    return features, labels, widths
+
+
+def assert_equal_losses_and_gradients(ours, theirs, loss, loss_theirs) -> None:
+    """Float64 (eps 2e-16): the two computations differ at most in the order of their sums (over a few hundred
+    terms), so by far less than 1e-10 of the loss and of the largest gradient. The bound is the largest gradient's,
+    not each tensor's: some (the attention's key biases) are zero but for rounding."""
+    loss.backward()
+    loss_theirs.backward()
+    assert loss.item() == pytest.approx(loss_theirs.item(), rel=1e-10, abs=0)
+    mine = [p.grad for p in ours.transformer.parameters()]
+    other = [p.grad for p in theirs.parameters() if p.requires_grad]
+    assert len(mine) == len(other)
+    scale = max(grad.abs().max().item() for grad in other)
+    assert scale > 0
+    for grad, expected in zip(mine, other, strict=True):
+        torch.testing.assert_close(grad, expected, rtol=0, atol=1e-10 * scale)
+
+
+def their_logits(theirs, queries: list[str], passages: list[str]) -> torch.Tensor:
+    """sentence-transformers' logits of the pairs, as its cross-encoder losses compute them (with gradients)."""
+    return theirs(theirs.preprocess(list(zip(queries, passages, strict=True))))["scores"].view(-1)
+
+
+def test_reranker_bce_equals_sentence_transformers_binary_cross_entropy(trained):
+    """On float64 logits: sentence-transformers' own forward casts the labels, and with them the loss, to float32."""
+    from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
+
+    ours, theirs = float64_pair(trained[0] / MODEL_DIR)
+    rows = scored_rows()
+    labels = np.asarray(rows["score"], dtype=np.float32)
+    features, labels, widths = batch_features(ours, [rows["sentence1"], rows["sentence2"]], labels)
+    loss = RerankerBCELoss(ours)(features, labels, used_widths=widths)
+    reference = BinaryCrossEntropyLoss(theirs)
+    logits = reference.activation_fn(their_logits(theirs, rows["sentence1"], rows["sentence2"]))
+    expected = reference.bce_with_logits_loss(logits, torch.tensor(rows["score"], dtype=torch.float64))
+    assert_equal_losses_and_gradients(ours, theirs, loss, expected)
+
+
+def test_reranker_mnrl_equals_sentence_transformers_multiple_negatives_ranking_with_hard_negatives_only(trained):
+    """sentence-transformers' forward with ``num_negatives=0`` (no in-batch negatives) is its ``calculate_loss``
+    over the logits of the positive's and each hard negative's pairs, which is what is called here (its
+    in-batch sampling refuses to draw 0 negatives)."""
+    from sentence_transformers.cross_encoder.losses import MultipleNegativesRankingLoss
+
+    ours, theirs = float64_pair(trained[0] / MODEL_DIR)
+    anchors, *candidates = columns = list(ntuple_rows().values())
+    features, _, widths = batch_features(ours, columns)
+    loss = RerankerMNRLoss(ours, scale=7.0)(features, None, used_widths=widths)
+    reference = MultipleNegativesRankingLoss(theirs, num_negatives=0, scale=7.0)
+    expected = reference.calculate_loss([their_logits(theirs, anchors, c) for c in candidates], len(anchors))
+    assert_equal_losses_and_gradients(ours, theirs, loss, expected)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["stages.0.objective=reranker_bce"], "stages.0.objective: 'reranker_bce' trains a cross_encoder and "
+         "model.type is bi_encoder; set model.type: cross_encoder"),
+        (["model.type=cross_encoder"], "stages.0.objective: 'regression' trains a bi_encoder and model.type is "
+         "cross_encoder; set model.type: bi_encoder, or use one of: reranker_bce, reranker_mnrl"),
+        (["model.type=cross_encoder", "model.pooling=cls", "stages.0.objective=reranker_bce"],
+         "model.pooling: a bi-encoder setting, which model.type cross_encoder has not; leave it out"),
+        (["model.type=cross_encoder", "stages.0.objective=reranker_bce"],
+         "model.type: cross_encoder runs are not yet trained on the cluster"),
+    ],
+)  # fmt: skip
+def test_a_reranker_config_error_is_one_line_from_train_before_ray(tiny_train_config, capsys, overrides, message):
+    assert main(["train", str(tiny_train_config()), *overrides]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sbert-ray train: error: ") and err.count("\n") == 1
+    assert message in err
+
+
+def test_a_scored_source_without_its_score_column_is_refused_naming_it(tmp_path, data_dir):
+    """Before Ray: the parquet footer tells that the objective's label column is missing."""
+    from sbert_ray.data.records import DataError
+    from sbert_ray.training.sources import known_rows, stage_sources
+
+    rows = scored_rows()
+    del rows["score"]
+    stage = StageConfig(dataset=str(write_parquet(rows, tmp_path / "unscored.parquet")), objective="reranker_bce")
+    (source,) = stage_sources(stage, 0)
+    with pytest.raises(DataError, match="no column 'score'"):
+        known_rows(source, stage, str(data_dir))
