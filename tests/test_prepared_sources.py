@@ -32,6 +32,7 @@ from sbert_ray.data.prepared import (
     tokenizer_fingerprint,
 )
 from sbert_ray.models import load_encoder
+from sbert_ray.models.cross_encoder import CrossEncoderModel
 from sbert_ray.models.load import load_tokenizer
 from sbert_ray.runs.prepare_source import PrepareRequest, prepare_source, shard_inputs
 from sbert_ray.training.batches import tokenize_table
@@ -338,6 +339,24 @@ def test_a_manifest_made_for_other_settings_is_refused_naming_each_difference(
     other_objective = dataclasses.replace(config.stages[0], objective="mnrl")
     with pytest.raises(ConfigError, match=r"reading: prepared with \{'records': 'scored'"):
         local_sources(dataclasses.replace(config, stages=[other_objective]), 0, encoder)
+
+    # A reranker reads each pair as one text pair: the texts of a bi-encoder's source were tokenised alone.
+    reranker = CrossEncoderModel.load(tiny_model_dir, max_seq_length=MAX_SEQ_LENGTH)
+    as_reranker = dataclasses.replace(
+        config,
+        model=ModelConfig(name=str(tiny_model_dir), type="cross_encoder", max_seq_length=MAX_SEQ_LENGTH),
+        stages=[dataclasses.replace(config.stages[0], objective="reranker_bce", score_max=5.0)],
+    )
+    with pytest.raises(ConfigError) as refused:
+        local_sources(as_reranker, 0, reranker)
+    assert "joins_pairs: prepared with False, this run's True" in str(refused.value)
+
+
+def test_prepare_tokenises_pairs_for_a_reranker_objective(raw_folder, tiny_model_dir, tmp_path):
+    request = PrepareRequest(str(raw_folder), str(tiny_model_dir), 16, tmp_path / "out", objective="reranker_bce")
+    assert request.model_type == "cross_encoder"
+    with pytest.raises(ConfigError, match="--prompt: --objective reranker_bce trains a reranker, which takes no"):
+        dataclasses.replace(request, prompts={"query": "query: "})
 
 
 def test_sbert_ray_train_refuses_a_mismatched_manifest_before_ray(

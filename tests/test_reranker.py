@@ -10,10 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import ray.train
 import torch
 
 from sbert_ray.cli import main
 from sbert_ray.config import EvalConfig, ModelConfig, ScalingConfig, StageConfig, TrainConfig
+from sbert_ray.evaluation.dev_score import DevScorer, dev_spec
 from sbert_ray.losses import RerankerBCELoss, RerankerMNRLoss
 from sbert_ray.models.cross_encoder import CrossEncoderModel, pair_token_types
 from sbert_ray.models.teachers import load_teacher
@@ -24,6 +26,7 @@ from sbert_ray.training.stage_plan import stage_plans
 from sbert_ray.training.stages import Worker, start_worker, train_stages
 from sbert_ray.training.state import MODEL_DIR
 from sbert_ray.training.stream import local_sources
+from sbert_ray.training.validation import checkpoint_model
 
 CPU = torch.device("cpu")
 QUERIES = ["what do cats eat", "how is rain made", "who wrote hamlet", "why is the sky blue"]
@@ -124,6 +127,46 @@ def test_a_reranker_resumes_from_its_checkpoint_as_a_reranker(trained):
     assert started.state.global_step == reporter.reports[-1]["global_step"] and started.state.stage_done
 
 
+def test_a_reranker_dev_score_is_the_correlation_of_its_pair_scores_with_the_gold_scores(trained, data_dir):
+    """The dev pairs scored by sentence-transformers' CrossEncoder, correlated by scipy: what the run's dev score is."""
+    from scipy.stats import pearsonr, spearmanr
+    from sentence_transformers import CrossEncoder
+
+    from sbert_ray.data.readers import load_records
+
+    model_dir = trained[0] / MODEL_DIR
+    evaluation = EvalConfig(dev_limit=60, batch_size=16)
+    spec = dev_spec(evaluation, model_type="cross_encoder")
+    assert spec.metric == "spearman_pair_score"  # the default for a reranker
+    checkpoint = ray.train.Checkpoint.from_directory(str(trained[0]))  # as the off-rank scorer loads it
+    scores = DevScorer(evaluation, data_dir, spec).scores(checkpoint_model(checkpoint, "cross_encoder"))
+    pairs = load_records("stsb", "dev", data_dir)[:60]
+    predicted = CrossEncoder(str(model_dir), device="cpu").predict(
+        [(p.sentence1, p.sentence2) for p in pairs], show_progress_bar=False
+    )
+    gold = [p.score for p in pairs]
+    assert scores == {"dev/spearman_pair_score": pytest.approx(spearmanr(gold, predicted).statistic * 100, abs=1e-3)}
+    pearson_spec = dev_spec(EvalConfig(dev_metric="pearson_pair_score"), model_type="cross_encoder")
+    pearson = DevScorer(evaluation, data_dir, pearson_spec)
+    assert pearson.scores(CrossEncoderModel.load(model_dir))["dev/pearson_pair_score"] == pytest.approx(
+        pearsonr(gold, predicted).statistic * 100, abs=1e-3
+    )
+
+
+def test_a_classifier_of_more_labels_is_refused_as_a_reranker_before_ray(tmp_path):
+    from transformers import BertForSequenceClassification
+
+    from sbert_ray.models import ModelError, check_model
+    from sbert_ray.models.random_bert import bert_config, bert_tokenizer
+
+    tokenizer = bert_tokenizer()
+    BertForSequenceClassification(bert_config("tiny", tokenizer, num_labels=3)).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(ModelError, match="classifies into 3 labels; a reranker .* scores with one"):
+        check_model(str(tmp_path), 24, model_type="cross_encoder")
+    assert check_model(str(tmp_path), 24) == 32  # a bi-encoder takes its encoder
+
+
 def test_a_plain_encoder_loads_as_a_reranker_with_a_new_one_label_head(tiny_model_dir):
     model = CrossEncoderModel.load(tiny_model_dir)
     assert model.transformer.config.num_labels == 1 and model.predict([("a", "b")]).shape == (1,)
@@ -205,6 +248,9 @@ def test_reranker_mnrl_equals_sentence_transformers_multiple_negatives_ranking_w
     assert_equal_losses_and_gradients(ours, theirs, loss, expected)
 
 
+RERANKER = ["model.type=cross_encoder", "stages.0.objective=reranker_bce"]
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -214,8 +260,23 @@ def test_reranker_mnrl_equals_sentence_transformers_multiple_negatives_ranking_w
          "cross_encoder; set model.type: bi_encoder, or use one of: reranker_bce, reranker_mnrl"),
         (["model.type=cross_encoder", "model.pooling=cls", "stages.0.objective=reranker_bce"],
          "model.pooling: a bi-encoder setting, which model.type cross_encoder has not; leave it out"),
-        (["model.type=cross_encoder", "stages.0.objective=reranker_bce"],
-         "model.type: cross_encoder runs are not yet trained on the cluster"),
+        (RERANKER, "evaluation.final_tasks: ['stsb'] score embeddings, which model.type cross_encoder has not; "
+         "set final_tasks: []"),
+        ([*RERANKER, "evaluation.final_tasks=[]", "evaluation.before_tasks=[sts12]"],
+         "evaluation.before_tasks: ['sts12'] score embeddings"),
+        ([*RERANKER, "evaluation.final_tasks=[]", "evaluation.dev_limit=null",
+          "evaluation.dev_task=stsb-retrieval:dev"],
+         "evaluation.dev_task: evaluation tasks score embeddings, which model.type cross_encoder has not"),
+        ([*RERANKER, "evaluation.final_tasks=[]", "evaluation.dev_workers=2"],
+         "evaluation.dev_workers: the scorers' pool shares encoding"),
+        ([*RERANKER, "evaluation.final_tasks=[]", "tracking.registered_model_name=tiny"],
+         "tracking.registered_model_name: a reranker is logged as the run's artifacts (model/)"),
+        ([*RERANKER, "evaluation.final_tasks=[]", "evaluation.dev_metric=spearman_cosine"],
+         "evaluation.dev_metric: 'spearman_cosine' is not a metric of the dev pairs of 'stsb' (a reranker's); "
+         "choose from spearman_pair_score, pearson_pair_score"),
+        (["evaluation.dev_metric=spearman_pair_score"],
+         "evaluation.dev_metric: 'spearman_pair_score' is not a metric of the dev pairs of 'stsb'; choose from "
+         "spearman_cosine, pearson_cosine"),
     ],
 )  # fmt: skip
 def test_a_reranker_config_error_is_one_line_from_train_before_ray(tiny_train_config, capsys, overrides, message):
