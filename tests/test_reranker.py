@@ -4,6 +4,7 @@ CrossEncoder, their objectives equal to sentence-transformers' cross-encoder los
 from __future__ import annotations
 
 import functools
+import json
 import math
 import time
 from pathlib import Path
@@ -297,3 +298,45 @@ def test_a_scored_source_without_its_score_column_is_refused_naming_it(tmp_path,
     (source,) = stage_sources(stage, 0)
     with pytest.raises(DataError, match="no column 'score'"):
         known_rows(source, stage, str(data_dir))
+
+
+def test_sbert_ray_train_trains_a_reranker_on_ray(local_ray, tiny_train_config, data_dir, capsys):
+    """``sbert-ray train`` of a random tiny reranker by 2 Ray Train workers on STSb's scored pairs (scores / 5 as
+    BCE labels): each checkpoint is scored off the training ranks as a reranker (the correlation of its pair scores
+    with the dev pairs' gold scores), that score is in MLflow at the checkpoint's step and in keep_best's ranking and
+    is what the checkpoint's model scores in this process; the final folder loads in sentence-transformers'
+    CrossEncoder and predicts as ours, carded and logged as the run's artifacts."""
+    from mlflow.tracking import MlflowClient
+    from sentence_transformers import CrossEncoder
+
+    from sbert_ray.config import load_config
+    from sbert_ray.data.readers import load_records
+    from sbert_ray.evaluation.sts import evaluate_pair_scores
+
+    path = tiny_train_config(name="rerank", limit=48, eval_every=2)
+    overrides = [*RERANKER, "evaluation.final_tasks=[]", "evaluation.dev_limit=40", "stages.0.learning_rate=1e-3"]
+    overrides += ["evaluation.async_dev=true", "evaluation.dev_resources={CPU: 0.5}", "checkpoint.keep_best=3"]
+    assert main(["train", str(path), *overrides]) == 0, capsys.readouterr().err[-3000:]
+    config = load_config(path, overrides)
+
+    client = MlflowClient(config.tracking.tracking_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("sbert-ray").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["model.type"] == "cross_encoder"
+    logged = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "dev/spearman_pair_score")}
+    run_dir = Path(config.checkpoint.storage_path) / config.name
+    snapshot = json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())
+    kept = {c["metrics"]["global_step"]: c for c in snapshot["checkpoint_results"]}
+    assert logged.keys() == kept.keys() == {2, 4, 6}  # 48 pairs in global batches of 8, scored every 2 steps
+    dev_pairs = load_records("stsb", "dev", data_dir)[:40]
+    for step, checkpoint in kept.items():
+        model = CrossEncoderModel.load(run_dir / checkpoint["checkpoint_dir_name"] / MODEL_DIR)
+        score = evaluate_pair_scores(model, dev_pairs, config.evaluation.batch_size)["spearman_pair_score"]
+        assert checkpoint["metrics"]["dev_score"] == logged[step] == pytest.approx(score, abs=2e-3), step
+
+    final = Path(config.output_dir or run_dir / "final-model")
+    pairs = [(p.sentence1, p.sentence2) for p in dev_pairs]
+    theirs = CrossEncoder(str(final), device="cpu").predict(pairs, show_progress_bar=False)
+    np.testing.assert_allclose(CrossEncoderModel.load(final).predict(pairs), theirs, rtol=0, atol=1e-6)
+    assert np.ptp(theirs) > 0
+    assert "CrossEncoder(" in (final / "README.md").read_text() and run.info.run_id in (final / "README.md").read_text()
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "model")} >= {"model/config.json", "model/README.md"}
