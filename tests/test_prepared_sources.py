@@ -83,7 +83,9 @@ def write_prepared(raw, output, stage: StageConfig, encoder, model: str, rows_pe
         pq.write_table(table, output / f"{item.key}.parquet", row_group_size=rows_per_group)
         groups = [min(rows_per_group, table.num_rows - start) for start in range(0, table.num_rows, rows_per_group)]
         shards.append(Shard(f"{item.key}.parquet", table.num_rows, tuple(groups)))
-    settings = prepared_settings(encoder.tokenizer, encoder.max_seq_length, encoder.prompts, reading(stage))
+    settings = prepared_settings(
+        encoder.tokenizer, encoder.max_seq_length, encoder.prompts, reading(stage), encoder.joins_pairs
+    )
     roles = column_roles(stage, 2)
     manifest = Manifest(str(output), settings, str(raw), model, {}, roles, rows_per_group, tuple(shards))
     (output / MANIFEST).write_text(json.dumps(manifest.to_json()))
@@ -464,3 +466,14 @@ def test_prepare_writes_what_training_computes_and_a_rerun_only_what_is_missing(
     resumed = prepare_source(request)
     assert (resumed.rows, resumed.files_written, resumed.files_skipped) == (130, 1, 1)
     assert read_manifest(str(tmp_path / "out")) == manifest
+
+    # A reranker's objective: each row tokenised on the cluster as one text pair, as the reranker's training does.
+    prepare_source(dataclasses.replace(request, output=tmp_path / "pairs", objective="reranker_bce"))
+    reranker = CrossEncoderModel.load(tiny_model_dir, max_seq_length=MAX_SEQ_LENGTH)
+    as_reranker = StageConfig(dataset=str(raw_folder), objective="reranker_bce")
+    write_prepared(raw_folder, tmp_path / "pairs-expected", as_reranker, reranker, model)
+    pairs = read_manifest(str(tmp_path / "pairs"))
+    assert pairs.settings["joins_pairs"] and pairs.settings == read_manifest(str(tmp_path / "pairs-expected")).settings
+    for shard in pairs.shards:
+        table = pq.read_table(tmp_path / "pairs" / shard.file)
+        assert table.equals(pq.read_table(tmp_path / "pairs-expected" / shard.file))

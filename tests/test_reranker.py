@@ -340,3 +340,12 @@ def test_sbert_ray_train_trains_a_reranker_on_ray(local_ray, tiny_train_config, 
     assert np.ptp(theirs) > 0
     assert "CrossEncoder(" in (final / "README.md").read_text() and run.info.run_id in (final / "README.md").read_text()
     assert {a.path for a in client.list_artifacts(run.info.run_id, "model")} >= {"model/config.json", "model/README.md"}
+
+
+def test_a_sweeps_best_reranker_is_retrained_without_the_embedding_suite(trained):
+    """A sweep retrains its best trial's config scored on the STS suite; a reranker's on none (it has no embeddings)."""
+    from sbert_ray.runs.sweep import _retrain_config
+
+    retrained = _retrain_config(trained[2], "sweep", "/tmp/storage")
+    assert retrained.evaluation.final_tasks == []
+    retrained.validate()  # a config a reranker's run takes

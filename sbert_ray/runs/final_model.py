@@ -68,7 +68,10 @@ def model_card_info(
         name=config.name,
         mlflow_run_id=tracker.run_id,
         tracking_uri=str(plan.store),
-        mlflow_model_uri=model_uri(tracker.run_id, tracking.registered_model_name, tracking.alias),
+        # A reranker is no MLflow model (``log_final_model``)
+        mlflow_model_uri=model_uri(tracker.run_id, tracking.registered_model_name, tracking.alias)
+        if config.model.type == "bi_encoder"
+        else None,
         registered_model_name=tracking.registered_model_name,
     )
 
