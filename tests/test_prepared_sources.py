@@ -32,6 +32,7 @@ from sbert_ray.data.prepared import (
     tokenizer_fingerprint,
 )
 from sbert_ray.models import load_encoder
+from sbert_ray.models.cross_encoder import CrossEncoderModel
 from sbert_ray.models.load import load_tokenizer
 from sbert_ray.runs.prepare_source import PrepareRequest, prepare_source, shard_inputs
 from sbert_ray.training.batches import tokenize_table
@@ -82,7 +83,9 @@ def write_prepared(raw, output, stage: StageConfig, encoder, model: str, rows_pe
         pq.write_table(table, output / f"{item.key}.parquet", row_group_size=rows_per_group)
         groups = [min(rows_per_group, table.num_rows - start) for start in range(0, table.num_rows, rows_per_group)]
         shards.append(Shard(f"{item.key}.parquet", table.num_rows, tuple(groups)))
-    settings = prepared_settings(encoder.tokenizer, encoder.max_seq_length, encoder.prompts, reading(stage))
+    settings = prepared_settings(
+        encoder.tokenizer, encoder.max_seq_length, encoder.prompts, reading(stage), encoder.joins_pairs
+    )
     roles = column_roles(stage, 2)
     manifest = Manifest(str(output), settings, str(raw), model, {}, roles, rows_per_group, tuple(shards))
     (output / MANIFEST).write_text(json.dumps(manifest.to_json()))
@@ -339,6 +342,24 @@ def test_a_manifest_made_for_other_settings_is_refused_naming_each_difference(
     with pytest.raises(ConfigError, match=r"reading: prepared with \{'records': 'scored'"):
         local_sources(dataclasses.replace(config, stages=[other_objective]), 0, encoder)
 
+    # A reranker reads each pair as one text pair: the texts of a bi-encoder's source were tokenised alone.
+    reranker = CrossEncoderModel.load(tiny_model_dir, max_seq_length=MAX_SEQ_LENGTH)
+    as_reranker = dataclasses.replace(
+        config,
+        model=ModelConfig(name=str(tiny_model_dir), type="cross_encoder", max_seq_length=MAX_SEQ_LENGTH),
+        stages=[dataclasses.replace(config.stages[0], objective="reranker_bce", score_max=5.0)],
+    )
+    with pytest.raises(ConfigError) as refused:
+        local_sources(as_reranker, 0, reranker)
+    assert "joins_pairs: prepared with False, this run's True" in str(refused.value)
+
+
+def test_prepare_tokenises_pairs_for_a_reranker_objective(raw_folder, tiny_model_dir, tmp_path):
+    request = PrepareRequest(str(raw_folder), str(tiny_model_dir), 16, tmp_path / "out", objective="reranker_bce")
+    assert request.model_type == "cross_encoder"
+    with pytest.raises(ConfigError, match="--prompt: --objective reranker_bce trains a reranker, which takes no"):
+        dataclasses.replace(request, prompts={"query": "query: "})
+
 
 def test_sbert_ray_train_refuses_a_mismatched_manifest_before_ray(
     raw_folder, encoder, tiny_model_dir, tiny_train_config, tmp_path, capsys
@@ -445,3 +466,14 @@ def test_prepare_writes_what_training_computes_and_a_rerun_only_what_is_missing(
     resumed = prepare_source(request)
     assert (resumed.rows, resumed.files_written, resumed.files_skipped) == (130, 1, 1)
     assert read_manifest(str(tmp_path / "out")) == manifest
+
+    # A reranker's objective: each row tokenised on the cluster as one text pair, as the reranker's training does.
+    prepare_source(dataclasses.replace(request, output=tmp_path / "pairs", objective="reranker_bce"))
+    reranker = CrossEncoderModel.load(tiny_model_dir, max_seq_length=MAX_SEQ_LENGTH)
+    as_reranker = StageConfig(dataset=str(raw_folder), objective="reranker_bce")
+    write_prepared(raw_folder, tmp_path / "pairs-expected", as_reranker, reranker, model)
+    pairs = read_manifest(str(tmp_path / "pairs"))
+    assert pairs.settings["joins_pairs"] and pairs.settings == read_manifest(str(tmp_path / "pairs-expected")).settings
+    for shard in pairs.shards:
+        table = pq.read_table(tmp_path / "pairs" / shard.file)
+        assert table.equals(pq.read_table(tmp_path / "pairs-expected" / shard.file))

@@ -4,16 +4,19 @@ CrossEncoder, their objectives equal to sentence-transformers' cross-encoder los
 from __future__ import annotations
 
 import functools
+import json
 import math
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import ray.train
 import torch
 
 from sbert_ray.cli import main
 from sbert_ray.config import EvalConfig, ModelConfig, ScalingConfig, StageConfig, TrainConfig
+from sbert_ray.evaluation.dev_score import DevScorer, dev_spec
 from sbert_ray.losses import RerankerBCELoss, RerankerMNRLoss
 from sbert_ray.models.cross_encoder import CrossEncoderModel, pair_token_types
 from sbert_ray.models.teachers import load_teacher
@@ -24,6 +27,7 @@ from sbert_ray.training.stage_plan import stage_plans
 from sbert_ray.training.stages import Worker, start_worker, train_stages
 from sbert_ray.training.state import MODEL_DIR
 from sbert_ray.training.stream import local_sources
+from sbert_ray.training.validation import checkpoint_model
 
 CPU = torch.device("cpu")
 QUERIES = ["what do cats eat", "how is rain made", "who wrote hamlet", "why is the sky blue"]
@@ -124,6 +128,46 @@ def test_a_reranker_resumes_from_its_checkpoint_as_a_reranker(trained):
     assert started.state.global_step == reporter.reports[-1]["global_step"] and started.state.stage_done
 
 
+def test_a_reranker_dev_score_is_the_correlation_of_its_pair_scores_with_the_gold_scores(trained, data_dir):
+    """The dev pairs scored by sentence-transformers' CrossEncoder, correlated by scipy: what the run's dev score is."""
+    from scipy.stats import pearsonr, spearmanr
+    from sentence_transformers import CrossEncoder
+
+    from sbert_ray.data.readers import load_records
+
+    model_dir = trained[0] / MODEL_DIR
+    evaluation = EvalConfig(dev_limit=60, batch_size=16)
+    spec = dev_spec(evaluation, model_type="cross_encoder")
+    assert spec.metric == "spearman_pair_score"  # the default for a reranker
+    checkpoint = ray.train.Checkpoint.from_directory(str(trained[0]))  # as the off-rank scorer loads it
+    scores = DevScorer(evaluation, data_dir, spec).scores(checkpoint_model(checkpoint, "cross_encoder"))
+    pairs = load_records("stsb", "dev", data_dir)[:60]
+    predicted = CrossEncoder(str(model_dir), device="cpu").predict(
+        [(p.sentence1, p.sentence2) for p in pairs], show_progress_bar=False
+    )
+    gold = [p.score for p in pairs]
+    assert scores == {"dev/spearman_pair_score": pytest.approx(spearmanr(gold, predicted).statistic * 100, abs=1e-3)}
+    pearson_spec = dev_spec(EvalConfig(dev_metric="pearson_pair_score"), model_type="cross_encoder")
+    pearson = DevScorer(evaluation, data_dir, pearson_spec)
+    assert pearson.scores(CrossEncoderModel.load(model_dir))["dev/pearson_pair_score"] == pytest.approx(
+        pearsonr(gold, predicted).statistic * 100, abs=1e-3
+    )
+
+
+def test_a_classifier_of_more_labels_is_refused_as_a_reranker_before_ray(tmp_path):
+    from transformers import BertForSequenceClassification
+
+    from sbert_ray.models import ModelError, check_model
+    from sbert_ray.models.random_bert import bert_config, bert_tokenizer
+
+    tokenizer = bert_tokenizer()
+    BertForSequenceClassification(bert_config("tiny", tokenizer, num_labels=3)).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(ModelError, match="classifies into 3 labels; a reranker .* scores with one"):
+        check_model(str(tmp_path), 24, model_type="cross_encoder")
+    assert check_model(str(tmp_path), 24) == 32  # a bi-encoder takes its encoder
+
+
 def test_a_plain_encoder_loads_as_a_reranker_with_a_new_one_label_head(tiny_model_dir):
     model = CrossEncoderModel.load(tiny_model_dir)
     assert model.transformer.config.num_labels == 1 and model.predict([("a", "b")]).shape == (1,)
@@ -205,6 +249,9 @@ def test_reranker_mnrl_equals_sentence_transformers_multiple_negatives_ranking_w
     assert_equal_losses_and_gradients(ours, theirs, loss, expected)
 
 
+RERANKER = ["model.type=cross_encoder", "stages.0.objective=reranker_bce"]
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -214,8 +261,23 @@ def test_reranker_mnrl_equals_sentence_transformers_multiple_negatives_ranking_w
          "cross_encoder; set model.type: bi_encoder, or use one of: reranker_bce, reranker_mnrl"),
         (["model.type=cross_encoder", "model.pooling=cls", "stages.0.objective=reranker_bce"],
          "model.pooling: a bi-encoder setting, which model.type cross_encoder has not; leave it out"),
-        (["model.type=cross_encoder", "stages.0.objective=reranker_bce"],
-         "model.type: cross_encoder runs are not yet trained on the cluster"),
+        (RERANKER, "evaluation.final_tasks: ['stsb'] score embeddings, which model.type cross_encoder has not; "
+         "set final_tasks: []"),
+        ([*RERANKER, "evaluation.final_tasks=[]", "evaluation.before_tasks=[sts12]"],
+         "evaluation.before_tasks: ['sts12'] score embeddings"),
+        ([*RERANKER, "evaluation.final_tasks=[]", "evaluation.dev_limit=null",
+          "evaluation.dev_task=stsb-retrieval:dev"],
+         "evaluation.dev_task: evaluation tasks score embeddings, which model.type cross_encoder has not"),
+        ([*RERANKER, "evaluation.final_tasks=[]", "evaluation.dev_workers=2"],
+         "evaluation.dev_workers: the scorers' pool shares encoding"),
+        ([*RERANKER, "evaluation.final_tasks=[]", "tracking.registered_model_name=tiny"],
+         "tracking.registered_model_name: a reranker is logged as the run's artifacts (model/)"),
+        ([*RERANKER, "evaluation.final_tasks=[]", "evaluation.dev_metric=spearman_cosine"],
+         "evaluation.dev_metric: 'spearman_cosine' is not a metric of the dev pairs of 'stsb' (a reranker's); "
+         "choose from spearman_pair_score, pearson_pair_score"),
+        (["evaluation.dev_metric=spearman_pair_score"],
+         "evaluation.dev_metric: 'spearman_pair_score' is not a metric of the dev pairs of 'stsb'; choose from "
+         "spearman_cosine, pearson_cosine"),
     ],
 )  # fmt: skip
 def test_a_reranker_config_error_is_one_line_from_train_before_ray(tiny_train_config, capsys, overrides, message):
@@ -236,3 +298,54 @@ def test_a_scored_source_without_its_score_column_is_refused_naming_it(tmp_path,
     (source,) = stage_sources(stage, 0)
     with pytest.raises(DataError, match="no column 'score'"):
         known_rows(source, stage, str(data_dir))
+
+
+def test_sbert_ray_train_trains_a_reranker_on_ray(local_ray, tiny_train_config, data_dir, capsys):
+    """``sbert-ray train`` of a random tiny reranker by 2 Ray Train workers on STSb's scored pairs (scores / 5 as
+    BCE labels): each checkpoint is scored off the training ranks as a reranker (the correlation of its pair scores
+    with the dev pairs' gold scores), that score is in MLflow at the checkpoint's step and in keep_best's ranking and
+    is what the checkpoint's model scores in this process; the final folder loads in sentence-transformers'
+    CrossEncoder and predicts as ours, carded and logged as the run's artifacts."""
+    from mlflow.tracking import MlflowClient
+    from sentence_transformers import CrossEncoder
+
+    from sbert_ray.config import load_config
+    from sbert_ray.data.readers import load_records
+    from sbert_ray.evaluation.sts import evaluate_pair_scores
+
+    path = tiny_train_config(name="rerank", limit=48, eval_every=2)
+    overrides = [*RERANKER, "evaluation.final_tasks=[]", "evaluation.dev_limit=40", "stages.0.learning_rate=1e-3"]
+    overrides += ["evaluation.async_dev=true", "evaluation.dev_resources={CPU: 0.5}", "checkpoint.keep_best=3"]
+    assert main(["train", str(path), *overrides]) == 0, capsys.readouterr().err[-3000:]
+    config = load_config(path, overrides)
+
+    client = MlflowClient(config.tracking.tracking_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("sbert-ray").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["model.type"] == "cross_encoder"
+    logged = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "dev/spearman_pair_score")}
+    run_dir = Path(config.checkpoint.storage_path) / config.name
+    snapshot = json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())
+    kept = {c["metrics"]["global_step"]: c for c in snapshot["checkpoint_results"]}
+    assert logged.keys() == kept.keys() == {2, 4, 6}  # 48 pairs in global batches of 8, scored every 2 steps
+    dev_pairs = load_records("stsb", "dev", data_dir)[:40]
+    for step, checkpoint in kept.items():
+        model = CrossEncoderModel.load(run_dir / checkpoint["checkpoint_dir_name"] / MODEL_DIR)
+        score = evaluate_pair_scores(model, dev_pairs, config.evaluation.batch_size)["spearman_pair_score"]
+        assert checkpoint["metrics"]["dev_score"] == logged[step] == pytest.approx(score, abs=2e-3), step
+
+    final = Path(config.output_dir or run_dir / "final-model")
+    pairs = [(p.sentence1, p.sentence2) for p in dev_pairs]
+    theirs = CrossEncoder(str(final), device="cpu").predict(pairs, show_progress_bar=False)
+    np.testing.assert_allclose(CrossEncoderModel.load(final).predict(pairs), theirs, rtol=0, atol=1e-6)
+    assert np.ptp(theirs) > 0
+    assert "CrossEncoder(" in (final / "README.md").read_text() and run.info.run_id in (final / "README.md").read_text()
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "model")} >= {"model/config.json", "model/README.md"}
+
+
+def test_a_sweeps_best_reranker_is_retrained_without_the_embedding_suite(trained):
+    """A sweep retrains its best trial's config scored on the STS suite; a reranker's on none (it has no embeddings)."""
+    from sbert_ray.runs.sweep import _retrain_config
+
+    retrained = _retrain_config(trained[2], "sweep", "/tmp/storage")
+    assert retrained.evaluation.final_tasks == []
+    retrained.validate()  # a config a reranker's run takes

@@ -124,7 +124,8 @@ class EvalConfig:
     # sweep's best trial, and drives ASHA. None: the dev pairs of dev_dataset / dev_split.
     dev_task: str | None = None
     # The metric of the dev task (or of the dev pairs) that does so, named as the task reports it, e.g.
-    # ndcg_at_10_cosine or spearman_cosine; logged as dev/<metric>. None: the task's primary metric.
+    # ndcg_at_10_cosine or spearman_cosine (a reranker's dev pairs: spearman_pair_score or pearson_pair_score, its
+    # scores against the gold ones); logged as dev/<metric>. None: the task's primary metric.
     dev_metric: str | None = None
     # Several tasks instead: each logged as dev/<task>/<metric>, and their weighted mean (dev/weighted_mean) is the
     # dev score. Replaces dev_task/dev_metric and the dev pairs.
@@ -308,6 +309,7 @@ class TrainConfig:
         self.tracking.validate()
         for i, stage in enumerate(self.stages):  # last: the objective registry imports torch
             stage.loss = _objective_settings(f"stages.{i}", stage, self.model.type)
+        self._validate_reranker_evaluation()
 
     def _validate_model_type(self) -> None:
         """A reranker has no pooling, embedding or prompts: settings of those would be silently unused."""
@@ -319,6 +321,32 @@ class TrainConfig:
                 raise ConfigError(
                     f"model.{name}: a bi-encoder setting, which model.type cross_encoder has not; leave it out"
                 )
+
+    def _validate_reranker_evaluation(self) -> None:
+        """A reranker's dev score is its dev pairs' (``evaluation.dev_score``); the evaluation tasks, the dev
+        scorers' encoder pool and MLflow's model registry take bi-encoders only."""
+        if self.model.type != "cross_encoder":
+            return
+        evaluation, why = self.evaluation, "which model.type cross_encoder has not"
+        for name in ("final_tasks", "before_tasks"):
+            if getattr(evaluation, name):
+                raise ConfigError(
+                    f"evaluation.{name}: {getattr(evaluation, name)} score embeddings, {why}; set {name}: [] "
+                    "(a reranker's dev score is scored at every checkpoint)"
+                )
+        for name in ("dev_task", "dev_tasks"):
+            if getattr(evaluation, name):
+                raise ConfigError(
+                    f"evaluation.{name}: evaluation tasks score embeddings, {why}; a reranker's dev score is its "
+                    "dev pairs' (evaluation.dev_dataset): leave it out"
+                )
+        if evaluation.dev_workers != 1:
+            raise ConfigError(f"evaluation.dev_workers: the scorers' pool shares encoding, {why}; leave it out")
+        if self.tracking.registered_model_name is not None:
+            raise ConfigError(
+                "tracking.registered_model_name: a reranker is logged as the run's artifacts (model/), not as an "
+                "MLflow model to register; leave it out"
+            )
 
     def _validate_scaling(self) -> None:
         scaling = self.scaling

@@ -5,7 +5,8 @@ Each shard holds one input file's training examples in the tokenised table layou
 ``length``, ``truncated``, ``label``), in row groups of ``rows_per_group`` rows (a shard's last one fewer). The
 manifest, written last (a folder without one is incomplete), lists the shards with their rows per row group and
 what their token ids depend on: the tokenizer (a fingerprint of its files' behaviour), ``max_seq_length``, the
-prompts, and how the rows were read (``reading``: the objective's records, label and kept rows, ``score_max``,
+prompts, whether each row's anchor and other texts were tokenised as one text pair (``joins_pairs``: a reranker's
+objective), and how the rows were read (``reading``: the objective's records, label and kept rows, ``score_max``,
 ``errors``). Training reads the shards as they are and refuses a manifest whose settings differ from the run's
 (``differences``), naming each.
 
@@ -25,7 +26,7 @@ MANIFEST = "manifest.json"
 PREPARE_MARKER = "_sbert_ray_prepare.json"  # marks a folder as prepare's, with the settings of its shards
 FORMAT = 1  # the manifest's layout; a reader refuses one it does not know
 # What a prepared source's token ids depend on: a run whose own differ is refused (``differences``).
-SETTINGS = ("tokenizer", "max_seq_length", "prompts", "reading")
+SETTINGS = ("tokenizer", "max_seq_length", "prompts", "joins_pairs", "reading")
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,8 @@ class Manifest:
             shards = tuple(Shard(s["file"], int(s["rows"]), tuple(s["row_groups"])) for s in data["shards"])
             return cls(
                 folder,
-                {name: data[name] for name in SETTINGS},
+                # Manifests written before rerankers hold no joins_pairs: their texts were tokenised alone.
+                {name: data[name] if name != "joins_pairs" else data.get(name, False) for name in SETTINGS},
                 data["source"],
                 data["model"],
                 dict(data["input_columns"]),
@@ -129,12 +131,16 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return "sha256:" + hashlib.sha256(described.encode()).hexdigest()[:16]
 
 
-def prepared_settings(tokenizer, max_seq_length: int, prompts: dict[str, str], reading: dict[str, Any]) -> dict:
-    """SETTINGS as a run with this tokenizer, ``max_seq_length``, prompts and way of reading its source has them."""
+def prepared_settings(
+    tokenizer, max_seq_length: int, prompts: dict[str, str], reading: dict[str, Any], joins_pairs: bool = False
+) -> dict:
+    """SETTINGS as a run with this tokenizer, ``max_seq_length``, prompts, way of reading its source and of
+    tokenising its rows (``joins_pairs``: a reranker's text pairs) has them."""
     return {
         "tokenizer": tokenizer_fingerprint(tokenizer),
         "max_seq_length": max_seq_length,
         "prompts": dict(prompts),
+        "joins_pairs": joins_pairs,
         "reading": reading,
     }
 

@@ -7,6 +7,10 @@ primary metric); a task with several entries (``sts``, ``senteval``) scores the 
 better for every metric a task reports. ``evaluation.dev_tasks`` ({task, metric, weight} each) makes the dev score
 the weighted mean of several tasks' metrics (a model selected for retrieval and STS at once).
 
+A reranker (``model.type: cross_encoder``) has no embeddings: its dev score is the correlation of its pair scores
+(``CrossEncoder.predict``'s sigmoid of the logit) with the dev pairs' gold scores, ``spearman_pair_score`` by
+default (or ``pearson_pair_score``). A reranking task may be added beside it as a dev task; none scores one yet.
+
 Ray Train reports carry the score as ``dev_score`` (``DEV_SCORE``); MLflow logs it as ``dev/<metric>`` (with several
 dev tasks ``dev/weighted_mean``, beside each task's ``dev/<task>/<metric>``).
 """
@@ -19,12 +23,16 @@ import numpy as np
 
 from sbert_ray.config import ConfigError, EvalConfig
 from sbert_ray.data.readers import load_records
-from sbert_ray.evaluation.sts import evaluate_pairs
+from sbert_ray.evaluation.sts import evaluate_pair_scores, evaluate_pairs
 from sbert_ray.evaluation.tasks import EvalTask, correlation_names, parse_tasks
+from sbert_ray.models.model_type import ModelType
 
 DEV_SCORE = "dev_score"  # the key of the dev score in Ray Train reports: keep-best attribute and Tune's metric
 DEV_PAIRS_METRIC = "spearman_cosine"  # the default dev metric (of the dev pairs)
 DEV_PAIRS_METRICS = correlation_names(("cosine",))  # what the dev pairs are scored by
+# A reranker's: the correlations of its pair scores with the gold scores (``sts.evaluate_pair_scores``)
+RERANKER_DEV_PAIRS_METRIC = "spearman_pair_score"
+RERANKER_DEV_PAIRS_METRICS = correlation_names(("pair_score",))
 
 
 WEIGHTED_MEAN = "weighted_mean"  # the dev score's name with several dev tasks (dev/weighted_mean)
@@ -79,11 +87,13 @@ class DevSpec:
                 part.task.check_for(part.key, data_dir)
 
 
-def dev_spec(evaluation: EvalConfig, absolute: bool = False) -> DevSpec:
+def dev_spec(evaluation: EvalConfig, absolute: bool = False, model_type: ModelType = "bi_encoder") -> DevSpec:
     """The dev tasks and metrics of ``evaluation``, or a ConfigError naming the key (an unknown task or metric, or a
-    dev task that is not exactly one task). Reads no data. ``absolute``: each task's file or folder made absolute."""
+    dev task that is not exactly one task). Reads no data. ``absolute``: each task's file or folder made absolute.
+    ``model_type``: the model scored (``model.type``), whose dev pairs have their own metrics."""
     if not evaluation.dev_tasks:
-        return DevSpec((_dev_part("evaluation.dev_task", evaluation.dev_task, evaluation, absolute),))
+        dev_task = evaluation.dev_task
+        return DevSpec((_dev_part("evaluation.dev_task", dev_task, evaluation, absolute, model_type=model_type),))
     parts = tuple(
         _dev_part(f"evaluation.dev_tasks.{i}", entry.task, evaluation, absolute, entry.metric, entry.weight)
         for i, entry in enumerate(evaluation.dev_tasks)
@@ -96,16 +106,27 @@ def dev_spec(evaluation: EvalConfig, absolute: bool = False) -> DevSpec:
 
 
 def _dev_part(
-    key: str, spec: str | None, evaluation: EvalConfig, absolute: bool, metric: str | None = None, weight: float = 1.0
+    key: str,
+    spec: str | None,
+    evaluation: EvalConfig,
+    absolute: bool,
+    metric: str | None = None,
+    weight: float = 1.0,
+    model_type: ModelType = "bi_encoder",
 ) -> DevPart:
     """One dev task (``spec``; None: the dev pairs) and its metric: ``metric``, else evaluation.dev_metric, else the
-    task's primary metric."""
+    task's primary metric (the dev pairs': the model type's)."""
     task_key = f"{key}.task" if evaluation.dev_tasks else key
     task = _dev_task(spec, absolute, task_key)
-    known = task.metric_names() if task else DEV_PAIRS_METRICS
-    metric = metric or evaluation.dev_metric or (task.primary_metric if task else DEV_PAIRS_METRIC)
+    reranker = model_type == "cross_encoder"
+    pairs_metrics, pairs_metric = (
+        (RERANKER_DEV_PAIRS_METRICS, RERANKER_DEV_PAIRS_METRIC) if reranker else (DEV_PAIRS_METRICS, DEV_PAIRS_METRIC)
+    )
+    known = task.metric_names() if task else pairs_metrics
+    metric = metric or evaluation.dev_metric or (task.primary_metric if task else pairs_metric)
     if metric not in known:
-        scored = f"task {task.spec!r}" if task else f"the dev pairs of {evaluation.dev_dataset!r}"
+        model = " (a reranker's)" if reranker else ""
+        scored = f"task {task.spec!r}" if task else f"the dev pairs of {evaluation.dev_dataset!r}{model}"
         metric_key = f"{key}.metric" if evaluation.dev_tasks else "evaluation.dev_metric"
         raise ConfigError(f"{metric_key}: {metric!r} is not a metric of {scored}; choose from {', '.join(known)}")
     return DevPart(task, metric, weight, task_key)
@@ -146,6 +167,8 @@ class DevScorer:
 
     def _score(self, part: DevPart, encoder) -> float:
         """A task with several entries (sts, senteval) scores the mean of their values."""
+        if part.task is None and part.metric in RERANKER_DEV_PAIRS_METRICS:
+            return evaluate_pair_scores(encoder, self.pairs, batch_size=self.batch_size)[part.metric]
         if part.task is None:
             return evaluate_pairs(encoder, self.pairs, batch_size=self.batch_size)[part.metric]
         results = part.task.run(encoder, self.data_dir, self.batch_size)

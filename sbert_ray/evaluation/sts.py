@@ -83,6 +83,17 @@ def evaluate_pairs(
     return correlations(emb1, emb2, np.array([p.score for p in pairs]), similarities)
 
 
+def evaluate_pair_scores(reranker, pairs: Sequence[ScoredPair], batch_size: int = 64) -> dict[str, float]:
+    """A reranker's ``evaluate_pairs``: its scores of the pairs (``predict``, the sigmoid of its logits) against the
+    gold scores, as ``pearson_pair_score`` / ``spearman_pair_score`` x100."""
+    if len(pairs) < 2:
+        raise ValueError(f"scoring pairs needs at least 2 scored pairs, got {len(pairs)}")
+    predicted = reranker.predict([(p.sentence1, p.sentence2) for p in pairs], batch_size=batch_size)
+    gold = np.array([p.score for p in pairs])
+    pearson, spearman = pearson_spearman(gold, predicted.astype(np.float64))
+    return {"pearson_pair_score": pearson, "spearman_pair_score": spearman, "n": len(gold)}
+
+
 def evaluate_sts_year(
     encoder, name: str, data_dir=None, batch_size: int = 64, similarities: Sequence[str] = ("cosine",)
 ) -> dict:

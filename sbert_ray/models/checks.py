@@ -11,6 +11,7 @@ from transformers import AutoConfig, BertConfig
 from sbert_ray.models.encoder import max_seq_length_problem
 from sbert_ray.models.load import RANDOM_PREFIX
 from sbert_ray.models.lora_settings import LoraSettings
+from sbert_ray.models.model_type import ModelType
 from sbert_ray.models.prompts import check_prompts
 from sbert_ray.models.random_bert import BERT_SHAPES, bert_tokenizer
 from sbert_ray.models.resolve import ModelFiles, resolve_model_ref
@@ -25,6 +26,7 @@ def check_model(
     default_prompt_name: str | None = None,
     attn_implementation: str = "sdpa",
     lora: LoraSettings | None = None,
+    model_type: ModelType = "bi_encoder",
 ) -> int:
     """A ModelError naming ``model.name`` or ``model.max_seq_length`` (and the file at fault) for a model a
     training config names that could not be trained; else the model's embedding size.
@@ -34,7 +36,8 @@ def check_model(
     ``default_prompt_name`` as in the config: a default must name one of the prompts the model will have.
     ``attn_implementation``: flash_attention_2 needs the flash-attn package, which the workers' image shares with
     this process; whether their GPUs run it is checked where they load the model (``check_attention``).
-    ``lora``: ``model.lora``, whose target modules must be linear modules of the model.
+    ``lora``: ``model.lora``, whose target modules must be linear modules of the model. ``model_type``:
+    ``model.type``; a reranker's (cross_encoder) classification head, where the model has one, has one label.
     """
     if attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
         raise ModelError(
@@ -58,6 +61,8 @@ def check_model(
         except (OSError, ValueError) as error:  # ours (ModelError), or transformers' for a folder it cannot read
             raise ModelError(f"model.name: {error}") from None
         size = config.hidden_size
+        if model_type == "cross_encoder":
+            _check_reranker_head(config, name)
     problem = max_seq_length_problem(max_seq_length, tokenizer, config, name)
     if problem:
         raise ModelError(f"model.max_seq_length: {problem}")
@@ -68,6 +73,17 @@ def check_model(
     if lora is not None:
         _check_lora(config, lora)
     return size
+
+
+def _check_reranker_head(config, name: str) -> None:
+    """A sequence-classification model trains as a reranker only with one label (``CrossEncoderModel``); a plain
+    encoder gets a new one-label head."""
+    classifies = any(arch.endswith("ForSequenceClassification") for arch in config.architectures or ())
+    if classifies and config.num_labels != 1:
+        raise ModelError(
+            f"model.name: {name!r} classifies into {config.num_labels} labels; a reranker (model.type cross_encoder) "
+            "scores with one"
+        )
 
 
 def _check_lora(config, lora: LoraSettings) -> None:

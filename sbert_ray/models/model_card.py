@@ -95,6 +95,56 @@ def write_model_card(model_dir: str | os.PathLike[str], info: ModelCardInfo) -> 
     return path
 
 
+def write_reranker_card(model_dir: str | os.PathLike[str], info: ModelCardInfo, artifact_path: str) -> Path:
+    """A short card for the reranker (sentence-transformers' ``CrossEncoder`` folder) ``model_dir``, into
+    ``model_dir/README.md``: what it is, how to load it, its stages, where the run logged it (``artifact_path``)."""
+    model_dir = Path(model_dir).resolve()
+    card_data = ModelCardData(
+        base_model=_hub_id(info.base_model),
+        library_name="sentence-transformers",
+        pipeline_tag="text-ranking",
+        tags=["sentence-transformers", "cross-encoder", "reranker", "sbert-ray"],
+    )
+    stages = [_stage_row(number, stage) for number, stage in enumerate(info.stages, start=1)]
+    rows = [
+        f"| {s['number']} | {s['objective']} | {s['dataset']} | {s['examples']} | {s['batch_size']} | "
+        f"{s['learning_rate']} | {s['epochs']} | {s['steps']} |"
+        for s in stages
+    ]
+    versions = ", ".join(f"{name} {version}" for name, version in _versions().items())
+    text = "\n".join([
+        f"---\n{card_data.to_yaml()}\n---",
+        f"# {info.name or model_dir.name}: a reranker",
+        "",
+        "A cross-encoder trained with sbert-ray: it reads a (query, passage) pair together and scores how well the "
+        "passage answers the query, in (0, 1) (the sigmoid of its one logit).",
+        "",
+        "```python",
+        "from sentence_transformers import CrossEncoder",
+        "",
+        f'model = CrossEncoder("{model_dir}")',
+        'scores = model.predict([("How do I bake bread?", "Mix flour, water and yeast, then bake.")])',
+        "```",
+        "",
+        "## Training",
+        "",
+        f"Base model: {info.base_model}. {info.num_workers} worker(s) on {info.hardware}, "
+        f"{_duration(info.train_seconds)}.",
+        "",
+        "| Stage | Objective | Dataset | Examples | Batch size | Learning rate | Epochs | Steps |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        f"MLflow run {info.mlflow_run_id} ({info.tracking_uri}): this folder is its artifact {artifact_path}/.",
+        "",
+        f"Versions: {versions}.",
+        "",
+    ])  # fmt: skip
+    path = model_dir / "README.md"
+    path.write_text(text)
+    return path
+
+
 def describe_hardware(device: torch.device) -> str:
     """The accelerator's name, or the CPU architecture: for ``ModelCardInfo.hardware``."""
     if device.type == "cuda":

@@ -10,12 +10,14 @@ import ray.train
 
 from sbert_ray.config import StageConfig
 from sbert_ray.evaluation.tasks import Results
-from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_card
+from sbert_ray.models.model_card import ModelCardInfo, StageInfo, write_model_card, write_reranker_card
 from sbert_ray.runs import owned_paths
 from sbert_ray.runs.plan import RunPlan
 from sbert_ray.tracking.mlflow_run import RunTracker
 from sbert_ray.tracking.model_registry import log_sentence_transformer, model_uri
 from sbert_ray.training.state import MODEL_DIR
+
+MODEL_ARTIFACTS = "model"  # the final model's folder among the run's artifacts
 
 
 def save_final_model(checkpoint: ray.train.Checkpoint, output_dir: Path, **run: str) -> None:
@@ -31,10 +33,15 @@ def save_final_model(checkpoint: ray.train.Checkpoint, output_dir: Path, **run: 
 
 def log_final_model(plan: RunPlan, card: ModelCardInfo, tracker: RunTracker) -> None:
     """The final model (already in ``output_dir``) carded, logged as artifacts and as the sentence-transformers
-    flavor, and registered when the config names a registered model."""
+    flavor, and registered when the config names a registered model. A reranker is carded and logged as artifacts
+    only: MLflow's sentence-transformers flavor loads bi-encoders (the config refuses registering one)."""
     config, tracking = plan.config, plan.config.tracking
+    if config.model.type == "cross_encoder":
+        write_reranker_card(config.output_dir, card, MODEL_ARTIFACTS)
+        tracker.log_artifacts(config.output_dir, MODEL_ARTIFACTS)
+        return
     write_model_card(config.output_dir, card)
-    tracker.log_artifacts(config.output_dir, "model")
+    tracker.log_artifacts(config.output_dir, MODEL_ARTIFACTS)
     tracker.call(
         log_sentence_transformer,
         plan.store.uri,
@@ -61,7 +68,10 @@ def model_card_info(
         name=config.name,
         mlflow_run_id=tracker.run_id,
         tracking_uri=str(plan.store),
-        mlflow_model_uri=model_uri(tracker.run_id, tracking.registered_model_name, tracking.alias),
+        # A reranker is no MLflow model (``log_final_model``)
+        mlflow_model_uri=model_uri(tracker.run_id, tracking.registered_model_name, tracking.alias)
+        if config.model.type == "bi_encoder"
+        else None,
         registered_model_name=tracking.registered_model_name,
     )
 

@@ -29,6 +29,7 @@ from sbert_ray.evaluation.tasks import EvalTasks, parse_tasks
 from sbert_ray.files import check_folder
 from sbert_ray.models import check_model
 from sbert_ray.models.load import load_tokenizer
+from sbert_ray.models.model_type import ModelType
 from sbert_ray.ray_compat import connect_ray
 from sbert_ray.runs import owned_paths, record
 from sbert_ray.runs.cluster import (
@@ -132,11 +133,12 @@ class RunTasks:
     dev: DevSpec
 
     @classmethod
-    def parse(cls, evaluation: EvalConfig) -> RunTasks:
-        """The tasks ``evaluation`` names; an unknown task or metric is a ConfigError naming its key."""
+    def parse(cls, evaluation: EvalConfig, model_type: ModelType = "bi_encoder") -> RunTasks:
+        """The tasks ``evaluation`` names (of a ``model_type`` model); an unknown task or metric is a ConfigError
+        naming its key."""
         before = parse_tasks(evaluation.before_tasks, key="evaluation.before_tasks", absolute=True)
         final = parse_tasks(evaluation.final_tasks, key="evaluation.final_tasks", absolute=True)
-        return cls(before, final, dev_spec(evaluation, absolute=True))
+        return cls(before, final, dev_spec(evaluation, absolute=True, model_type=model_type))
 
     def check(self, data_dir: str | None) -> None:
         """Every task's data, and the dev task's, can be had (a ConfigError naming the key and the task)."""
@@ -154,7 +156,7 @@ def absolute_paths(config: TrainConfig) -> tuple[TrainConfig, RunTasks]:
         raise ConfigError(f"data_dir: {config.data_dir} is not a directory")
     data_dir = resolve_data_dir(config.data_dir)
     model, evaluation = config.model, config.evaluation
-    tasks = RunTasks.parse(evaluation)
+    tasks = RunTasks.parse(evaluation, model.type)
     absolute = dataclasses.replace(
         config,
         data_dir=str(data_dir.resolve()) if data_dir else None,
@@ -244,13 +246,6 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, list[list[Source]]]:
 def _checked(config: TrainConfig, tasks: RunTasks, store: TrackingStore) -> tuple[TrainConfig, list[list[Source]]]:
     """``prepare`` of an absolute config, its parsed tasks and its tracking store: places, tracking store, model,
     data, in this order."""
-    if config.model.type == "cross_encoder":
-        # Dev scoring, the final suite and the MLflow flavor read embeddings: a reranker's run needs its own
-        # (reranking) evaluation first. The training core trains one (``training.stages``; tests/test_reranker.py).
-        raise ConfigError(
-            "model.type: cross_encoder runs are not yet trained on the cluster (checkpoint scoring and the final "
-            "model's logging know bi-encoders only); use bi_encoder"
-        )
     storage = config.checkpoint.storage_path
     # The final model is copied here from the last checkpoint (a download when storage is remote).
     output_dir = config.output_dir or (
@@ -281,7 +276,7 @@ def _check_prepared(config: TrainConfig, sources: list[list[Source]]) -> None:
         return
     tokens = load_tokenizer(**dataclasses.asdict(config.model))
     for stage, listed in zip(config.stages, sources, strict=True):
-        check_prepared(listed, stage, tokens.tokenizer, tokens.max_seq_length, tokens.prompts)
+        check_prepared(listed, stage, tokens.tokenizer, tokens.max_seq_length, tokens.prompts, tokens.joins_pairs)
 
 
 def _counted(source: Source, stage: StageConfig, data_dir: str, model_size: int) -> Source:
@@ -314,6 +309,7 @@ def _check_model(config: TrainConfig) -> int:
         model.default_prompt_name,
         model.attn_implementation,
         model.lora,
+        model.type,
     )
     for i, stage in enumerate(config.stages):
         if stage.matryoshka_dims and max(stage.matryoshka_dims) > model_size:

@@ -32,6 +32,7 @@ from sbert_ray.data.prepared import MANIFEST, PREPARE_MARKER, Manifest, Shard, p
 from sbert_ray.data.records import DataError
 from sbert_ray.losses.registry import OBJECTIVES
 from sbert_ray.models.load import load_tokenizer
+from sbert_ray.models.model_type import ModelType
 from sbert_ray.runs import per_file
 from sbert_ray.runs.cluster import input_errors_unwrapped
 from sbert_ray.runs.owned_paths import filesystem_of, write_marker
@@ -47,7 +48,8 @@ TAGS = per_file.WHOLE_ROW_TAGS  # dropped from the shards: they hold the tokenis
 class PrepareRequest:
     """What ``sbert-ray prepare`` tokenises (``source``: a file, folder, glob, object storage prefix or Hub dataset's
     files, read as a stage of ``objective`` reads them), with which tokenizer (the model's, ``max_seq_length``,
-    ``prompts``: None, the model's own), into which folder or prefix (created, or resumed)."""
+    ``prompts``: None, the model's own), into which folder or prefix (created, or resumed). A reranker's objective
+    (``reranker_*``) tokenises each row's anchor with each other text as one text pair, as its training does."""
 
     source: str
     model: str
@@ -70,8 +72,15 @@ class PrepareRequest:
         for option, value in (("--max-seq-length", self.max_seq_length), ("--rows-per-group", self.rows_per_group)):
             if value < 1:
                 raise ConfigError(f"{option} must be at least 1, got {value}")
+        if self.model_type == "cross_encoder" and self.prompts is not None:
+            raise ConfigError(f"--prompt: --objective {self.objective} trains a reranker, which takes no prompts")
         if not is_path(self.source):
             raise ConfigError(f"{self.source}: prepare reads files (a file, folder, glob, s3:// or hf://datasets/)")
+
+    @property
+    def model_type(self) -> ModelType:
+        """The kind of model the objective trains, which decides how rows are tokenised."""
+        return OBJECTIVES[self.objective].model_type
 
     @property
     def stage(self) -> StageConfig:
@@ -112,8 +121,10 @@ def prepare_source(request: PrepareRequest) -> PrepareResult:
     if source.manifest is not None:
         raise ConfigError(f"{request.source}: already prepared ({MANIFEST}); train on it as it is")
     _check_input(source, stage)
-    tokens = load_tokenizer(request.model, request.max_seq_length, request.prompts)
-    settings = prepared_settings(tokens.tokenizer, tokens.max_seq_length, tokens.prompts, reading(stage))
+    tokens = load_tokenizer(request.model, request.max_seq_length, request.prompts, request.model_type)
+    settings = prepared_settings(
+        tokens.tokenizer, tokens.max_seq_length, tokens.prompts, reading(stage), tokens.joins_pairs
+    )
     marked = {
         "source": request.source,
         "model": per_file.model_setting(request.model),
@@ -127,7 +138,12 @@ def prepare_source(request: PrepareRequest) -> PrepareResult:
     if pending:  # the folder is incomplete until its manifest lists every shard again
         _remove_manifest(output)
     model_json = json.dumps(
-        {"name": request.model, "max_seq_length": tokens.max_seq_length, "prompts": request.prompts}
+        {
+            "name": request.model,
+            "max_seq_length": tokens.max_seq_length,
+            "prompts": request.prompts,
+            "type": request.model_type,
+        }
     )
     pipeline = functools.partial(_pipeline, request, source, stage, pending, model_json)
     rows, seconds = per_file.run(request, pending, output, pipeline, request.rows_per_group)

@@ -624,13 +624,16 @@ def column_roles(stage: StageConfig, width: int) -> dict[str, str]:
     return {f"ids_{k}": fields[k] for k in range(width)}
 
 
-def check_prepared(sources: list[Source], stage: StageConfig, tokenizer, max_seq_length: int, prompts: dict) -> None:
-    """Each prepared source was made with the run's tokenizer, ``max_seq_length``, prompts and reading of the
-    stage, or a ConfigError naming the source's key and every difference."""
+def check_prepared(
+    sources: list[Source], stage: StageConfig, tokenizer, max_seq_length: int, prompts: dict, joins_pairs: bool
+) -> None:
+    """Each prepared source was made with the run's tokenizer, ``max_seq_length``, prompts, tokenising of pairs
+    (``joins_pairs``: the run's model is a reranker) and reading of the stage, or a ConfigError naming the source's
+    key and every difference."""
     for source in sources:
         if source.manifest is None:
             continue
-        settings = prepared_settings(tokenizer, max_seq_length, prompts, reading(stage))
+        settings = prepared_settings(tokenizer, max_seq_length, prompts, reading(stage), joins_pairs)
         found = differences(source.manifest, settings)
         if found:
             raise ConfigError(

@@ -115,4 +115,4 @@ class WorkerPlan:
     def of(cls, config: TrainConfig, rows: Sequence[Sequence[int]] | None = None) -> WorkerPlan:
         """The plan of ``config`` with sources of ``rows`` examples per stage (None: counted from the streams as
         each stage opens, for a run in one process without a driver)."""
-        return cls(config, stage_plans(config, rows), dev_spec(config.evaluation))
+        return cls(config, stage_plans(config, rows), dev_spec(config.evaluation, model_type=config.model.type))

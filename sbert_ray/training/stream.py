@@ -497,7 +497,7 @@ def local_sources(
         return SourceStream(source.name, sum(part.num_rows for part in rows), source.weight, lambda key: rows)
 
     sources = stage_sources(stage, index)
-    check_prepared(sources, stage, encoder.tokenizer, encoder.max_seq_length, encoder.prompts)
+    check_prepared(sources, stage, encoder.tokenizer, encoder.max_seq_length, encoder.prompts, encoder.joins_pairs)
     return [stream(source) for source in sources]
 
 

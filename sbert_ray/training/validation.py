@@ -17,6 +17,8 @@ from sbert_ray.data.readers import resolve_data_dir
 from sbert_ray.evaluation.dev_score import DEV_SCORE, DevScorer, DevSpec
 from sbert_ray.evaluation.encoder_pool import RayEncoder
 from sbert_ray.models import SentenceEncoder
+from sbert_ray.models.cross_encoder import CrossEncoderModel
+from sbert_ray.models.model_type import ModelType
 from sbert_ray.reservations import call_reserved, resources_text
 from sbert_ray.tracking.errors import TrackingError
 from sbert_ray.training.stage_plan import WorkerPlan
@@ -25,9 +27,13 @@ from sbert_ray.training.state import MODEL_DIR
 log = logging.getLogger(__name__)
 
 
-def checkpoint_model(checkpoint: ray.train.Checkpoint) -> SentenceEncoder:
-    """The model a training checkpoint holds (local or object storage alike)."""
+def checkpoint_model(
+    checkpoint: ray.train.Checkpoint, model_type: ModelType = "bi_encoder"
+) -> SentenceEncoder | CrossEncoderModel:
+    """The model a training checkpoint holds (local or object storage alike), of ``model_type`` (``model.type``)."""
     with checkpoint.as_directory() as directory:
+        if model_type == "cross_encoder":
+            return CrossEncoderModel.load(Path(directory) / MODEL_DIR)
         return SentenceEncoder.load(Path(directory) / MODEL_DIR)
 
 
@@ -45,7 +51,12 @@ def dev_validation(
     if config.evaluation.async_dev is not True:
         return None
     resources = config.evaluation.dev_resources
-    dev = {"evaluation": to_dict(config.evaluation), "data_dir": config.data_dir, "spec": plan.dev.to_wire()}
+    dev = {
+        "evaluation": to_dict(config.evaluation),
+        "data_dir": config.data_dir,
+        "spec": plan.dev.to_wire(),
+        "model_type": config.model.type,
+    }
     place = {
         "device": "cuda" if resources.get("GPU") else "cpu",
         "threads": max(1, math.ceil(resources["CPU"])),
@@ -97,7 +108,7 @@ def score_dev(checkpoint: ray.train.Checkpoint, step: int, dev: dict, place: dic
     stays away for the tracking section's wait_s loses that point, the score still counts."""
     evaluation, spec = from_dict(EvalConfig, dev["evaluation"]), DevSpec.from_wire(dev["spec"])
     scorer = DevScorer(evaluation, resolve_data_dir(dev["data_dir"]), spec)
-    model = checkpoint_model(checkpoint)
+    model = checkpoint_model(checkpoint, dev["model_type"])
     if place["workers"] > 1:  # whole batches dealt round-robin to the scorers (``RayEncoder``)
         keys = ("evaluation.dev_workers", "scaling.resource_wait_s")  # named if the scorers are not free in time
         with RayEncoder(
