@@ -10,6 +10,7 @@ from sentence_transformers import CrossEncoder
 from sentence_transformers.cross_encoder.evaluation import CrossEncoderRerankingEvaluator
 
 from sbert_ray.cli import main
+from sbert_ray.config import ConfigError
 from sbert_ray.data import load_records
 from sbert_ray.data.retrieval_sets import stsb_retrieval
 from sbert_ray.evaluation.reranking import evaluate_reranking, metric_names, reranked_order
@@ -97,15 +98,23 @@ def write_toy_beir(folder):
     return folder
 
 
-def test_eval_cli_reranks_a_retrieval_set(tmp_path, tiny_model_dir, tiny_cross_encoder_dir, capsys):
-    folder = write_toy_beir(tmp_path / "toy")
-    output = tmp_path / "results.json"
+def test_eval_cli_reranks_a_retrieval_set_into_json_and_mlflow(
+    tmp_path, tiny_model_dir, tiny_cross_encoder_dir, capsys
+):
+    from mlflow.tracking import MlflowClient
+
+    folder, output, uri = write_toy_beir(tmp_path / "toy"), tmp_path / "results.json", f"sqlite:///{tmp_path / 'm.db'}"
     argv = ["eval", "--model", str(tiny_model_dir), "--tasks", f"rerank:{folder}", "--output", str(output)]
-    assert main([*argv, "--reranker", str(tiny_cross_encoder_dir), "--top-k", "3"]) == 0
+    argv += ["--reranker", str(tiny_cross_encoder_dir), "--top-k", "3", "--mlflow", "--tracking-uri", uri]
+    assert main(argv) == 0
     results = json.loads(output.read_text())["toy-rerank"]
     assert results["top_k"] == 3 and results["queries"] == 3 and results["documents"] == 5
     assert 0 < results["ndcg_at_10_reranked"] <= 1
     assert "ndcg_at_10_reranked" in capsys.readouterr().out  # the primary metric in the printed table
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("sbert-ray-eval").experiment_id])
+    assert run.data.params["reranker"] == str(tiny_cross_encoder_dir) and run.data.params["top_k"] == "3"
+    assert run.data.metrics["toy-rerank/ndcg_at_10_reranked"] == pytest.approx(results["ndcg_at_10_reranked"])
 
 
 @pytest.mark.parametrize(
@@ -126,7 +135,12 @@ def test_eval_cli_refuses_bad_reranking_before_encoding(tmp_path, tiny_model_dir
 
 
 def test_rerank_task_specs(data_dir):
-    [stsb, beir] = parse_tasks("rerank:stsb-retrieval:dev,rerank:./some/beir-folder")
+    [stsb, beir] = parse_tasks("rerank:stsb-retrieval:dev,rerank:./some/beir-folder", reranks=True)
     assert stsb.entries() == ("stsb-retrieval-dev-rerank",) and beir.entries() == ("beir-folder-rerank",)
     assert stsb.primary_metric == "ndcg_at_10_reranked" and stsb.primary_metric in stsb.metric_names()
     stsb.check(data_dir)
+
+
+def test_a_rerank_task_outside_eval_is_refused_when_parsed():
+    with pytest.raises(ConfigError, match="evaluation.final_tasks: task 'rerank:stsb-retrieval' needs a reranker"):
+        parse_tasks(["stsb", "rerank:stsb-retrieval"], key="evaluation.final_tasks")

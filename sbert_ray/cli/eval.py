@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     from sbert_ray.runs.eval_run import EvalRequest, evaluate_model
 
     check_output(args, "--output")
-    tasks = parse_tasks(args.tasks, args.similarities.split(","))  # fail on a typo before loading anything
+    tasks = parse_tasks(args.tasks, args.similarities.split(","), reranks=True)  # a typo fails before any loading
     data_dir = resolve_data_dir(args.data_dir)
     finetune = None
     if args.mode == "finetune":  # checked here, before any encoding or Ray work

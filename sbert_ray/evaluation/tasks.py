@@ -397,12 +397,18 @@ class EvalTasks(tuple):
 
 
 def parse_tasks(
-    spec: str | Sequence[str], similarities: Sequence[str] = ("cosine",), key: str = "--tasks", absolute: bool = False
+    spec: str | Sequence[str],
+    similarities: Sequence[str] = ("cosine",),
+    key: str = "--tasks",
+    absolute: bool = False,
+    reranks: bool = False,
 ) -> EvalTasks:
     """Comma-separated task names (or a config's list of them, which may be empty); ``name:argument`` passes an
     argument (a path, or SentEval task names, whose own commas continue it: ``senteval:MR,CR,bws`` = SentEval MR
     and CR, then bws). A ConfigError names ``key`` (the flag or config key the tasks came from). ``absolute``: each
-    task's file or folder made absolute (and its spec with it), for processes in other working directories."""
+    task's file or folder made absolute (and its spec with it), for processes in other working directories.
+    ``reranks``: the caller gives ``rerank:`` tasks a reranker (``sbert-ray eval --reranker``); elsewhere they are
+    refused here, not after the work that precedes scoring (a training run, before its final tasks)."""
     names: list[str] = []
     tokens = spec.split(",") if isinstance(spec, str) else [t for item in spec for t in item.split(",")]
     for token in (t.strip() for t in tokens if t.strip()):
@@ -422,6 +428,9 @@ def parse_tasks(
         except ConfigError as err:
             raise ConfigError(f"{key}: task {name!r}: {err}") from None
     _refuse_shared_entries(tasks, key)
+    rerank = next((task for task in tasks if isinstance(task, RerankTask)), None)
+    if rerank is not None and not reranks:
+        raise ConfigError(f"{key}: task {rerank.spec!r} needs a reranker: only sbert-ray eval --reranker gives one")
     return EvalTasks(tasks, key)
 
 
