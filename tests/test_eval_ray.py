@@ -1,5 +1,6 @@
 """The Ray parts of evaluation, on a local cluster of their own: encoding over workers gives the single-process
-embeddings and metrics; cross-topic fine-tuning trains a fold through the project's Ray Train loop."""
+embeddings and metrics (reranking's first stage too); cross-topic fine-tuning trains a fold through the project's
+Ray Train loop."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from sbert_ray.data.readers import load_records
 from sbert_ray.data.retrieval_sets import stsb_retrieval
 from sbert_ray.evaluation import argsim, triplets
 from sbert_ray.evaluation.encoder_pool import RayEncoder
+from sbert_ray.evaluation.reranking import evaluate_reranking
 from sbert_ray.evaluation.retrieval import evaluate_retrieval
 from sbert_ray.models.encoder import SentenceEncoder
+from sbert_ray.models.teachers import BiEncoderTeacher
 from sbert_ray.runs.argsim_folds import finetune_config, finetune_folds
 
 
@@ -30,6 +33,10 @@ def test_ray_workers_reproduce_single_process_encoding(local_ray, tiny_model_dir
         assert len(retrieval.corpus) > 4 * 80
         spread_metrics = evaluate_retrieval(spread, retrieval, batch_size=16, query_chunk=32, corpus_chunk=80)
         assert spread_metrics == evaluate_retrieval(encoder, retrieval, batch_size=16, query_chunk=32, corpus_chunk=80)
+        # Reranking (eval --workers N with rerank: tasks): the first stage on the workers, the reranker here
+        reranker = BiEncoderTeacher(encoder)
+        spread_reranked = evaluate_reranking(spread, reranker, retrieval, top_k=12, batch_size=16)
+        assert spread_reranked == evaluate_reranking(encoder, reranker, retrieval, top_k=12, batch_size=16)
 
 
 def test_finetune_one_fold_through_ray_train(local_ray, tmp_path, tiny_model_dir, data_dir):

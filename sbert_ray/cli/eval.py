@@ -70,6 +70,15 @@ def add_arguments(subparsers) -> None:
         default="fp32",
         help="encode with fp32 or bf16 weights (float16 on GPUs without bf16); default fp32",
     )
+    ev.add_argument(
+        "--reranker",
+        help="rerank: tasks: a cross-encoder folder or Hub id (or a bi-encoder, by cosine) that reorders the top k",
+    )
+    ev.add_argument(
+        "--top-k",
+        type=positive_int,
+        help="rerank: tasks: first-stage candidates per query that --reranker reorders (default 100)",
+    )
     ev.set_defaults(func=run)
 
 
@@ -78,13 +87,13 @@ def run(args: argparse.Namespace) -> int:
     from sbert_ray.evaluation.baselines import BASELINE_POOLING
     from sbert_ray.evaluation.mteb_tasks import DEFAULT_MTEB_DIR, MtebTask
     from sbert_ray.evaluation.results import format_results, nest
-    from sbert_ray.evaluation.tasks import parse_tasks
+    from sbert_ray.evaluation.tasks import RERANK_TOP_K, parse_tasks
     from sbert_ray.files import write_json
     from sbert_ray.runs.argsim_folds import finetune_config
     from sbert_ray.runs.eval_run import EvalRequest, evaluate_model
 
     check_output(args, "--output")
-    tasks = parse_tasks(args.tasks, args.similarities.split(","))  # fail on a typo before loading anything
+    tasks = parse_tasks(args.tasks, args.similarities.split(","), reranks=True)  # a typo fails before any loading
     data_dir = resolve_data_dir(args.data_dir)
     finetune = None
     if args.mode == "finetune":  # checked here, before any encoding or Ray work
@@ -107,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
         precision=args.precision,
         resource_wait_s=args.resource_wait_s,
         mteb_dir=Path(args.output).parent / "mteb" if args.output else DEFAULT_MTEB_DIR,
+        reranker=args.reranker,
+        top_k=args.top_k or RERANK_TOP_K,
     )
     print(
         f"model: {args.model}{f' ({args.baseline} baseline)' if args.baseline else ''}   mode: {args.mode}   "

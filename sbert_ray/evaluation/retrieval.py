@@ -265,9 +265,10 @@ def metric_names() -> tuple[str, ...]:
 
 
 def ranking_metrics(hits: np.ndarray, relevant_counts: np.ndarray) -> dict[str, float]:
-    """Metrics from ``hits`` [queries, ranks] (True where the document at that rank is relevant; a corpus
-    smaller than TOP_K leaves the last ranks False) and each query's number of relevant documents."""
-    hits = np.pad(hits, ((0, 0), (0, TOP_K - hits.shape[1]))).astype(np.float64)
+    """Metrics from ``hits`` [queries, ranks] (True where the document at that rank is relevant; ranks past TOP_K
+    are not scored, and a ranking shorter than TOP_K leaves the last ranks False) and each query's number of
+    relevant documents."""
+    hits = np.pad(hits[:, :TOP_K], ((0, 0), (0, max(0, TOP_K - hits.shape[1])))).astype(np.float64)
     ranks = np.arange(1, TOP_K + 1)
     found = hits.cumsum(axis=1)  # relevant documents up to each rank
     metrics = {f"accuracy_at_{k}": float(np.mean(found[:, k - 1] > 0)) for k in ACCURACY_AT}
@@ -337,31 +338,59 @@ def _corpus_rows_and_texts(encoder, corpus: dict[str, str] | StreamedCorpus) -> 
     return CorpusRows.of(ids), (text for _, _, text in corpus.documents(lines()))
 
 
-def evaluate_retrieval(
-    encoder, data: RetrievalSet, batch_size: int = 64, query_chunk: int = QUERY_CHUNK, corpus_chunk: int = CORPUS_CHUNK
-) -> dict[str, float]:
-    """Flat metrics (see the module docstring) plus ``queries`` and ``documents`` (the counts scored). The corpus
-    is encoded and searched one chunk at a time, here or on the workers of a ``RayEncoder`` (``search_chunks``,
-    which states the memory bound; beyond it, this process holds every document's id and row); the numbers are
-    the same either way, and the same for a corpus on object storage as for the same folder on disk."""
+@dataclass(frozen=True)
+class Retrieved:
+    """One search of a retrieval set: the judged queries (in ``data.relevant``'s order), the corpus's rows and each
+    query's top k rows by each similarity (``Ranked``)."""
+
+    query_ids: list[str]
+    corpus: CorpusRows
+    ranked: Ranked
+
+    def metrics(self, data: RetrievalSet, rows: Tensor) -> dict[str, float]:
+        """``ranking_metrics`` of a ranking of the corpus rows ``rows`` [queries, ranks], judged by ``data``."""
+        hits = np.array(
+            [
+                [self.corpus.ids[row] in data.relevant[key] for row in top]
+                for key, top in zip(self.query_ids, rows.tolist(), strict=True)
+            ]
+        ).reshape(len(self.query_ids), -1)
+        relevant_counts = np.array([len(data.relevant[key]) for key in self.query_ids])
+        return ranking_metrics(hits, relevant_counts)
+
+
+def retrieve(
+    encoder,
+    data: RetrievalSet,
+    batch_size: int = 64,
+    k: int = TOP_K,
+    query_chunk: int = QUERY_CHUNK,
+    corpus_chunk: int = CORPUS_CHUNK,
+) -> Retrieved:
+    """Every judged query's top k of the corpus by cosine, and by dot too when the query embeddings are not unit
+    length. The corpus is encoded and searched one chunk at a time, here or on the workers of a ``RayEncoder``
+    (``search_chunks``, which states the memory bound; beyond it, this process holds every document's id and row)."""
     query_ids = list(data.relevant)
     prompts = encoder.prompts
     queries = _encode(encoder, [data.queries[key] for key in query_ids], batch_size, query_prompt_name(prompts))
     unit = bool(torch.allclose(queries.norm(dim=1), torch.ones(len(queries)), atol=UNIT_NORM_TOLERANCE, rtol=0))
-    relevant_counts = np.array([len(data.relevant[key]) for key in query_ids])
     names = ("cosine",) if unit else ("cosine", "dot")
-    search = ChunkSearch(TOP_K, names, query_chunk, document_prompt=document_prompt_name(prompts))
+    search = ChunkSearch(k, names, query_chunk, document_prompt=document_prompt_name(prompts))
     corpus, texts = _corpus_rows_and_texts(encoder, data.corpus)
     if isinstance(data.corpus, StreamedCorpus):
         data.corpus.check_judged(data.relevant, set(corpus.ids))
     ranked, _ = search_chunks(encoder, queries, corpus.chunks(texts, corpus_chunk), search, batch_size)
+    return Retrieved(query_ids, corpus, ranked)
+
+
+def evaluate_retrieval(
+    encoder, data: RetrievalSet, batch_size: int = 64, query_chunk: int = QUERY_CHUNK, corpus_chunk: int = CORPUS_CHUNK
+) -> dict[str, float]:
+    """Flat metrics (see the module docstring) plus ``queries`` and ``documents`` (the counts scored), from one
+    ``retrieve``: the same numbers here or on workers, and for a corpus on object storage as for the same folder
+    on disk."""
+    found = retrieve(encoder, data, batch_size, TOP_K, query_chunk, corpus_chunk)
     metrics: dict[str, float] = {}
-    for name, (_, rows) in ranked.items():
-        hits = np.array(
-            [
-                [corpus.ids[row] in data.relevant[key] for row in top]
-                for key, top in zip(query_ids, rows.tolist(), strict=True)
-            ]
-        ).reshape(len(query_ids), -1)
-        metrics |= {f"{metric}_{name}": value for metric, value in ranking_metrics(hits, relevant_counts).items()}
-    return metrics | {"queries": len(query_ids), "documents": len(corpus.ids)}
+    for name, (_, rows) in found.ranked.items():
+        metrics |= {f"{metric}_{name}": value for metric, value in found.metrics(data, rows).items()}
+    return metrics | {"queries": len(found.query_ids), "documents": len(found.corpus.ids)}

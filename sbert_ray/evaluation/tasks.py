@@ -18,7 +18,7 @@ from sbert_ray.config import ConfigError, flatten
 from sbert_ray.data.readers import check_available, load_records, read_user_file, resolve_data_dir
 from sbert_ray.data.records import DataError
 from sbert_ray.data.retrieval_hub import NANOBEIR, hub_retrieval_layout, is_hub_retrieval, read_hub_retrieval
-from sbert_ray.data.retrieval_sets import RetrievalSet, read_beir, stsb_retrieval
+from sbert_ray.data.retrieval_sets import RetrievalSet, StreamedCorpus, read_beir, stsb_retrieval
 from sbert_ray.evaluation import argsim, senteval, sts, triplets
 from sbert_ray.evaluation.task_contract import EvalTask, Results
 
@@ -289,6 +289,53 @@ def _retrieval_task(spec: str, argument: str) -> RetrievalTask:
     return BeirRetrievalTask(spec, argument)
 
 
+RERANK_TOP_K = 100  # first-stage candidates per query that ``sbert-ray eval --reranker`` reorders by default
+
+
+class RerankTask(EvalTask):
+    """``rerank:<set>``: the model under evaluation retrieves each query's top k of a retrieval set, named as
+    ``retrieval:`` names it (a BEIR folder or a Hub set) or ``stsb-retrieval[:dev]``, and ``sbert-ray eval
+    --reranker`` reorders them (``evaluation.reranking``); the entry is the set's, with ``-rerank`` after it."""
+
+    primary_metric = "ndcg_at_10_reranked"
+
+    def __init__(self, spec: str, argument: str) -> None:
+        super().__init__(spec)
+        if not argument:
+            raise ConfigError("task 'rerank' needs a retrieval set: rerank:/path/to/beir-folder")
+        name, _, split = argument.partition(":")
+        self.retrieval = StsbRetrievalTask(spec, split or "test") if name == "stsb-retrieval" else None
+        self.retrieval = self.retrieval or _retrieval_task(spec, argument)
+        self.path = self.retrieval.path
+        (self.entry,) = (f"{entry}-rerank" for entry in self.retrieval.entries())
+
+    def check(self, data_dir=None) -> None:
+        self.retrieval.check(data_dir)
+        if isinstance(self.load(data_dir).corpus, StreamedCorpus):
+            raise DataError("reranking reads the candidates' texts from a corpus held in memory: copy the set locally")
+
+    def load(self, data_dir=None) -> RetrievalSet:
+        (load,) = self.retrieval.loaders().values()
+        return load(data_dir)
+
+    def run(self, model, data_dir=None, batch_size: int = 64, reranker=None, top_k: int = RERANK_TOP_K) -> Results:
+        """Score ``model`` as the first stage (its top ``top_k``) and ``reranker`` (a ``models.teachers`` teacher)
+        as the second."""
+        if reranker is None:
+            raise ConfigError(f"task {self.spec!r} reranks with a reranker: sbert-ray eval --reranker PATH")
+        from sbert_ray.evaluation.reranking import evaluate_reranking  # torch: loaded to score, not to parse specs
+
+        return _flat({self.entry: evaluate_reranking(model, reranker, self.load(data_dir), top_k, batch_size)})
+
+    def metric_names(self) -> tuple[str, ...]:
+        from sbert_ray.evaluation.reranking import metric_names
+
+        return metric_names()
+
+    def entries(self) -> tuple[str, ...]:
+        return (self.entry,)
+
+
 def _nanobeir_task(spec: str, argument: str) -> HubRetrievalTask:
     names = [name.strip().lower() for name in argument.split(",") if name.strip()] or list(NANOBEIR)
     unknown = [name for name in names if name not in NANOBEIR]
@@ -315,6 +362,7 @@ TASKS: dict[str, TaskFactory] = {
     "retrieval": lambda spec, arg, sims: _retrieval_task(spec, arg),
     "nanobeir": lambda spec, arg, sims: _nanobeir_task(spec, arg),
     "stsb-retrieval": lambda spec, arg, sims: StsbRetrievalTask(spec, arg or "test"),
+    "rerank": lambda spec, arg, sims: RerankTask(spec, arg),
     "mteb": lambda spec, arg, sims: _mteb_task(spec, arg),
 }
 
@@ -349,12 +397,18 @@ class EvalTasks(tuple):
 
 
 def parse_tasks(
-    spec: str | Sequence[str], similarities: Sequence[str] = ("cosine",), key: str = "--tasks", absolute: bool = False
+    spec: str | Sequence[str],
+    similarities: Sequence[str] = ("cosine",),
+    key: str = "--tasks",
+    absolute: bool = False,
+    reranks: bool = False,
 ) -> EvalTasks:
     """Comma-separated task names (or a config's list of them, which may be empty); ``name:argument`` passes an
     argument (a path, or SentEval task names, whose own commas continue it: ``senteval:MR,CR,bws`` = SentEval MR
     and CR, then bws). A ConfigError names ``key`` (the flag or config key the tasks came from). ``absolute``: each
-    task's file or folder made absolute (and its spec with it), for processes in other working directories."""
+    task's file or folder made absolute (and its spec with it), for processes in other working directories.
+    ``reranks``: the caller gives ``rerank:`` tasks a reranker (``sbert-ray eval --reranker``); elsewhere they are
+    refused here, not after the work that precedes scoring (a training run, before its final tasks)."""
     names: list[str] = []
     tokens = spec.split(",") if isinstance(spec, str) else [t for item in spec for t in item.split(",")]
     for token in (t.strip() for t in tokens if t.strip()):
@@ -374,6 +428,9 @@ def parse_tasks(
         except ConfigError as err:
             raise ConfigError(f"{key}: task {name!r}: {err}") from None
     _refuse_shared_entries(tasks, key)
+    rerank = next((task for task in tasks if isinstance(task, RerankTask)), None)
+    if rerank is not None and not reranks:
+        raise ConfigError(f"{key}: task {rerank.spec!r} needs a reranker: only sbert-ray eval --reranker gives one")
     return EvalTasks(tasks, key)
 
 

@@ -14,9 +14,11 @@ from sbert_ray.evaluation.encoder_pool import RayEncoder, replica_resources
 from sbert_ray.evaluation.mteb_encoder import mteb_model_name
 from sbert_ray.evaluation.mteb_tasks import DEFAULT_MTEB_DIR, MtebOutput, MtebTask
 from sbert_ray.evaluation.results import nest
-from sbert_ray.evaluation.tasks import ArgsimTask, EvalTask, EvalTasks, Results
+from sbert_ray.evaluation.tasks import RERANK_TOP_K, ArgsimTask, EvalTask, EvalTasks, RerankTask, Results
 from sbert_ray.evaluation.truncation import evaluate_at_dims
 from sbert_ray.models.encoder import Precision
+from sbert_ray.models.st_layout import ModelError
+from sbert_ray.models.teachers import Teacher, load_teacher
 from sbert_ray.progress import progress_bar
 from sbert_ray.ray_compat import connect_ray
 from sbert_ray.runs.argsim_folds import finetune_argsim
@@ -32,7 +34,8 @@ class EvalRequest:
     from that training config. With ``truncate_dims``, every task is scored at each of those embedding sizes
     (entries ``<entry>@<dim>``). ``precision="bf16"`` encodes with 16-bit weights (``SentenceEncoder.to_precision``).
     With a tracking ``store``, the evaluation is an MLflow run of ``experiment``. ``mteb:`` tasks file mteb's result
-    files and their embedding cache under ``mteb_dir``."""
+    files and their embedding cache under ``mteb_dir``. ``rerank:`` tasks take the model as their first stage and
+    ``reranker`` (a ``models.teachers`` teacher's folder or Hub id) to reorder its top ``top_k``."""
 
     model_ref: str
     tasks: EvalTasks
@@ -49,6 +52,8 @@ class EvalRequest:
     experiment: str = "sbert-ray-eval"
     resource_wait_s: float = RESOURCE_WAIT_S  # for the --workers replicas' CPUs/GPUs while other work holds them
     mteb_dir: Path = DEFAULT_MTEB_DIR
+    reranker: str | None = None
+    top_k: int = RERANK_TOP_K
 
     def __post_init__(self) -> None:
         if self.baseline == "tfidf" and (
@@ -64,6 +69,11 @@ class EvalRequest:
             raise ConfigError(
                 f"precision {self.precision!r} encodes with the given model: not with fine-tuning or tf-idf"
             )
+        reranks = any(isinstance(task, RerankTask) for task in self.tasks)
+        if reranks and self.reranker is None:
+            raise ConfigError("rerank: tasks reorder the model's top k with a reranker: pass --reranker PATH")
+        if self.reranker is not None and not reranks:
+            raise ConfigError("--reranker reorders the top k of rerank: tasks; --tasks names none")
         if self.device and self.workers == 1:  # encoded in this process (Ray workers bring their own GPUs)
             check_device_here(self.device)
 
@@ -91,6 +101,8 @@ def evaluate_model(
                 "workers": request.workers,
                 "truncate_dims": ",".join(map(str, request.truncate_dims)) or "none",
                 "precision": request.precision,
+                "reranker": request.reranker or "none",
+                "top_k": request.top_k,
             }
         )
         results = _evaluate(request, progress)
@@ -103,8 +115,9 @@ def evaluate_model(
 
 
 def _evaluate(request: EvalRequest, progress: Callable[[EvalTask, float], None]) -> Results:
-    model = load_model(request.model_ref, request.baseline, request.allow_unsafe_weights)
     device, workers, dims = request.device, request.workers, request.truncate_dims
+    reranker = _load_reranker(request.reranker, device if workers == 1 else None)
+    model = load_model(request.model_ref, request.baseline, request.allow_unsafe_weights)
     if request.precision != "fp32":  # cast on the device it will run on (its 16-bit type); Ray workers re-cast
         model.to(device if device and workers == 1 else "cpu").to_precision(request.precision)
     if dims:
@@ -125,9 +138,9 @@ def _evaluate(request: EvalRequest, progress: Callable[[EvalTask, float], None])
             if request.finetune is not None and isinstance(task, ArgsimTask):
                 results |= finetune_argsim(task, request.finetune, request.data_dir)
             elif dims:
-                results |= evaluate_at_dims(model, dims, lambda m, t=task: _score(t, m, request))
+                results |= evaluate_at_dims(model, dims, lambda m, t=task: _score(t, m, request, reranker))
             else:
-                results |= _score(task, model, request)
+                results |= _score(task, model, request, reranker)
             progress(task, time.perf_counter() - start)
     finally:
         if workers > 1:
@@ -135,8 +148,23 @@ def _evaluate(request: EvalRequest, progress: Callable[[EvalTask, float], None])
     return results
 
 
-def _score(task: EvalTask, model, request: EvalRequest) -> Results:
-    """``task.run``; an mteb task also hears where its result files go and which model they are filed under."""
+def _load_reranker(model_ref: str | None, device: str | None) -> Teacher | None:
+    """The ``--reranker`` teacher, on ``device`` (the first stage's, when it runs in this process), before the
+    first stage loads: a wrong folder is named before any encoding."""
+    if model_ref is None:
+        return None
+    try:
+        reranker = load_teacher(model_ref)
+    except (ModelError, OSError) as error:
+        raise ConfigError(f"--reranker {model_ref}: {error}") from None
+    return reranker.to(device) if device else reranker
+
+
+def _score(task: EvalTask, model, request: EvalRequest, reranker: Teacher | None = None) -> Results:
+    """``task.run``; an mteb task also hears where its result files go and which model they are filed under, a
+    rerank task its reranker and top k."""
+    if isinstance(task, RerankTask):
+        return task.run(model, request.data_dir, request.batch_size, reranker, request.top_k)
     if isinstance(task, MtebTask):
         return task.run(model, request.data_dir, request.batch_size, _mteb_output(request))
     return task.run(model, request.data_dir, request.batch_size)
