@@ -39,6 +39,7 @@ from sbert_ray.data.records import DataError
 from sbert_ray.evaluation.encoder_pool import EncoderReplica, shareable
 from sbert_ray.models import load_encoder
 from sbert_ray.models.encoder import token_ids
+from sbert_ray.ray_compat import ONE_TOKENIZER_THREAD
 from sbert_ray.runs import per_file
 from sbert_ray.runs.cluster import input_errors_unwrapped
 
@@ -154,6 +155,7 @@ def _pipeline(
         batch_size=None,
         batch_format="pyarrow",
         num_cpus=1 if use_gpu else 0,
+        runtime_env=ONE_TOKENIZER_THREAD,
     )
     embedded = tokenized.map_batches(
         _EmbedRows,

@@ -32,6 +32,7 @@ from sbert_ray.data.prepared import MANIFEST, PREPARE_MARKER, Manifest, Shard, p
 from sbert_ray.data.records import DataError
 from sbert_ray.losses.registry import OBJECTIVES
 from sbert_ray.models.load import load_tokenizer
+from sbert_ray.ray_compat import ONE_TOKENIZER_THREAD
 from sbert_ray.runs import per_file
 from sbert_ray.runs.cluster import input_errors_unwrapped
 from sbert_ray.runs.owned_paths import filesystem_of, write_marker
@@ -182,6 +183,7 @@ def _pipeline(
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=request.workers),
         num_cpus=1,
+        runtime_env=ONE_TOKENIZER_THREAD,  # the actor's one CPU
     )
     return per_file.write_parts(tokenized, TAGS, placement)
 
