@@ -36,7 +36,7 @@ from ray.data.datasource import Datasource, ReadTask
 
 from sbert_ray.config import ConfigError, StageConfig, TrainConfig
 from sbert_ray.data.records import DataError
-from sbert_ray.ray_compat import OFF_CONTROL_NODES, ONE_TOKENIZER_THREAD
+from sbert_ray.ray_compat import OFF_CONTROL_NODES, ONE_TOKENIZER_THREAD, TaskPoolFollowingCluster
 from sbert_ray.training.sources import Source, file_sources, known_rows, pass_reads, read_tables
 
 # Blocks of ~5,000 short pairs, not Ray Data's 128 MiB (a whole shard of them): a worker's iterator waits for
@@ -99,7 +99,7 @@ def stage_datasets(config: TrainConfig, sources: list[list[Source]], rows: list[
                 tokenize, fn_args=(model_json,), batch_size=None, batch_format="pyarrow", num_cpus=0,
                 label_selector=OFF_CONTROL_NODES, runtime_env=ONE_TOKENIZER_THREAD,  # as the read's, and its task
                 # pool: Ray Data fuses the two
-                compute=ray.data.TaskPoolStrategy(size=_task_slots(source)),
+                compute=_task_slots(source),
             )  # fmt: skip
             # Training prints its own progress lines; Ray Data's bars would interleave with them in every log.
             tokenized.context.enable_progress_bars = False
@@ -120,15 +120,16 @@ def _read(source: Source, stage: StageConfig, data_dir, pass_key: tuple | None =
     files = max(1, len(source.files))
     return ray.data.read_datasource(
         _SourceFiles(source, stage, data_dir, pass_key), num_cpus=0, override_num_blocks=files,
-        concurrency=_task_slots(source),
+        compute=_task_slots(source),
         label_selector=OFF_CONTROL_NODES, runtime_env=ONE_TOKENIZER_THREAD,
     )  # fmt: skip
 
 
-def _task_slots(source: Source) -> int:
-    """How many read (and fused tokenise) tasks of ``source`` run at once: one per file, at most one per CPU of the
-    cluster. Not more than its files: Ray Data warns of slots it cannot fill."""
-    return min(max(1, len(source.files)), max(1, int(ray.cluster_resources().get("CPU", 1))))
+def _task_slots(source: Source) -> TaskPoolFollowingCluster:
+    """How many read (and fused tokenise) tasks of ``source`` run at once: one per file, at most one per CPU the
+    cluster has when the pass starts (nodes that join count from the next pass). Not more than its files: Ray Data
+    warns of slots it cannot fill."""
+    return TaskPoolFollowingCluster(max(1, len(source.files)))
 
 
 @ray.remote(num_cpus=0)
