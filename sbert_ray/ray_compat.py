@@ -27,12 +27,6 @@ LOOPBACK = "127.0.0.1"
 # cluster) matches the selector, so elsewhere nothing changes. Label selectors with "!" are Ray 2.49+ API.
 CONTROL_LABEL = {"sbert-ray/role": "control"}
 OFF_CONTROL_NODES = {key: f"!{value}" for key, value in CONTROL_LABEL.items()}
-# The runtime environment of every task and actor that reads or tokenises data (training stream, prepare, encode,
-# score): Hugging Face tokenizers would otherwise encode each batch on a Rust thread pool as wide as the node, in every
-# task (N tasks x N threads on an N-core node); with this they encode on the calling thread. Read from the process's
-# environment, so set where Ray starts the worker (as Ray Data caps polars' threads in its own join tasks); Ray keeps
-# workers of another runtime environment apart, so the training workers still tokenise their dev sets in parallel.
-ONE_TOKENIZER_THREAD = {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}
 
 
 class TaskPoolFollowingCluster(ray.data.TaskPoolStrategy):

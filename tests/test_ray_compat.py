@@ -134,24 +134,3 @@ def test_zero_cpu_tasks_keep_off_a_node_labelled_control_and_run_on_any_other(lo
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}  # a cluster of its own
     done = subprocess.run([sys.executable, "-c", LABELLED_HEAD], env=env, capture_output=True, text=True, timeout=180)
     assert done.stdout.split()[-1:] == ["waits"], done.stderr[-2000:]
-
-
-def test_a_data_task_tokenises_on_its_one_thread(local_ray):
-    """``ONE_TOKENIZER_THREAD``: a Ray Data task started in it tokenises without starting threads; a task of another
-    runtime environment (a fresh worker, as the first data task on a node) starts a pool as wide as the node."""
-
-    def threads_gained(batch: dict) -> dict:  # here, not at module level: Ray's workers cannot import this module
-        """The threads this process gains while a fresh tokenizer encodes (a Rust pool starts on first use)."""
-        from sbert_ray.models.random_bert import bert_tokenizer
-
-        tokenizer = bert_tokenizer()
-        before = len(os.listdir("/proc/self/task"))
-        tokenizer(["a man is playing a guitar on the stage"] * 2000)
-        return {"gained": [len(os.listdir("/proc/self/task")) - before]}
-
-    wide = ray.remote(num_cpus=0, runtime_env={"env_vars": {"SBERT_RAY_PROBE": "wide"}})(threads_gained)
-    assert ray.get(wide.remote({}))["gained"][0] >= 1
-    data_task = ray.data.range(1).map_batches(
-        threads_gained, batch_size=None, num_cpus=0, runtime_env=ray_compat.ONE_TOKENIZER_THREAD
-    )
-    assert data_task.take_all() == [{"gained": 0}]

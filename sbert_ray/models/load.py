@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +81,15 @@ class TextTokenizer:
     tokenizer: Any  # a transformers tokenizer
     max_seq_length: int
     prompts: dict[str, str]
+
+
+def one_tokenizer_thread() -> None:
+    """Tokenise on the calling thread in this process from now on. A Ray task or actor that reads or tokenises data
+    (training stream, prepare, encode, score) would otherwise start a Rust thread pool as wide as the node in its
+    process: N tasks x N threads on an N-core node. Hugging Face tokenizers read the variable at every call. (Set in
+    a task's Ray ``runtime_env`` instead, it would keep the task off Ray's pooled workers: a new process per task,
+    every pass.)"""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
 def load_tokenizer(name: str, max_seq_length: int, prompts: Mapping[str, str] | None = None, **_) -> TextTokenizer:

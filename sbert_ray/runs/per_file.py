@@ -45,7 +45,7 @@ from sbert_ray.config import ConfigError
 from sbert_ray.evaluation.encoder_pool import replica_resources, reserve_replicas
 from sbert_ray.files import check_folder
 from sbert_ray.progress import quiet
-from sbert_ray.ray_compat import OFF_CONTROL_NODES, ONE_TOKENIZER_THREAD, connect_ray
+from sbert_ray.ray_compat import OFF_CONTROL_NODES, connect_ray
 from sbert_ray.runs import owned_paths
 from sbert_ray.runs.cluster import refuse_impossible_encoders
 from sbert_ray.runs.owned_paths import filesystem_of
@@ -210,14 +210,9 @@ def read_files(
     defaults = context.target_max_block_size, context.enable_progress_bars
     context.target_max_block_size, context.enable_progress_bars = block_bytes, defaults[1] and not quiet()
     try:
-        # Reading takes no CPU from the actors (on a full cluster they would wait on each other). A job's tokenise
-        # stage runs fused into the read tasks, so they share its runtime environment (one tokenizer thread).
+        # Reading takes no CPU from the actors (on a full cluster they would wait on each other).
         return ray.data.read_datasource(
-            _Files(sources, tables, tags, schema),
-            override_num_blocks=len(sources),
-            num_cpus=0,
-            runtime_env=ONE_TOKENIZER_THREAD,
-            **placement.read,
+            _Files(sources, tables, tags, schema), override_num_blocks=len(sources), num_cpus=0, **placement.read
         )
     finally:
         context.target_max_block_size, context.enable_progress_bars = defaults

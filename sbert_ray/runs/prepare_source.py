@@ -31,8 +31,7 @@ from sbert_ray.config import RESOURCE_WAIT_S, ConfigError, StageConfig
 from sbert_ray.data.prepared import MANIFEST, PREPARE_MARKER, Manifest, Shard, prepared_settings
 from sbert_ray.data.records import DataError
 from sbert_ray.losses.registry import OBJECTIVES
-from sbert_ray.models.load import load_tokenizer
-from sbert_ray.ray_compat import ONE_TOKENIZER_THREAD
+from sbert_ray.models.load import load_tokenizer, one_tokenizer_thread
 from sbert_ray.runs import per_file
 from sbert_ray.runs.cluster import input_errors_unwrapped
 from sbert_ray.runs.owned_paths import filesystem_of, write_marker
@@ -183,7 +182,6 @@ def _pipeline(
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=request.workers),
         num_cpus=1,
-        runtime_env=ONE_TOKENIZER_THREAD,  # the actor's one CPU
     )
     return per_file.write_parts(tokenized, TAGS, placement)
 
@@ -200,6 +198,7 @@ class _Tokenize:
     """An actor's tokenizer: a block's examples as the training stream tokenises them, its row tags kept."""
 
     def __init__(self, model_json: str):
+        one_tokenizer_thread()  # the actor's one CPU
         self.tokens = load_tokenizer(**json.loads(model_json))
 
     def __call__(self, rows: pa.Table) -> pa.Table:

@@ -23,8 +23,8 @@ import torch
 
 from sbert_ray.config import RESOURCE_WAIT_S
 from sbert_ray.data.score_inputs import ScoreFile, ScoreLayout, open_score_inputs
+from sbert_ray.models.load import one_tokenizer_thread
 from sbert_ray.models.teachers import Teacher, load_teacher
-from sbert_ray.ray_compat import ONE_TOKENIZER_THREAD
 from sbert_ray.runs import per_file
 from sbert_ray.runs.cluster import input_errors_unwrapped
 
@@ -105,7 +105,6 @@ def _pipeline(
         compute=ray.data.ActorPoolStrategy(size=request.workers),
         num_cpus=1,
         num_gpus=1 if use_gpu else 0,
-        runtime_env=ONE_TOKENIZER_THREAD,  # the teacher tokenises each block's pairs on the actor's one CPU
     )
     return per_file.write_parts(scored, TAGS, placement)
 
@@ -115,6 +114,7 @@ class _ScoreRows:
 
     def __init__(self, teacher: ray.ObjectRef, device: str, layout: ScoreLayout, batch_size: int):
         torch.set_num_threads(1)  # the actor's one CPU
+        one_tokenizer_thread()  # the teacher tokenises each block's pairs
         self.teacher, self.layout, self.batch_size = ray.get(teacher).to(device), layout, batch_size
 
     def __call__(self, rows: pa.Table) -> pa.Table:

@@ -18,7 +18,7 @@ datasets and never tokenise: what needs torch or a tokenizer is imported in the 
 Read and tokenize tasks reserve no CPU: training workers hold the cluster's CPUs (on a small cluster all of
 them), and a task waiting for a CPU behind them would stall the stream. They share the CPUs instead, off a
 head labelled as the cluster's control node (``ray_compat.OFF_CONTROL_NODES``), which trains nothing, each
-tokenising on one thread (``ray_compat.ONE_TOKENIZER_THREAD``).
+tokenising on one thread (``models.load.one_tokenizer_thread``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from ray.data.datasource import Datasource, ReadTask
 
 from sbert_ray.config import ConfigError, StageConfig, TrainConfig
 from sbert_ray.data.records import DataError
-from sbert_ray.ray_compat import OFF_CONTROL_NODES, ONE_TOKENIZER_THREAD, TaskPoolFollowingCluster
+from sbert_ray.ray_compat import OFF_CONTROL_NODES, TaskPoolFollowingCluster
 from sbert_ray.training.sources import Source, file_sources, known_rows, pass_reads, read_tables
 
 # Blocks of ~5,000 short pairs, not Ray Data's 128 MiB (a whole shard of them): a worker's iterator waits for
@@ -97,8 +97,7 @@ def stage_datasets(config: TrainConfig, sources: list[list[Source]], rows: list[
             # A prepared source's shards are tokenised already: read as they are.
             datasets[key] = tokenized = dataset if source.manifest else dataset.map_batches(
                 tokenize, fn_args=(model_json,), batch_size=None, batch_format="pyarrow", num_cpus=0,
-                label_selector=OFF_CONTROL_NODES, runtime_env=ONE_TOKENIZER_THREAD,  # as the read's, and its task
-                # pool: Ray Data fuses the two
+                label_selector=OFF_CONTROL_NODES,  # as the read's, and its task pool: Ray Data fuses the two
                 compute=_task_slots(source),
             )  # fmt: skip
             # Training prints its own progress lines; Ray Data's bars would interleave with them in every log.
@@ -121,7 +120,7 @@ def _read(source: Source, stage: StageConfig, data_dir, pass_key: tuple | None =
     return ray.data.read_datasource(
         _SourceFiles(source, stage, data_dir, pass_key), num_cpus=0, override_num_blocks=files,
         compute=_task_slots(source),
-        label_selector=OFF_CONTROL_NODES, runtime_env=ONE_TOKENIZER_THREAD,
+        label_selector=OFF_CONTROL_NODES,
     )  # fmt: skip
 
 
@@ -185,8 +184,10 @@ class _SourceFiles(Datasource):
 def tokenize(table: pa.Table, model_json: str) -> pa.Table:
     """The map stage, fused into the read tasks (no process of its own to start; Ray's pooled workers keep the
     tokenizer they loaded for the next table)."""
-    from sbert_ray.training.batches import tokenize_table  # here: see the module's docstring
+    from sbert_ray.models.load import one_tokenizer_thread  # here: see the module's docstring
+    from sbert_ray.training.batches import tokenize_table
 
+    one_tokenizer_thread()
     return tokenize_table(table, _tokenizer(model_json))
 
 
