@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import pyarrow.fs
 import ray
+import ray.data
 from ray.util.placement_group import PlacementGroup
 
 NODE_IP_ENV = "SBERT_RAY_NODE_IP"  # the address a local cluster we start listens on (default: loopback only)
@@ -26,6 +27,21 @@ LOOPBACK = "127.0.0.1"
 # cluster) matches the selector, so elsewhere nothing changes. Label selectors with "!" are Ray 2.49+ API.
 CONTROL_LABEL = {"sbert-ray/role": "control"}
 OFF_CONTROL_NODES = {key: f"!{value}" for key, value in CONTROL_LABEL.items()}
+
+
+class TaskPoolFollowingCluster(ray.data.TaskPoolStrategy):
+    """A Ray Data task pool of at most ``most`` tasks and at most one per CPU the cluster has when a pass starts. A
+    ``TaskPoolStrategy(size=n)`` holds the n it was given when the dataset was made: on an autoscaling cluster, the
+    CPUs it had at the start. Ray Data reads ``size`` when it plans an execution (``MapOperator.create``), and plans
+    every pass anew (a streaming split's coordinator makes an executor per epoch), so here the nodes that joined
+    since count from the next pass on. Equal caps compare equal, so a read and a map stage of one still fuse."""
+
+    def __init__(self, most: int):  # no super().__init__: it would assign ``size``
+        self.most = most
+
+    @property
+    def size(self) -> int:
+        return min(self.most, max(1, int(ray.cluster_resources().get("CPU", 1))))
 
 
 def connect_ray() -> None:

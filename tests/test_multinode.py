@@ -22,6 +22,7 @@ import local_cluster
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import ray.data
 import torch
 import yaml
 from local_cluster import BIN, BUCKET, REPO
@@ -32,6 +33,7 @@ from test_training_loop import train
 from sbert_ray.config import ScalingConfig, TrainConfig, from_dict
 from sbert_ray.data.readers import load_records
 from sbert_ray.models.encoder import SentenceEncoder
+from sbert_ray.ray_compat import TaskPoolFollowingCluster
 from sbert_ray.runs.encode_corpus import EncodeRequest, encode_corpus
 from sbert_ray.training.loop import LOG_EVERY, LocalReporter
 
@@ -66,6 +68,35 @@ def actors(head: local_cluster.Head, class_name: str) -> list[dict]:
 def train_workers(head: local_cluster.Head) -> list[dict]:
     """The live Ray Train workers."""
     return [actor for actor in actors(head, "RayTrainWorker") if actor["state"] == "ALIVE"]
+
+
+def test_the_read_tasks_cap_follows_the_cluster_from_one_pass_to_the_next(connect, request):
+    """``ray_compat.TaskPoolFollowingCluster``, the training stream's cap on its read-and-tokenise tasks: one
+    dataset, two passes of 8 one-second zero-CPU tasks (as the stream's), the first on the head's 2 CPUs, the second
+    once the second node (2 more) has joined: at most 2 run at once, then more than 2. First in this module: the
+    second node joins here."""
+
+    def slow_task(batch: dict) -> dict:
+        started = time.time()
+        time.sleep(1)
+        return {"started": [started], "ended": [time.time()]}
+
+    tasks = ray.data.range(8, override_num_blocks=8).map_batches(
+        slow_task, batch_size=None, num_cpus=0, compute=TaskPoolFollowingCluster(8)
+    )
+
+    def most_at_once() -> int:
+        spans = tasks.take_all()
+        return max(sum(s["started"] <= t["started"] < s["ended"] for s in spans) for t in spans)
+
+    assert ray.cluster_resources()["CPU"] == 2
+    assert most_at_once() <= 2
+    request.getfixturevalue("second_node")
+    deadline = time.monotonic() + 60
+    while ray.cluster_resources().get("CPU") != 4:
+        assert time.monotonic() < deadline, "the second node's CPUs never reached this driver"
+        time.sleep(0.5)
+    assert most_at_once() > 2
 
 
 def test_encode_spreads_over_two_nodes_and_writes_every_row_once(

@@ -36,7 +36,7 @@ from sbert_ray.runs.prepare_source import PrepareRequest, prepare_source
 from sbert_ray.runs.train_run import run_training
 from sbert_ray.training.resume_points import RESUME_FOLDER
 from sbert_ray.training.sources import read_tables
-from sbert_ray.training.stage_data import count_stages, stage_datasets
+from sbert_ray.training.stage_data import count_stages, stage_datasets, tokenize
 from sbert_ray.training.state import TRAINING_FILE
 from sbert_ray.training.trainer import TrainingDiverged
 
@@ -189,6 +189,33 @@ def test_stages_stream_through_ray_data_tokenised_as_the_tokenizer_does(local_ra
         assert ("label" in streamed.column_names) == (stage.objective != "triplet")
         if stage.objective != "triplet":
             assert streamed.column("label").to_pylist() == read.column("label").to_pylist()
+
+
+def test_the_tokenise_stage_tokenises_on_its_one_thread_inside_a_ray_data_task(local_ray):
+    """The stream's tokenise stage (``stage_data.tokenize``) run by a Ray Data task in a fresh worker process (a
+    runtime environment of its own): the process gains no thread while it tokenises; the same process, tokenising
+    with the tokenizer's parallelism allowed again, starts a pool as wide as the node (what each data task did)."""
+    model_json = json.dumps({"name": "random:tiny", "max_seq_length": 16})
+
+    def threads_gained(batch: dict) -> dict:  # here, not at module level: Ray's workers cannot import this module
+        from sbert_ray.models.random_bert import bert_tokenizer
+
+        def threads() -> int:
+            return len(os.listdir("/proc/self/task"))
+
+        texts = ["a man is playing a guitar on the stage"] * 2000
+        before = threads()
+        tokenize(pa.table({"text_0": texts, "text_1": texts}), model_json)
+        stream = threads() - before
+        os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        before = threads()
+        bert_tokenizer()(texts)
+        return {"stream": [stream], "parallel": [threads() - before]}
+
+    fresh = {"env_vars": {"SBERT_RAY_PROBE": f"{os.getpid()}-{time.time()}"}}  # no pooled worker of an earlier test
+    probe = ray.data.range(1).map_batches(threads_gained, batch_size=None, num_cpus=0, runtime_env=fresh)
+    (gained,) = probe.take_all()
+    assert gained["stream"] == 0 and gained["parallel"] >= 1, gained
 
 
 def test_resubmitted_run_resumes(local_ray, tiny_train_config, capsys):

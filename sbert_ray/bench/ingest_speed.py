@@ -10,6 +10,12 @@ the cluster's CPUs, the stream consumed in this process as a Train worker consum
 The training side is our Ray-free training core on the same model, batch and length (``bench.train_speed``,
 STSb regression). The ratio says how far the input path is ahead of the step; ``target_pairs_per_s`` (default:
 a GPU worker taking a step of 256 pairs every 40 ms) says whether one worker's input path would keep up with it.
+
+Per CPU: ``local``, the pairs per CPU-second this process spent (all its threads, the tokenizer's among them);
+through the cluster, per CPU of the cluster (every one may run a read-and-tokenise task: an upper bound on what
+the path used). ``cpus_per_target``: the CPUs that feed ``target_pairs_per_s`` at that rate, e.g. per GPU. A
+source ``sbert-ray prepare`` wrote (``source``: prepared) is read as it is; timing it beside its raw source shows
+what tokenising once saves.
 """
 
 from __future__ import annotations
@@ -81,18 +87,22 @@ def run_ingest_bench(
     config = settings.config()
     encoder = load_encoder(settings.model, max_seq_length=settings.max_seq_length, seed=settings.seed)
     sources = _sources(config, encoder, local)
-    rates, steady, firsts, pairs = [], [], [], 0
+    rates, steady, firsts, busy, pairs = [], [], [], [], 0
     for repeat in range(repeats):
+        cpu_started = time.process_time()
         pairs, seconds, first, first_pairs = _time_batches(config, sources, encoder, settings.batches)
+        busy.append((time.process_time() - cpu_started) / seconds)  # CPUs this process kept busy
         rates.append(pairs / seconds)
         steady.append((pairs - first_pairs) / (seconds - first) if seconds > first else None)
         firsts.append(first)
         progress(f"repeat {repeat + 1}/{repeats}: {rates[-1]:.0f} pairs/s, first batch after {first:.2f} s")
     train = _train_rate(settings, train_steps, train_threads) if train_steps else None
     median = statistics.median(rates)
+    cpus = statistics.median(busy) if local else _cluster_cpus()
     return {
         "impl": "sbert-ray",
         "mode": "local" if local else "ray",
+        "source": "prepared" if any(s.manifest for s in stage_sources(config.stages[0], 0)) else "raw",
         **{k: v for k, v in asdict(settings).items() if k != "data_dir"},
         "rows": sum(s.rows for s in sources),
         "pairs_per_run": pairs,
@@ -108,9 +118,18 @@ def run_ingest_bench(
         "ingest_vs_train": median / train if train else None,
         "target_pairs_per_s": target_pairs_per_s,
         "ingest_vs_target": median / target_pairs_per_s,
+        "ingest_cpus": cpus,
+        "ingest_pairs_per_s_per_cpu": median / cpus,
+        "cpus_per_target": target_pairs_per_s * cpus / median,
         "cpus": os.cpu_count(),
         "load_1m": os.getloadavg()[0],
     }
+
+
+def _cluster_cpus() -> float:
+    import ray  # here: the local mode runs without it
+
+    return ray.cluster_resources().get("CPU", 0.0)
 
 
 def _sources(config: TrainConfig, encoder, local: bool) -> list[SourceStream]:
@@ -178,6 +197,7 @@ def _train_rate(settings: IngestBenchSettings, steps: int, threads: int) -> floa
 
 COLUMNS = (  # (header, record key, format)
     ("mode", "mode", "{}"),
+    ("source", "source", "{}"),
     ("batch", "batch_size", "{}"),
     ("window", "window_batches", "{}"),
     ("ingest pairs/s", "ingest_pairs_per_s", "{:.0f}"),
@@ -188,9 +208,13 @@ COLUMNS = (  # (header, record key, format)
     ("x train", "ingest_vs_train", "{:.1f}"),
     ("target pairs/s", "target_pairs_per_s", "{:.0f}"),
     ("x target", "ingest_vs_target", "{:.2f}"),
+    ("CPUs", "ingest_cpus", "{:.2f}"),
+    ("pairs/s per CPU", "ingest_pairs_per_s_per_cpu", "{:.0f}"),
+    ("CPUs for target", "cpus_per_target", "{:.1f}"),
 )
 LOGGED_METRICS = ("ingest_pairs_per_s", "ingest_pairs_per_s_after_first_batch", "time_to_first_batch_s",
-                  "train_pairs_per_s", "ingest_vs_train", "ingest_vs_target")  # fmt: skip
+                  "train_pairs_per_s", "ingest_vs_train", "ingest_vs_target", "ingest_pairs_per_s_per_cpu",
+                  "cpus_per_target")  # fmt: skip
 
 
 def format_table(records: list[dict]) -> str:
@@ -199,4 +223,6 @@ def format_table(records: list[dict]) -> str:
 
 def log_records(records: list[dict], params: dict, tracking_uri: str, experiment: str) -> str:
     """One MLflow run: params, the headline numbers per record, the records as JSON; returns its id."""
-    return tables.log_records(records, "ingest", lambda r: r["mode"], LOGGED_METRICS, params, tracking_uri, experiment)
+    return tables.log_records(
+        records, "ingest", lambda r: f"{r['mode']}/{r['source']}", LOGGED_METRICS, params, tracking_uri, experiment
+    )

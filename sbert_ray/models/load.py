@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -102,6 +103,15 @@ class TextTokenizer:
     max_seq_length: int
     prompts: dict[str, str]
     joins_pairs: bool = False  # a reranker's: the anchor and each other column tokenised as one text pair
+
+
+def one_tokenizer_thread() -> None:
+    """Tokenise on the calling thread in this process from now on. A Ray task or actor that reads or tokenises data
+    (training stream, prepare, encode, score) would otherwise start a Rust thread pool as wide as the node in its
+    process: N tasks x N threads on an N-core node. Hugging Face tokenizers read the variable at every call. (Set in
+    a task's Ray ``runtime_env`` instead, it would keep the task off Ray's pooled workers: a new process per task,
+    every pass.)"""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
 def load_tokenizer(

@@ -39,6 +39,7 @@ from sbert_ray.data.records import DataError
 from sbert_ray.evaluation.encoder_pool import EncoderReplica, shareable
 from sbert_ray.models import load_encoder
 from sbert_ray.models.encoder import token_ids
+from sbert_ray.models.load import one_tokenizer_thread
 from sbert_ray.runs import per_file
 from sbert_ray.runs.cluster import input_errors_unwrapped
 
@@ -174,6 +175,7 @@ def _pipeline(
 
 def _tokenize(rows: pa.Table, tokenizer, max_length: int, prompt: str, text: str) -> pa.Table:
     """Token ids of each row's column ``text``, the prompt before it."""
+    one_tokenizer_thread()
     texts = [prompt + value for value in rows.column(text).to_pylist()]
     for name, ids in token_ids(tokenizer, texts, max_length).items():
         rows = rows.append_column(name, pa.array(ids, pa.list_(pa.int32())))

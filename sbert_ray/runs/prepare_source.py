@@ -31,7 +31,7 @@ from sbert_ray.config import RESOURCE_WAIT_S, ConfigError, StageConfig
 from sbert_ray.data.prepared import MANIFEST, PREPARE_MARKER, Manifest, Shard, prepared_settings
 from sbert_ray.data.records import DataError
 from sbert_ray.losses.registry import OBJECTIVES
-from sbert_ray.models.load import load_tokenizer
+from sbert_ray.models.load import load_tokenizer, one_tokenizer_thread
 from sbert_ray.models.model_type import ModelType
 from sbert_ray.runs import per_file
 from sbert_ray.runs.cluster import input_errors_unwrapped
@@ -214,6 +214,7 @@ class _Tokenize:
     """An actor's tokenizer: a block's examples as the training stream tokenises them, its row tags kept."""
 
     def __init__(self, model_json: str):
+        one_tokenizer_thread()  # the actor's one CPU
         self.tokens = load_tokenizer(**json.loads(model_json))
 
     def __call__(self, rows: pa.Table) -> pa.Table:

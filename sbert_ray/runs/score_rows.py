@@ -23,6 +23,7 @@ import torch
 
 from sbert_ray.config import RESOURCE_WAIT_S
 from sbert_ray.data.score_inputs import ScoreFile, ScoreLayout, open_score_inputs
+from sbert_ray.models.load import one_tokenizer_thread
 from sbert_ray.models.teachers import Teacher, load_teacher
 from sbert_ray.runs import per_file
 from sbert_ray.runs.cluster import input_errors_unwrapped
@@ -113,6 +114,7 @@ class _ScoreRows:
 
     def __init__(self, teacher: ray.ObjectRef, device: str, layout: ScoreLayout, batch_size: int):
         torch.set_num_threads(1)  # the actor's one CPU
+        one_tokenizer_thread()  # the teacher tokenises each block's pairs
         self.teacher, self.layout, self.batch_size = ray.get(teacher).to(device), layout, batch_size
 
     def __call__(self, rows: pa.Table) -> pa.Table:

@@ -20,7 +20,8 @@ Ray Train's controller and Ray Data's coordinators import this module (and ``tra
 datasets and never tokenise: what needs torch or a tokenizer is imported in the functions that use it.
 Read and tokenize tasks reserve no CPU: training workers hold the cluster's CPUs (on a small cluster all of
 them), and a task waiting for a CPU behind them would stall the stream. They share the CPUs instead, off a
-head labelled as the cluster's control node (``ray_compat.OFF_CONTROL_NODES``), which trains nothing.
+head labelled as the cluster's control node (``ray_compat.OFF_CONTROL_NODES``), which trains nothing, each
+tokenising on one thread (``models.load.one_tokenizer_thread``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from ray.data.datasource import Datasource, ReadTask
 
 from sbert_ray.config import ConfigError, StageConfig, TrainConfig
 from sbert_ray.data.records import DataError
-from sbert_ray.ray_compat import OFF_CONTROL_NODES
+from sbert_ray.ray_compat import OFF_CONTROL_NODES, TaskPoolFollowingCluster
 from sbert_ray.training.prepared_reads import PreparedPasses
 from sbert_ray.training.sources import Source, file_sources, known_rows, pass_reads, read_tables
 
@@ -106,7 +107,7 @@ def stage_datasets(config: TrainConfig, sources: list[list[Source]], rows: list[
             datasets[key] = tokenized = dataset.map_batches(
                 tokenize, fn_args=(model_json,), batch_size=None, batch_format="pyarrow", num_cpus=0,
                 label_selector=OFF_CONTROL_NODES,  # as the read's, and its task pool: Ray Data fuses the two
-                compute=ray.data.TaskPoolStrategy(size=_task_slots(source)),
+                compute=_task_slots(source),
             )  # fmt: skip
             # Training prints its own progress lines; Ray Data's bars would interleave with them in every log.
             tokenized.context.enable_progress_bars = False
@@ -127,15 +128,16 @@ def _read(source: Source, stage: StageConfig, data_dir, pass_key: tuple | None =
     files = max(1, len(source.files))
     return ray.data.read_datasource(
         _SourceFiles(source, stage, data_dir, pass_key), num_cpus=0, override_num_blocks=files,
-        concurrency=_task_slots(source),
+        compute=_task_slots(source),
         label_selector=OFF_CONTROL_NODES,
     )  # fmt: skip
 
 
-def _task_slots(source: Source) -> int:
-    """How many read (and fused tokenise) tasks of ``source`` run at once: one per file, at most one per CPU of the
-    cluster. Not more than its files: Ray Data warns of slots it cannot fill."""
-    return min(max(1, len(source.files)), max(1, int(ray.cluster_resources().get("CPU", 1))))
+def _task_slots(source: Source) -> TaskPoolFollowingCluster:
+    """How many read (and fused tokenise) tasks of ``source`` run at once: one per file, at most one per CPU the
+    cluster has when the pass starts (nodes that join count from the next pass). Not more than its files: Ray Data
+    warns of slots it cannot fill."""
+    return TaskPoolFollowingCluster(max(1, len(source.files)))
 
 
 @ray.remote(num_cpus=0)
@@ -204,8 +206,10 @@ class _SourceFiles(Datasource):
 def tokenize(table: pa.Table, model_json: str) -> pa.Table:
     """The map stage, fused into the read tasks (no process of its own to start; Ray's pooled workers keep the
     tokenizer they loaded for the next table)."""
-    from sbert_ray.training.batches import tokenize_table  # here: see the module's docstring
+    from sbert_ray.models.load import one_tokenizer_thread  # here: see the module's docstring
+    from sbert_ray.training.batches import tokenize_table
 
+    one_tokenizer_thread()
     return tokenize_table(table, _tokenizer(model_json))
 
 
