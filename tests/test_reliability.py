@@ -329,7 +329,14 @@ def test_interrupted_sweep_from_its_own_directory_frees_its_trial_and_resumes_wi
             "output_dir": "models",
             "model": {"name": "random:tiny"},
             "stages": [{"dataset": "data/pairs.csv", "objective": "regression", "batch_size": 8}],
-            "evaluation": {"dev_limit": 50, "final_tasks": ["pairs:data/held-out.jsonl"], "async_dev": False},
+            # A report every 2 of the 8 steps: Ctrl-C comes after the second trial's first report, and a report only
+            # at the stage's end left too little of the trial to interrupt (it had finished when Ctrl-C came, once).
+            "evaluation": {
+                "dev_limit": 50,
+                "eval_every": 2,
+                "final_tasks": ["pairs:data/held-out.jsonl"],
+                "async_dev": False,
+            },
             "scaling": {"num_workers": 1, "cpus_per_worker": 0.5},
             "checkpoint": {"storage_path": "runs", "max_failures": 0},
             "tracking": {"tracking_uri": with_password(mlflow_server), "experiment": "relative-sweep"},
