@@ -195,7 +195,7 @@ class _SourceFiles(Datasource):
     def get_read_tasks(self, parallelism: int, per_task_row_limit=None, data_context=None) -> list[ReadTask]:
         stage, data_dir = self.stage, self.data_dir
         key = None if self.pass_key is None else ray.get(self.pass_key[0].get.remote(self.pass_key[1]))
-        own = dict(file_sources(self.source))  # each file's task carries that file alone (and its shard)
+        own = dict(file_sources(self.source))  # each file's task carries that file alone
         metadata = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None, input_files=None)
         return [
             ReadTask(functools.partial(read_tables, own[file], file, stage, data_dir), metadata, schema=None)
