@@ -48,9 +48,9 @@ def add_arguments(subparsers) -> None:
     mi.add_argument(
         "--rescore-with",
         metavar="MODEL",
-        help="a cross-encoder / reranker folder whose scores of the candidates and positives the filters (--max-score, "
-        "--min-score, --margin, --relative-margin) use, as sentence-transformers' cross_encoder=; e.g. --max-score "
-        "0.9 drops negatives the reranker finds relevant",
+        help="a cross-encoder / reranker folder whose scores of the candidates and positives rank them and the "
+        "filters (--max-score, --min-score, --margin, --relative-margin) use, as sentence-transformers' "
+        "cross_encoder=; e.g. --max-score 0.9 drops negatives the reranker finds relevant",
     )
     mi.add_argument(
         "--output-scores",

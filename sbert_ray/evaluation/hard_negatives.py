@@ -20,10 +20,11 @@ The semantics, read off sentence-transformers 6.3 (``util/hard_negatives.py``; p
   ``num_negatives`` of them (fewer when fewer remain), kept in score order.
 - n-tuples: one row per (anchor, positive) whose anchor has all ``num_negatives`` negatives; the others are left
   out (and counted). Triplets: one row per (anchor, positive, negative).
-- With a teacher (``cross_encoder=``, our ``rescore``) and any of the four filters, every candidate's and every
-  positive pair's score is the teacher's before the filters and the ranking; without a filter the teacher is not
-  used. ``range_max``'s default then also widens for ``min_score``. ``output_scores`` adds the scores of each row's
-  positive and negatives (sentence-transformers' ``scores`` list; here ``score_positive``, ``score_negative_1..n``).
+- With a teacher (``cross_encoder=``, our ``rescore``), every candidate's and every positive pair's score is the
+  teacher's before the filters and the ranking, with or without a filter (as sentence-transformers 6.3 rescores
+  whenever it has a cross-encoder). ``range_max``'s default then also widens for ``min_score``.
+  ``output_scores`` adds the scores of each row's positive and negatives (sentence-transformers' ``scores`` list;
+  here ``score_positive``, ``score_negative_1..n``).
 
 Equal scores go to the lower corpus row here (sentence-transformers leaves ties to ``torch.topk``).
 """
@@ -61,7 +62,7 @@ class MiningSettings:
     sampling: Sampling = "top"
     seed: int = 0  # for random sampling
     output_format: OutputFormat = "n-tuple"
-    rescored: bool = False  # a teacher (a cross-encoder) rescores the candidates and positives when a filter applies
+    rescored: bool = False  # a teacher (a cross-encoder) rescores the candidates and positives
     output_scores: bool = False  # score_positive, score_negative_1..n (or score_negative) beside the texts
 
     def __post_init__(self) -> None:
@@ -88,12 +89,6 @@ class MiningSettings:
         """Whether filters may drop many candidates (then the default window is 10 per negative)."""
         widened = self.margin, self.relative_margin, self.max_score, (self.min_score if self.rescored else None)
         return any(value is not None for value in widened)
-
-    @property
-    def rescores(self) -> bool:
-        """Whether the teacher's scores replace the search's (only a filter uses them, as in sentence-transformers)."""
-        filters = self.margin, self.relative_margin, self.max_score, self.min_score
-        return self.rescored and any(value is not None for value in filters)
 
     def window_end(self, max_positives: int) -> int:
         """range_max, or its default (the module docstring)."""
@@ -267,7 +262,7 @@ def mine(
     """Encode the anchors, search the corpus in chunks (here, or on a ``RayEncoder``'s workers) and choose each
     anchor's negatives. Memory: ``search_corpus``'s bound with k = ``settings.candidates(pairs.max_positives)``.
     ``approximate``: each chunk searched by a faiss HNSW graph (``retrieval.approximate_top_k``), not exactly.
-    ``rescore``: the teacher's scores of (query, text) pairs, used when ``settings.rescores``. ``corpus_chunks``:
+    ``rescore``: the teacher's scores of (query, text) pairs, used when ``settings.rescored``. ``corpus_chunks``:
     the corpus embedded already, chunk by chunk (``RayEncoder.embed_chunks`` of ``text_chunks(pairs.corpus,
     corpus_chunk)``), as each of many anchor shards searches the same corpus."""
     queries = torch.as_tensor(np.asarray(encoder.encode(pairs.queries, batch_size=batch_size, convert_to="numpy")))
@@ -276,7 +271,7 @@ def mine(
     chunks = text_chunks(pairs.corpus, corpus_chunk) if corpus_chunks is None else corpus_chunks
     ranked, positive_scores = search_chunks(encoder, queries, chunks, search, batch_size, progress)
     scores, rows = ranked["cosine"]
-    if settings.rescores:
+    if settings.rescored:
         scores, positive_scores = _rescored(rescore, pairs, rows)
     return choose_negatives(scores, rows, pairs, positive_scores, settings)
 
