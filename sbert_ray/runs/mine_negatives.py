@@ -39,13 +39,14 @@ from sbert_ray.data.records import TEXT_FIELDS, DataError
 from sbert_ray.data.remote_corpus import RemoteCorpus, check_remote_corpus
 from sbert_ray.evaluation.encoder_pool import RayEncoder, replica_resources
 from sbert_ray.evaluation.hard_negatives import MiningPairs, MiningSettings, Negatives, mine, output_columns
-from sbert_ray.evaluation.retrieval import CORPUS_CHUNK, QUERY_CHUNK, check_faiss, text_chunks
+from sbert_ray.evaluation.retrieval import CORPUS_CHUNK, QUERY_CHUNK, check_faiss
 from sbert_ray.models import load_encoder
-from sbert_ray.models.teachers import Teacher, load_teacher
+from sbert_ray.models.teachers import load_teacher
 from sbert_ray.progress import progress_bar
 from sbert_ray.ray_compat import connect_ray
 from sbert_ray.runs import owned_paths
 from sbert_ray.runs.cluster import input_errors_unwrapped, refuse_impossible_encoders
+from sbert_ray.runs.corpus_embeddings import WORK_AREA, CorpusEmbeddings
 from sbert_ray.training.storage import is_remote
 
 SHARD_ANCHORS = 65536  # anchors per output file
@@ -138,32 +139,33 @@ def mine_negatives(request: MineRequest, progress: Callable[[ShardDone], None] =
     shards = range(0, len(pairs.queries), request.shard_size)
     result = MineResult(str(output), len(pairs.queries), len(pairs.corpus), 0, 0, 0, 0, {}, 0.0)
     refuse_impossible_encoders(replica_resources(use_gpu), request.workers)
-    with RayEncoder(encoder, request.workers, use_gpu=use_gpu, resource_wait_s=request.resource_wait_s) as pool:
-        corpus_chunks = None  # embedded once, for the first shard to mine, and searched by every shard after it
+    pool = RayEncoder(encoder, request.workers, use_gpu, resource_wait_s=request.resource_wait_s, teacher=teacher)
+    with pool:
+        embeddings = None  # the corpus embedded once, for the first shard to mine, and read by every shard after it
         for index, first in enumerate(progress_bar(shards, desc="shards", unit="shard")):
             shard_start, path = time.perf_counter(), output / f"part-{index:05d}.parquet"
             if path.exists():
                 result.shards_skipped += 1
                 progress(ShardDone(index, len(shards), pq.ParquetFile(path).metadata.num_rows, True, 0.0))
                 continue
-            if corpus_chunks is None:
-                corpus_chunks = pool.embed_chunks(text_chunks(pairs.corpus, request.corpus_chunk), request.batch_size)
-                result.corpus_chunks_embedded = len(corpus_chunks)
+            if embeddings is None:
+                embeddings = CorpusEmbeddings.open(output, len(pairs.corpus), request.corpus_chunk, request.batch_size)
+                result.corpus_chunks_embedded = embeddings.embed(pool, pairs.corpus, request.batch_size)
             shard = pairs.slice(first, first + request.shard_size)
-            rows = _mine_shard(pool, teacher, shard, request, path, result, corpus_chunks)
+            rows = _mine_shard(pool, shard, request, path, result, embeddings)
             progress(ShardDone(index, len(shards), rows, False, time.perf_counter() - shard_start))
+    owned_paths.remove_work_area(output, WORK_AREA)  # every shard is written: the embeddings are not needed again
     result.seconds = time.perf_counter() - start
     return result
 
 
 def _mine_shard(
     pool: RayEncoder,
-    teacher: Teacher | None,
     pairs: MiningPairs,
     request: MineRequest,
     path: Path,
     result: MineResult,
-    corpus_chunks: list[tuple],
+    embeddings: CorpusEmbeddings,
 ) -> int:
     chunks = progress_bar(total=-(-len(pairs.corpus) // request.corpus_chunk), desc="corpus chunks", unit="chunk")
     with chunks:
@@ -176,8 +178,8 @@ def _mine_shard(
             request.corpus_chunk,
             chunks.update,
             request.approximate,
-            None if teacher is None else functools.partial(_teacher_scores, teacher, request.batch_size),
-            corpus_chunks,
+            None if pool.teacher is None else functools.partial(pool.score, batch_size=request.batch_size),
+            embeddings.chunks(),
         )
     table = pa.table(output_columns(pairs, negatives, request.settings), schema=_schema(request.settings))
     if table.num_rows == 0:  # training would refuse the shard; say why here, with what the filters dropped
@@ -191,11 +193,6 @@ def _mine_shard(
         pq.write_table(table, partial)
     _count(result, negatives, request.settings, table.num_rows)
     return table.num_rows
-
-
-def _teacher_scores(teacher: Teacher, batch_size: int, queries: list[str], texts: list[str]):
-    """The teacher's score of each (query, text) pair."""
-    return teacher.score(queries, [texts], batch_size)[0]
 
 
 def _schema(settings: MiningSettings) -> pa.Schema:
