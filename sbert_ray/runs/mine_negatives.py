@@ -2,18 +2,28 @@
 stage reads directly (``anchor, positive, negative_1..negative_n``, or ``anchor, positive, negative`` triplets).
 
     inputs checked: the pairs (file columns, or a registered dataset), the corpus (file, or an object-storage
-    prefix listed), the settings, the output folder (new, or a mining output of the same inputs)   (no Ray yet)
+    prefix listed), the settings, the teacher (--rescore-with), the output folder (new, or a mining output of the
+    same inputs)   (no Ray yet)
       -> the pairs read and deduplicated on the driver (``MiningPairs``); a remote corpus streamed by Ray Data
+      -> the encoder actors started (each holding the teacher too, with --rescore-with)
+      -> once per run, before the first shard to mine: each corpus chunk encoded on the actors and written to the
+         output's hidden work area, unless an earlier run of the same mining wrote it (``corpus_embeddings``)
       -> per shard of ``shard_size`` anchors, unless its file is already there (a rerun resumes):
-           anchors encoded on the encoder actors; the corpus searched chunk by chunk on them, each chunk's top k
-           merged here (``retrieval.search_corpus``); negatives chosen (``hard_negatives.choose_negatives``);
-           the shard's rows written to a hidden file, renamed to ``part-NNNNN.parquet`` once complete
+           anchors encoded on the actors; the corpus chunks' embeddings read back one at a time and each searched
+           on an actor, each chunk's top k merged here (``retrieval.search_chunks``); with a teacher and a filter,
+           every candidate and positive pair scored on the actors (``RayEncoder.score``); negatives chosen
+           (``hard_negatives.choose_negatives``); the shard's rows written to a hidden file, renamed to
+           ``part-NNNNN.parquet`` once complete
+      -> every shard written: the work area removed
 
-Memory: the driver holds the pairs' and corpus texts, the shard's anchor embeddings and each anchor's top k
-candidates (k = range_max + max_positives: 12 bytes each); a worker holds one corpus chunk (texts, embeddings) and
-one score block of QUERY_CHUNK x CORPUS_CHUNK float32 values. No anchor x corpus score matrix exists anywhere.
-Each shard searches the whole corpus, so the corpus is encoded once per shard: a larger ``shard_size`` encodes it
-fewer times, a smaller one loses less to an interruption.
+Memory: the driver holds the pairs' and corpus texts (for the output rows and the teacher's pairs), the shard's
+anchor embeddings, each anchor's top k candidates (k = range_max + max_positives + 1: 12 bytes each) and, with a
+teacher, their texts and scores; of the corpus embeddings, the chunk it writes or reads (4 bytes x dimensions x
+``corpus_chunk``; those on their way to the actors wait in Ray's object store, two per actor), never all of them. A
+worker holds one corpus chunk's embeddings and one score block of QUERY_CHUNK
+x CORPUS_CHUNK float32 values, or one piece of teacher pairs. No anchor x corpus score matrix exists anywhere. The
+corpus is encoded once per run, whatever ``shard_size``: a smaller one loses less to an interruption and costs one
+more read of the embedding files (disk: 4 bytes x dimensions per corpus text) per shard.
 """
 
 from __future__ import annotations
