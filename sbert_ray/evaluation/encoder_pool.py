@@ -44,11 +44,12 @@ COMMAND_KEYS = ("--workers", "--resource-wait-s")  # what sets a command's repli
 class EncoderReplica:
     """One copy of an encoder on a Ray actor's device (its GPU, or ``threads`` CPU threads): what the actors of
     ``RayEncoder`` and of batch embedding (``sbert_ray.runs.encode_corpus``) hold. ``encoder`` may be a reference to a
-    CPU copy in the object store, which every actor on a node reads once. ``teacher``: a reference to a CPU copy of
-    a ``models.teachers`` teacher, moved onto the same device, for ``score``."""
+    CPU copy in the object store, which every actor on a node reads once. ``teacher``: a ``models.teachers``
+    teacher on the CPU (Ray hands the actor the value of a reference in the object store), moved onto the same
+    device, for ``score``."""
 
     def __init__(
-        self, encoder: SentenceEncoder | ray.ObjectRef, device: str, threads: int, teacher: ray.ObjectRef | None = None
+        self, encoder: SentenceEncoder | ray.ObjectRef, device: str, threads: int, teacher: Teacher | None = None
     ):
         torch.set_num_threads(threads)
         encoder = ray.get(encoder) if isinstance(encoder, ray.ObjectRef) else encoder
@@ -56,7 +57,7 @@ class EncoderReplica:
         self.encoder = encoder.to(device).to_precision(encoder.precision)
         if teacher is not None:
             one_tokenizer_thread()  # as sbert-ray score's actors: the teacher tokenises its pairs here
-        self.teacher = None if teacher is None else ray.get(teacher).to(device)
+        self.teacher = None if teacher is None else teacher.to(device)
 
     def encode(
         self, sentences: list[str], batch_size: int, prompt: str | None = None, max_tokens: int | None = None
