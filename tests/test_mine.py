@@ -20,9 +20,12 @@ from sbert_ray.cli import main
 from sbert_ray.config import ConfigError
 from sbert_ray.data.readers import load_records
 from sbert_ray.evaluation.hard_negatives import MiningPairs, MiningSettings, mine, output_columns
+from sbert_ray.evaluation.retrieval import text_chunks
 from sbert_ray.models.encoder import SentenceEncoder
 from sbert_ray.models.resolve import packaged_model_dir
 from sbert_ray.models.teachers import load_teacher
+from sbert_ray.runs import owned_paths
+from sbert_ray.runs.corpus_embeddings import WORK_AREA, CorpusEmbeddings
 from sbert_ray.runs.mine_negatives import MineRequest, mine_negatives
 
 # Our encoder and sentence-transformers' give all-MiniLM-L6-v2 vectors equal to ~1e-7 (other kernels), so cosine
@@ -272,6 +275,63 @@ def test_mine_writes_parquet_shards_and_a_rerun_resumes(local_ray, tiny_model_di
     assert error.startswith("sbert-ray mine: error: part-00000.parquet: none of its 20 anchors has 2 negatives left")
     assert f"anchor {len(set(pairs.queries[:20]))}," in error
     assert not list(empty.glob("*.parquet"))
+
+
+def test_rescoring_runs_on_the_encoder_actors(local_ray, tiny_model_dir, tiny_cross_encoder_dir, pairs_file, tmp_path):
+    """--rescore-with on two encoder actors, two shards: the negatives of the Ray-free miner with the teacher in
+    this process, and its scores to float32 noise (the actors score pieces of the pairs, batched by length within
+    each piece); the corpus embeddings' work area is gone once every shard is written."""
+    settings = MiningSettings(num_negatives=2, max_score=0.9, rescored=True, output_scores=True)
+    request = MineRequest(
+        str(tiny_model_dir), str(pairs_file), tmp_path / "rescored", settings, "query", "answer", batch_size=8,
+        workers=2, shard_size=30, rescore_with=str(tiny_cross_encoder_dir),
+    )  # fmt: skip
+    assert mine_negatives(request).shards_written == 2
+    written = pa.concat_tables([pq.read_table(p) for p in sorted(Path(request.output).glob("*.parquet"))]).to_pydict()
+    assert not (Path(request.output) / WORK_AREA).exists()
+
+    rows = [json.loads(line) for line in pairs_file.read_text().splitlines()]
+    pairs = MiningPairs.build([r["query"] for r in rows], [r["answer"] for r in rows])
+    teacher = load_teacher(str(tiny_cross_encoder_dir))
+    rescore = lambda queries, texts: teacher.score(queries, [texts], 8)[0]  # noqa: E731
+    negatives = mine(SentenceEncoder.load(str(tiny_model_dir)), pairs, settings, batch_size=8, rescore=rescore)
+    expected = output_columns(pairs, negatives, settings)
+    assert len(written["anchor"]) > 40 and negatives.dropped["max_score"] > 0  # the teacher's scores filtered
+    for name, values in expected.items():
+        if name.startswith("score_"):
+            np.testing.assert_allclose(written[name], values, atol=1e-5, rtol=0)
+        else:
+            assert written[name] == values, name
+
+
+class InProcess:
+    """``RayEncoder.map_unordered`` in this process, the results in reverse order (workers finish in any order)."""
+
+    def __init__(self, encoder: SentenceEncoder):
+        self.encoder = encoder
+
+    def map_unordered(self, function, items, *shared):
+        return reversed([function(self.encoder, *item, *shared) for item in items])
+
+
+def test_corpus_embeddings_are_written_once_and_resumed(tiny_model_dir, dev_sentences, tmp_path):
+    """Each chunk's file holds the embeddings a search of that chunk computes; a rerun encodes only the chunks
+    whose files are missing, and one with another batch size (other padding, other last bits) all of them."""
+    encoder, texts = SentenceEncoder.load(str(tiny_model_dir)), dev_sentences[:50]
+    stored = CorpusEmbeddings.open(tmp_path, len(texts), 16, 8)
+    assert stored.embed(InProcess(encoder), texts, 8) == 4
+    for (embeddings, rows), (chunk, chunk_rows) in zip(stored.chunks(), text_chunks(texts, 16), strict=True):
+        assert torch.equal(rows, chunk_rows)
+        np.testing.assert_array_equal(embeddings, encoder.encode(chunk, batch_size=8, convert_to="numpy"))
+
+    kept = stored.path(0, 16).stat().st_mtime_ns
+    stored.path(16, 32).unlink()  # a run stopped before this chunk's file was written
+    assert CorpusEmbeddings.open(tmp_path, len(texts), 16, 8).embed(InProcess(encoder), texts, 8) == 1
+    assert stored.path(0, 16).stat().st_mtime_ns == kept and stored.path(16, 32).exists()
+    assert CorpusEmbeddings.open(tmp_path, len(texts), 16, 4).embed(InProcess(encoder), texts, 4) == 4
+
+    owned_paths.remove_work_area(tmp_path, WORK_AREA)
+    assert not stored.folder.exists() and tmp_path.is_dir()
 
 
 def blank_anchor(folder: Path) -> str:

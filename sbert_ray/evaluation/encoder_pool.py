@@ -2,7 +2,8 @@
 
 ``RayEncoder`` has the encoder's ``encode`` signature, so every evaluator uses it unchanged; ``map_unordered`` runs
 work that encodes and then reduces on the workers (a retrieval corpus chunk searched for each query's top k, whose
-embeddings never leave the worker). Embeddings are the
+embeddings never leave the worker); ``score`` runs a teacher (a reranker) that the actors hold beside the encoder
+(``sbert-ray mine --rescore-with``: on the same CPUs or GPU, which the two models take in turn). Embeddings are the
 same as a single process computes: the sentences are ordered exactly as ``SentenceEncoder.encode`` orders them
 (token count, longest first, stable), cut into the same batches, and whole batches are dealt round-robin to the
 workers. Each worker's share is then already in encode's order, so it forms the very same padded batches.
@@ -19,7 +20,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import ray
@@ -27,24 +28,36 @@ import torch
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from sbert_ray.models.encoder import SentenceEncoder, smart_batches
+from sbert_ray.models.load import one_tokenizer_thread
 from sbert_ray.ray_compat import connect_ray
 from sbert_ray.reservations import in_bundle, reserve, resources_text
 
+if TYPE_CHECKING:
+    from sbert_ray.models.teachers import Teacher
+
 T = TypeVar("T")
 IN_FLIGHT = 2  # items queued per worker in map_unordered: one running, one ready to start
+BATCHES_PER_PIECE = 16  # a teacher scores pairs in pieces of this many batches, spread over the workers
 COMMAND_KEYS = ("--workers", "--resource-wait-s")  # what sets a command's replicas and bounds its wait for them
 
 
 class EncoderReplica:
     """One copy of an encoder on a Ray actor's device (its GPU, or ``threads`` CPU threads): what the actors of
     ``RayEncoder`` and of batch embedding (``sbert_ray.runs.encode_corpus``) hold. ``encoder`` may be a reference to a
-    CPU copy in the object store, which every actor on a node reads once."""
+    CPU copy in the object store, which every actor on a node reads once. ``teacher``: a ``models.teachers``
+    teacher on the CPU (Ray hands the actor the value of a reference in the object store), moved onto the same
+    device, for ``score``."""
 
-    def __init__(self, encoder: SentenceEncoder | ray.ObjectRef, device: str, threads: int):
+    def __init__(
+        self, encoder: SentenceEncoder | ray.ObjectRef, device: str, threads: int, teacher: Teacher | None = None
+    ):
         torch.set_num_threads(threads)
         encoder = ray.get(encoder) if isinstance(encoder, ray.ObjectRef) else encoder
         # Re-cast on the worker's own device: "bf16" weights become float16 on GPUs without bfloat16.
         self.encoder = encoder.to(device).to_precision(encoder.precision)
+        if teacher is not None:
+            one_tokenizer_thread()  # as sbert-ray score's actors: the teacher tokenises its pairs here
+        self.teacher = None if teacher is None else teacher.to(device)
 
     def encode(
         self, sentences: list[str], batch_size: int, prompt: str | None = None, max_tokens: int | None = None
@@ -58,17 +71,15 @@ class EncoderReplica:
         corpus chunk searched for each query's top k) sends back only the reduction."""
         return function(self.encoder, *args)
 
+    def score(self, queries: list[str], texts: list[str], batch_size: int, start: int) -> tuple[np.ndarray, int]:
+        """The teacher's score of each (query, text) pair (``Teacher.score``, as ``sbert-ray score`` calls it), and
+        ``start``: where the pairs begin in the caller's list."""
+        return self.teacher.score(queries, [texts], batch_size)[0], start
+
     def encode_token_ids(self, ids: dict[str, list[list[int]]], batch_size: int, prompt_length: int = 0) -> np.ndarray:
         return self.encoder.encode_token_ids(
             ids, batch_size=batch_size, convert_to="numpy", prompt_length=prompt_length
         )
-
-
-def _kept_embeddings(
-    encoder: SentenceEncoder, texts: Sequence[str], rows: torch.Tensor, batch_size: int
-) -> tuple[ray.ObjectRef, torch.Tensor]:
-    """A chunk's embeddings, put in the object store by the worker (the caller holds only the reference)."""
-    return ray.put(encoder.encode(texts, batch_size=batch_size, convert_to="numpy")), rows
 
 
 def replica_resources(use_gpu: bool, cpus: float = 1) -> dict[str, float]:
@@ -97,8 +108,9 @@ class RayEncoder:
     """Drop-in for ``SentenceEncoder.encode`` that runs on ``num_workers`` Ray actors (one GPU each with
     ``use_gpu``; or each on ``replica``'s resources, a GPU share among them), started in a placement group reserved
     for them within ``resource_wait_s`` (else ``ResourcesBusy`` naming what is missing and ``keys``: the commands'
-    ``--workers`` and ``--resource-wait-s`` by default). Use as a context manager, or call ``close()``, to release
-    the actors and their resources."""
+    ``--workers`` and ``--resource-wait-s`` by default). With a ``teacher`` (``models.teachers``) each actor holds
+    it too, for ``score``. Use as a context manager, or call ``close()``, to release the actors and their
+    resources."""
 
     def __init__(
         self,
@@ -109,19 +121,22 @@ class RayEncoder:
         resource_wait_s: float = 600.0,
         replica: dict[str, float] | None = None,
         keys: tuple[str, str] = COMMAND_KEYS,
+        teacher: Teacher | None = None,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         connect_ray()  # as every driver: RAY_ADDRESS's cluster, else a fresh local one on 127.0.0.1
         self.encoder = encoder  # kept for tokenisation (the batch order) and its attributes
+        self.teacher = teacher
         bundle = {"GPU": 0, **(replica or replica_resources(use_gpu, cpus_per_worker))}
         self.group = reserve_replicas(bundle, num_workers, resource_wait_s, keys)
         shared = shareable(encoder)
+        shared_teacher = None if teacher is None else ray.put(teacher)  # loaded on the CPU (load_teacher)
         actor = ray.remote(EncoderReplica)
         device, threads = "cuda" if bundle["GPU"] else "cpu", max(1, math.ceil(bundle["CPU"]))
         self.workers = [
             actor.options(num_cpus=bundle["CPU"], num_gpus=bundle["GPU"], **in_bundle(self.group, i)).remote(
-                shared, device, threads
+                shared, device, threads, shared_teacher
             )
             for i in range(num_workers)
         ]
@@ -161,20 +176,36 @@ class RayEncoder:
         order). ``shared`` goes to the object store once; each worker has at most IN_FLIGHT items queued, so what
         waits here for the caller stays bounded whatever the number of items."""
         shared = [ray.put(value) for value in shared]
+        yield from self._spread(lambda worker, item: worker.apply.remote(function, *item, *shared), items)
+
+    def score(self, queries: Sequence[str], texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
+        """The teacher's score of each (query, text) pair, in pieces of BATCHES_PER_PIECE batches scored on the
+        workers. A piece's pairs are batched as one ``Teacher.score`` call of them batches them (a cross-encoder
+        sorts its pairs by length), so a score may differ from one call over all pairs in the last bits (float32:
+        ~1e-7), as another batch size would make it differ."""
+        if self.teacher is None:
+            raise ValueError("this RayEncoder was started without a teacher")
+        piece = batch_size * BATCHES_PER_PIECE
+        pieces = (
+            (list(queries[start : start + piece]), list(texts[start : start + piece]), batch_size, start)
+            for start in range(0, len(queries), piece)
+        )
+        out = np.empty(len(queries), dtype=np.float32)
+        for scores, start in self._spread(lambda worker, item: worker.score.remote(*item), pieces):
+            out[start : start + len(scores)] = scores
+        return out
+
+    def _spread(self, submit: Callable[[ray.actor.ActorHandle, tuple], ray.ObjectRef], items: Iterable[tuple]):
+        """``submit(worker, item)`` for each item, each worker given at most IN_FLIGHT at a time; the results as
+        they finish."""
         pending, idle = {}, [w for w in self.workers for _ in range(IN_FLIGHT)]
         for item in items:
             if not idle:
                 yield from self._next_done(pending, idle)
             worker = idle.pop()
-            pending[worker.apply.remote(function, *item, *shared)] = worker
+            pending[submit(worker, item)] = worker
         while pending:
             yield from self._next_done(pending, idle)
-
-    def embed_chunks(self, chunks: Iterable[tuple[Sequence[str], torch.Tensor]], batch_size: int) -> list[tuple]:
-        """Each chunk (texts, their rows) encoded once on the workers and kept in Ray's object store, which spills
-        to disk when it fills: (its embeddings' reference, its rows) in the order they finish. For a corpus
-        searched again and again (one mining shard after another), searched as it is by ``search_chunks``."""
-        return list(self.map_unordered(_kept_embeddings, chunks, batch_size))
 
     @staticmethod
     def _next_done(pending: dict, idle: list) -> Iterator:

@@ -32,7 +32,7 @@ Equal scores go to the lower corpus row here (sentence-transformers leaves ties 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -257,14 +257,14 @@ def mine(
     progress: Callable[[int], None] = lambda chunks: None,
     approximate: bool = False,
     rescore: Callable[[list[str], list[str]], np.ndarray] | None = None,
-    corpus_chunks: list[tuple] | None = None,
+    corpus_chunks: Iterable[tuple] | None = None,
 ) -> Negatives:
     """Encode the anchors, search the corpus in chunks (here, or on a ``RayEncoder``'s workers) and choose each
     anchor's negatives. Memory: ``search_corpus``'s bound with k = ``settings.candidates(pairs.max_positives)``.
     ``approximate``: each chunk searched by a faiss HNSW graph (``retrieval.approximate_top_k``), not exactly.
     ``rescore``: the teacher's scores of (query, text) pairs, used when ``settings.rescored``. ``corpus_chunks``:
-    the corpus embedded already, chunk by chunk (``RayEncoder.embed_chunks`` of ``text_chunks(pairs.corpus,
-    corpus_chunk)``), as each of many anchor shards searches the same corpus."""
+    the corpus embedded already, chunk by chunk (the embeddings of ``text_chunks(pairs.corpus, corpus_chunk)``
+    and their rows: ``runs.corpus_embeddings``), as each of many anchor shards searches the same corpus."""
     queries = torch.as_tensor(np.asarray(encoder.encode(pairs.queries, batch_size=batch_size, convert_to="numpy")))
     k = settings.candidates(pairs.max_positives)
     search = ChunkSearch(k, ("cosine",), query_chunk, pairs.pair_rows(), approximate)

@@ -190,7 +190,7 @@ def search_chunk(
     """Encode one corpus chunk (``texts``, whose corpus rows are ``rows``, ascending) and search it: its top k per
     query (``chunk_top_k``) and the scores of the ``search.pairs`` that fall in it (``pair_scores``). What one
     worker does with one chunk (``search_chunks``). ``texts`` may be the chunk's embeddings already, kept from an
-    earlier search of the same corpus (``RayEncoder.embed_chunks``)."""
+    earlier encoding of the same corpus (``runs.corpus_embeddings``)."""
     if isinstance(texts, np.ndarray):  # from the object store, read-only, as the queries
         chunk = torch.from_numpy(texts.copy())
     else:

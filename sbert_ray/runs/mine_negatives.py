@@ -2,18 +2,28 @@
 stage reads directly (``anchor, positive, negative_1..negative_n``, or ``anchor, positive, negative`` triplets).
 
     inputs checked: the pairs (file columns, or a registered dataset), the corpus (file, or an object-storage
-    prefix listed), the settings, the output folder (new, or a mining output of the same inputs)   (no Ray yet)
+    prefix listed), the settings, the teacher (--rescore-with), the output folder (new, or a mining output of the
+    same inputs)   (no Ray yet)
       -> the pairs read and deduplicated on the driver (``MiningPairs``); a remote corpus streamed by Ray Data
+      -> the encoder actors started (each holding the teacher too, with --rescore-with)
+      -> once per run, before the first shard to mine: each corpus chunk encoded on the actors and written to the
+         output's hidden work area, unless an earlier run of the same mining wrote it (``corpus_embeddings``)
       -> per shard of ``shard_size`` anchors, unless its file is already there (a rerun resumes):
-           anchors encoded on the encoder actors; the corpus searched chunk by chunk on them, each chunk's top k
-           merged here (``retrieval.search_corpus``); negatives chosen (``hard_negatives.choose_negatives``);
-           the shard's rows written to a hidden file, renamed to ``part-NNNNN.parquet`` once complete
+           anchors encoded on the actors; the corpus chunks' embeddings read back one at a time and each searched
+           on an actor, each chunk's top k merged here (``retrieval.search_chunks``); with a teacher and a filter,
+           every candidate and positive pair scored on the actors (``RayEncoder.score``); negatives chosen
+           (``hard_negatives.choose_negatives``); the shard's rows written to a hidden file, renamed to
+           ``part-NNNNN.parquet`` once complete
+      -> every shard written: the work area removed
 
-Memory: the driver holds the pairs' and corpus texts, the shard's anchor embeddings and each anchor's top k
-candidates (k = range_max + max_positives: 12 bytes each); a worker holds one corpus chunk (texts, embeddings) and
-one score block of QUERY_CHUNK x CORPUS_CHUNK float32 values. No anchor x corpus score matrix exists anywhere.
-Each shard searches the whole corpus, so the corpus is encoded once per shard: a larger ``shard_size`` encodes it
-fewer times, a smaller one loses less to an interruption.
+Memory: the driver holds the pairs' and corpus texts (for the output rows and the teacher's pairs), the shard's
+anchor embeddings, each anchor's top k candidates (k = range_max + max_positives + 1: 12 bytes each) and, with a
+teacher, their texts and scores; of the corpus embeddings, the chunk it writes or reads (4 bytes x dimensions x
+``corpus_chunk``; those on their way to the actors wait in Ray's object store, two per actor), never all of them. A
+worker holds one corpus chunk's embeddings and one score block of QUERY_CHUNK
+x CORPUS_CHUNK float32 values, or one piece of teacher pairs. No anchor x corpus score matrix exists anywhere. The
+corpus is encoded once per run, whatever ``shard_size``: a smaller one loses less to an interruption and costs one
+more read of the embedding files (disk: 4 bytes x dimensions per corpus text) per shard.
 """
 
 from __future__ import annotations
@@ -39,13 +49,14 @@ from sbert_ray.data.records import TEXT_FIELDS, DataError
 from sbert_ray.data.remote_corpus import RemoteCorpus, check_remote_corpus
 from sbert_ray.evaluation.encoder_pool import RayEncoder, replica_resources
 from sbert_ray.evaluation.hard_negatives import MiningPairs, MiningSettings, Negatives, mine, output_columns
-from sbert_ray.evaluation.retrieval import CORPUS_CHUNK, QUERY_CHUNK, check_faiss, text_chunks
+from sbert_ray.evaluation.retrieval import CORPUS_CHUNK, QUERY_CHUNK, check_faiss
 from sbert_ray.models import load_encoder
-from sbert_ray.models.teachers import Teacher, load_teacher
+from sbert_ray.models.teachers import load_teacher
 from sbert_ray.progress import progress_bar
 from sbert_ray.ray_compat import connect_ray
 from sbert_ray.runs import owned_paths
 from sbert_ray.runs.cluster import input_errors_unwrapped, refuse_impossible_encoders
+from sbert_ray.runs.corpus_embeddings import WORK_AREA, CorpusEmbeddings
 from sbert_ray.training.storage import is_remote
 
 SHARD_ANCHORS = 65536  # anchors per output file
@@ -138,32 +149,33 @@ def mine_negatives(request: MineRequest, progress: Callable[[ShardDone], None] =
     shards = range(0, len(pairs.queries), request.shard_size)
     result = MineResult(str(output), len(pairs.queries), len(pairs.corpus), 0, 0, 0, 0, {}, 0.0)
     refuse_impossible_encoders(replica_resources(use_gpu), request.workers)
-    with RayEncoder(encoder, request.workers, use_gpu=use_gpu, resource_wait_s=request.resource_wait_s) as pool:
-        corpus_chunks = None  # embedded once, for the first shard to mine, and searched by every shard after it
+    pool = RayEncoder(encoder, request.workers, use_gpu, resource_wait_s=request.resource_wait_s, teacher=teacher)
+    with pool:
+        embeddings = None  # the corpus embedded once, for the first shard to mine, and read by every shard after it
         for index, first in enumerate(progress_bar(shards, desc="shards", unit="shard")):
             shard_start, path = time.perf_counter(), output / f"part-{index:05d}.parquet"
             if path.exists():
                 result.shards_skipped += 1
                 progress(ShardDone(index, len(shards), pq.ParquetFile(path).metadata.num_rows, True, 0.0))
                 continue
-            if corpus_chunks is None:
-                corpus_chunks = pool.embed_chunks(text_chunks(pairs.corpus, request.corpus_chunk), request.batch_size)
-                result.corpus_chunks_embedded = len(corpus_chunks)
+            if embeddings is None:
+                embeddings = CorpusEmbeddings.open(output, len(pairs.corpus), request.corpus_chunk, request.batch_size)
+                result.corpus_chunks_embedded = embeddings.embed(pool, pairs.corpus, request.batch_size)
             shard = pairs.slice(first, first + request.shard_size)
-            rows = _mine_shard(pool, teacher, shard, request, path, result, corpus_chunks)
+            rows = _mine_shard(pool, shard, request, path, result, embeddings)
             progress(ShardDone(index, len(shards), rows, False, time.perf_counter() - shard_start))
+    owned_paths.remove_work_area(output, WORK_AREA)  # every shard is written: the embeddings are not needed again
     result.seconds = time.perf_counter() - start
     return result
 
 
 def _mine_shard(
     pool: RayEncoder,
-    teacher: Teacher | None,
     pairs: MiningPairs,
     request: MineRequest,
     path: Path,
     result: MineResult,
-    corpus_chunks: list[tuple],
+    embeddings: CorpusEmbeddings,
 ) -> int:
     chunks = progress_bar(total=-(-len(pairs.corpus) // request.corpus_chunk), desc="corpus chunks", unit="chunk")
     with chunks:
@@ -176,8 +188,8 @@ def _mine_shard(
             request.corpus_chunk,
             chunks.update,
             request.approximate,
-            None if teacher is None else functools.partial(_teacher_scores, teacher, request.batch_size),
-            corpus_chunks,
+            None if pool.teacher is None else functools.partial(pool.score, batch_size=request.batch_size),
+            embeddings.chunks(),
         )
     table = pa.table(output_columns(pairs, negatives, request.settings), schema=_schema(request.settings))
     if table.num_rows == 0:  # training would refuse the shard; say why here, with what the filters dropped
@@ -191,11 +203,6 @@ def _mine_shard(
         pq.write_table(table, partial)
     _count(result, negatives, request.settings, table.num_rows)
     return table.num_rows
-
-
-def _teacher_scores(teacher: Teacher, batch_size: int, queries: list[str], texts: list[str]):
-    """The teacher's score of each (query, text) pair."""
-    return teacher.score(queries, [texts], batch_size)[0]
 
 
 def _schema(settings: MiningSettings) -> pa.Schema:

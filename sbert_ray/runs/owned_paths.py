@@ -10,6 +10,8 @@
 - An output a rerun resumes (``encode``'s, ``mine``'s) is claimed here: a new or empty folder gets a marker file
   naming the settings its contents depend on; one with the marker is resumed; anything else is refused
   (``claim_output``). Marker files, the run record among them, are written whole or not at all (``write_marker``).
+- Files such an output's rerun reuses but that are not part of it (``mine``'s corpus embeddings) live in a hidden work
+  area inside it, made, started afresh and removed only here (``work_area``, ``remove_work_area``).
 
 A run folder (``--restart``) is ours when it holds a run record or Ray Train checkpoints: ``runs.record.archive``.
 """
@@ -208,6 +210,29 @@ def claim_output(folder: str, marker: str, settings: dict[str, Any], not_ours: s
         write_marker(folder, marker, settings)
         return settings
     return recorded
+
+
+def work_area(output: Path, name: str, marker: str, settings: dict[str, Any]) -> Path:
+    """The hidden folder ``name`` inside ``output`` (a local output claimed already: ``claim_output``), marked with
+    ``settings`` (what its files depend on beyond the output's own marker), for files a rerun reuses. One marked
+    with other settings (or unmarked: a run stopped while making it) is removed and made afresh: its files would not
+    be this run's."""
+    folder = _work_area(output, name)
+    if read_marker(str(folder), marker) != settings:
+        shutil.rmtree(folder, ignore_errors=True)
+        write_marker(str(folder), marker, settings)
+    return folder
+
+
+def remove_work_area(output: Path, name: str) -> None:
+    """Remove ``output``'s work area ``name`` (``work_area``), if there: the output is complete without it."""
+    shutil.rmtree(_work_area(output, name), ignore_errors=True)
+
+
+def _work_area(output: Path, name: str) -> Path:
+    if not name.startswith(".") or "/" in name:
+        raise ValueError(f"a work area is a hidden folder directly inside the output, not {name!r}")
+    return output / name
 
 
 def _now() -> str:
