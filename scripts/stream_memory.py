@@ -246,6 +246,8 @@ def drive(cluster: Cluster, config: Path, log: Path, until: Callable[[], bool] |
             driver.kill()
         code = driver.wait(timeout=RUN_TIMEOUT_S)
     finally:
+        if driver.poll() is None:  # stopped early (an error, Ctrl-C): no driver outlives the cluster it runs on
+            driver.kill()
         peaks.stop()
     if code != 0 and (until is None or code != -9):
         raise RuntimeError(f"sbert-ray train exited with {code}:\n{log.read_text()[-3000:]}")
