@@ -312,8 +312,9 @@ class Metrics:
         return self.history(suffix)[-1].timestamp / 1000
 
     def at_step(self, suffix: str, step: int) -> float:
-        (point,) = [m for m in self.history(suffix) if m.step == step]
-        return point.value
+        """The value logged last at ``step``: a killed run may have logged steps past its resume point, which the
+        resumed run logs again."""
+        return max((m for m in self.history(suffix) if m.step == step), key=lambda m: m.timestamp).value
 
 
 def resume_points(storage: Path) -> list[Path]:
