@@ -323,6 +323,9 @@ def test_a_run_resumed_from_a_mid_epoch_checkpoint_ends_where_the_uninterrupted_
     final = train(config, resumed, restored=checkpoint)
 
     assert (final.stage, final.global_step, final.stage_done) == (1, 10, True)
+    # the resumed process times its own start to its first step (step 3), never as the run's first step
+    starts = [(step, name) for step, metrics in resumed.logged for name in metrics if name.startswith("train/time_to")]
+    assert starts == [(3, "train/time_to_resumed_step_s")], starts
     positions_and_losses = [
         [{k: v for k, v in r.items() if k != "pairs_per_s"} for r in run.reports] for run in (whole, resumed)
     ]

@@ -201,7 +201,9 @@ def train_stage(
         state.epoch, state.batch = batch.epoch, batch.position
         window_steps += 1
         if (first_step_s := meter.after_step(state.global_step)) is not None:
-            reporter.log({"train/time_to_first_step_s": first_step_s}, step=1)
+            # a resumed run's own start (what a restart costs before training goes on) under a name of its own
+            name = "train/time_to_first_step_s" if state.global_step == 1 else "train/time_to_resumed_step_s"
+            reporter.log({name: first_step_s}, step=state.global_step)
         last = state.step == settings.total_steps
         report = last or (settings.eval_every and state.step % settings.eval_every == 0)
         stop = False

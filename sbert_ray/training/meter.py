@@ -40,17 +40,19 @@ class StepMeter:
         self.pairs += pairs
 
     def after_step(self, global_step: int) -> float | None:
-        """Call after every optimizer step; returns the time to the first step at the run's first one (a run that
-        starts from scratch), None otherwise. Steady throughput counts from this process's first step on."""
+        """Call after every optimizer step; returns the seconds to this process's first step at that step (a run
+        that starts from scratch: its first step, kept as ``time_to_first_step``; a resumed one: its first step
+        after the resume), None at every later step. Steady throughput counts from this process's first step on."""
         if self.has_stepped:
             return None
         self.has_stepped = True
         self.first_step_at = time.perf_counter()
+        synchronize(self.device)
+        seconds = time.time() - self.started
         if global_step == 1:
-            synchronize(self.device)
-            self.time_to_first_step = time.time() - self.started
+            self.time_to_first_step = seconds
         self.restart()
-        return self.time_to_first_step
+        return seconds
 
     @contextlib.contextmanager
     def reporting(self) -> Iterator[None]:
