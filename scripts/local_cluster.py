@@ -48,9 +48,9 @@ NO_STATE_API = {"RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9"}
 # A cluster on this machine (the tests', this script's) runs many short fits one after another on a few CPUs. Ray
 # keeps no more idle worker processes than CPUs and ends an idle one after 1 s, so each fit's Ray Data and
 # evaluation tasks start processes anew, each importing torch and transformers; kept warm, the next fit of the same
-# driver reuses them (2026-12-06, a tiny 2-worker fit: ~51 CPU-s -> ~34). Ray Train's controller polls its workers
-# every 2 s, and every fit waits for a poll after its last step; a killed node is declared dead after 5 missed
-# health checks 1 s apart, not 3 s.
+# driver reuses them (2026-12-06, a tiny 2-worker fit: ~50 CPU-s -> ~32, scripts/fit_cpu.py; docs/testing.md).
+# Ray Train's controller polls its workers every 2 s, and every fit waits for a poll after its last step; a killed
+# node is declared dead after 5 missed health checks 1 s apart, not 3 s.
 LOCAL_CLUSTER_TUNING = {
     "RAY_num_workers_soft_limit": "8",
     "RAY_idle_worker_killing_time_threshold_ms": "600000",
