@@ -45,18 +45,11 @@ S3_CREDENTIALS = {
 # dashboard, and several clusters run on this machine, so the lookup would go to whichever one Ray finds first and
 # hang until it times out (12 s added to the end of every fit). Pointed at a closed port, it fails at once.
 NO_STATE_API = {"RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9"}
-# A cluster on this machine (the tests', this script's) runs many short fits one after another on a few CPUs. Ray
-# keeps no more idle worker processes than CPUs and ends an idle one after 1 s, so each fit's Ray Data and
-# evaluation tasks start processes anew, each importing torch and transformers; kept warm, the next fit of the same
-# driver reuses them (2026-12-06, a tiny 2-worker fit: ~50 CPU-s -> ~32, scripts/fit_cpu.py; docs/testing.md).
-# Ray Train's controller polls its workers every 2 s, and every fit waits for a poll after its last step; a killed
-# node is declared dead after 5 missed health checks 1 s apart, not 3 s.
-LOCAL_CLUSTER_TUNING = {
-    "RAY_num_workers_soft_limit": "8",
-    "RAY_idle_worker_killing_time_threshold_ms": "600000",
-    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
-    "RAY_health_check_period_ms": "1000",
-}
+# The tests' local cluster runs many short fits of one driver after another on 2 CPUs. Ray keeps no more idle worker
+# processes than CPUs and ends an idle one after 1 s, so each fit's Ray Data and evaluation tasks start processes
+# anew, each importing torch and transformers; kept warm, the next fit of the same driver reuses them (2026-12-06,
+# a tiny 2-worker fit: ~50 CPU-s -> ~32, scripts/fit_cpu.py; docs/testing.md).
+WARM_WORKERS = {"RAY_num_workers_soft_limit": "8", "RAY_idle_worker_killing_time_threshold_ms": "600000"}
 
 
 def free_port() -> int:
@@ -215,7 +208,7 @@ def start_head(root: Path, env: dict[str, str], cpus: int | None = None) -> Head
     home = root / "home"
     home.mkdir()
     # Ray's socket paths must stay short, so its temp dir is a short one of its own rather than under ``root``.
-    env = {**env, **LOCAL_CLUSTER_TUNING, "HOME": str(home), "RAY_TMPDIR": tempfile.mkdtemp(prefix="sr-", dir="/tmp")}
+    env = {**env, "HOME": str(home), "RAY_TMPDIR": tempfile.mkdtemp(prefix="sr-", dir="/tmp")}
     ports = {name: free_port() for name in ("gcs", "dashboard", "agent", "client")}
     commands = recipe_commands()
     setup = commands[: next(i for i, c in enumerate(commands) if c.startswith("ray start")) + 1]

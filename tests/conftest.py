@@ -40,9 +40,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.cluster)
         if fixtures & SERVER_FIXTURES:
             item.add_marker(pytest.mark.servers)
-    # The tests of the token-authenticated head last: a `connect` test shuts the session's local cluster down (the
-    # next local test starts it anew, ~10 s), and the head, once started, idles beside every later test.
-    items.sort(key=lambda item: "token_head" in getattr(item, "fixturenames", ()))
 
 
 def process_table() -> dict[int, tuple[int, str]]:

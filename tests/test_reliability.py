@@ -315,7 +315,7 @@ def test_interrupted_sweep_from_its_own_directory_frees_its_trial_and_resumes_wi
     with (tmp_path / "data" / "pairs.csv").open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["sentence1", "sentence2", "score"])
-        writer.writerows((r.sentence1, r.sentence2, r.score) for r in load_records("stsb", "train", data_dir)[:64])
+        writer.writerows((r.sentence1, r.sentence2, r.score) for r in load_records("stsb", "train", data_dir)[:256])
     with (tmp_path / "data" / "held-out.jsonl").open("w") as f:
         for r in load_records("stsb", "dev", data_dir)[:50]:
             f.write(json.dumps({"sentence1": r.sentence1, "sentence2": r.sentence2, "score": r.score}) + "\n")
@@ -329,11 +329,12 @@ def test_interrupted_sweep_from_its_own_directory_frees_its_trial_and_resumes_wi
             "output_dir": "models",
             "model": {"name": "random:tiny"},
             "stages": [{"dataset": "data/pairs.csv", "objective": "regression", "batch_size": 8}],
-            # A report every 2 of the 8 steps: Ctrl-C comes after the second trial's first report, and a report only
-            # at the stage's end left too little of the trial to interrupt (it had finished when Ctrl-C came, once).
+            # A report every 4 of the 32 steps: Ctrl-C comes after the second trial's first report. A report only at
+            # the end of 8 steps, then every 2 of 8, left too little of the trial to interrupt: it had finished when
+            # Ctrl-C came (CI of abd5ca1; 2026-12-06, with the test cluster's warm workers).
             "evaluation": {
                 "dev_limit": 50,
-                "eval_every": 2,
+                "eval_every": 4,
                 "final_tasks": ["pairs:data/held-out.jsonl"],
                 "async_dev": False,
             },
