@@ -10,7 +10,7 @@ stage reads directly (``anchor, positive, negative_1..negative_n``, or ``anchor,
          output's hidden work area, unless an earlier run of the same mining wrote it (``corpus_embeddings``)
       -> per shard of ``shard_size`` anchors, unless its file is already there (a rerun resumes):
            anchors encoded on the actors; the corpus chunks' embeddings read back one at a time and each searched
-           on an actor, each chunk's top k merged here (``retrieval.search_chunks``); with a teacher and a filter,
+           on an actor, each chunk's top k merged here (``retrieval.search_chunks``); with a teacher (--rescore-with),
            every candidate and positive pair scored on the actors (``RayEncoder.score``); negatives chosen
            (``hard_negatives.choose_negatives``); the shard's rows written to a hidden file, renamed to
            ``part-NNNNN.parquet`` once complete
