@@ -353,9 +353,18 @@ def train_prepared(
         per_pass = math.ceil(shards * shard_rows // WORKERS / (BATCH // WORKERS))
         position = int(at * per_pass)
         (point / "train_state.json").write_text(json.dumps({**state, "batch": position}))
-        again = drive(cluster, config, root / "resumed.log",
-                      until=lambda: any(m.step > state["global_step"] for m in metrics.history("/read")))  # fmt: skip
-    report = min(m.step for m in metrics.history("/read") if m.step > state["global_step"])
+        relaunched = time.time()
+
+        def resumed_reads() -> list:
+            # Only the resumed run's: the killed run may have logged reads past its last complete resume point.
+            return [
+                m
+                for m in metrics.history("/read")
+                if m.step > state["global_step"] and m.timestamp / 1000 >= relaunched
+            ]
+
+        again = drive(cluster, config, root / "resumed.log", until=lambda: bool(resumed_reads()))
+    report = min(m.step for m in resumed_reads())
     return Measured(
         pairs=shards * shard_rows,
         driver_mb=first.driver_mb,
