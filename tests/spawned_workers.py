@@ -5,6 +5,7 @@ test module that imports sentence-transformers or Ray each process spent ~15 s i
 
 from __future__ import annotations
 
+import faulthandler
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -26,6 +27,10 @@ from sbert_ray.training.sharding import gradients_kept_local, shard_encoder
 from sbert_ray.training.sparse_embeddings import densify, sparse_embedding_gradients
 
 CPU = torch.device("cpu")
+# A spawned process that dies of a signal (a SIGABRT once took a worker of test_fsdp.py's runs in CI, not seen again
+# in 11 runs here) leaves no traceback; pytest's own handler covers only its process. Every spawned process imports
+# this module first, so each prints its threads' stacks if it dies so.
+faulthandler.enable()
 
 
 def trainable_grads(module: torch.nn.Module) -> dict[str, torch.Tensor]:
