@@ -1,10 +1,14 @@
 """Session-wide real servers and one token-authenticated Ray cluster, started as scripts/local_cluster.py does:
 an S3-compatible object store (moto's server), an `mlflow server` with its artifacts in that store, and a Ray
-head started with README's own job-submission commands in a fresh HOME. Tests that need a second node add it."""
+head started with README's own job-submission commands in a fresh HOME. Tests that need a second node add it. And
+what tests read of a cluster: its placement groups, Train workers, registered checkpoints."""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import local_cluster
 import psutil
@@ -96,3 +100,22 @@ def train_workers() -> list[psutil.Process]:
         except psutil.NoSuchProcess:  # ended meanwhile
             pass
     return workers
+
+
+def wait_for_registered_checkpoint(run_dir: Path, global_step: int = 1, timeout: float = 400) -> None:
+    """Wait until Ray has registered a checkpoint of ``global_step`` or later (its snapshot's latest): only then can
+    a restart use it. The timeout is generous: a driver starting its own Ray cluster on 2 busy cores can take
+    minutes."""
+    snapshot = run_dir / "checkpoint_manager_snapshot.json"
+    deadline = time.time() + timeout
+    while not (snapshot.exists() and _latest_step(snapshot.read_text()) >= global_step):
+        assert time.time() < deadline, f"no checkpoint of step {global_step} or later was registered"
+        time.sleep(0.2)
+
+
+def _latest_step(snapshot: str) -> int:
+    try:
+        latest = json.loads(snapshot)["latest_checkpoint_result"]
+    except json.JSONDecodeError:  # caught while Ray rewrites it
+        return 0
+    return latest["metrics"]["global_step"] if latest else 0

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 import yaml
-from cluster_fixtures import live_placement_groups, train_workers
+from cluster_fixtures import live_placement_groups, train_workers, wait_for_registered_checkpoint
 from mlflow.tracking import MlflowClient
 
 from sbert_ray.cli import main
@@ -396,51 +396,70 @@ def test_interrupted_sweep_from_its_own_directory_frees_its_trial_and_resumes_wi
 # ------------------------------------------------------------------------------------ reruns
 
 
-def first_of_two_trains_at_once(path: Path, local_ray: str) -> str:
-    """``sbert-ray train path`` twice at once, as two processes joining the session's cluster, on a fresh MLflow
-    store (its creation is serialised too): one trains, the other is refused at once naming the first's host and
-    pid (``runs.run_lease``); the metrics are logged once per step. Returns the output of the one that trained."""
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path), "RAY_ADDRESS": local_ray}
-    command = [str(local_cluster.BIN / "sbert-ray"), "train", str(path), "--quiet"]
-    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-            for _ in range(2)]  # fmt: skip
-    outputs = [run.communicate(timeout=600) for run in runs]
-    codes = [run.returncode for run in runs]
-    assert sorted(codes) == [0, 2], (codes, [err[-3000:] for _, err in outputs])
-    winner, loser = (0, 1) if codes[0] == 0 else (1, 0)
-    refused = outputs[loser][1]
-    run_dir = path.parent / "runs" / path.stem
-    assert f"sbert-ray train: error: {run_dir} is being trained by another process (host {socket.gethostname()}, " \
-           f"pid {runs[winner].pid}, started " in refused  # fmt: skip
-    assert "Traceback" not in refused
-
-    client = MlflowClient(f"sqlite:///{path.parent / 'mlflow.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name("sbert-ray").experiment_id])
-    steps = [metric.step for metric in client.get_metric_history(run.info.run_id, "train/loss")]
-    assert run.info.status == "FINISHED" and steps and len(steps) == len(set(steps)), steps
-    return outputs[winner][0]
+def wait_for_one_to_end(processes: list[subprocess.Popen], timeout: float) -> subprocess.Popen:
+    deadline = time.time() + timeout
+    while not any(process.poll() is not None for process in processes):
+        assert time.time() < deadline, f"none of {len(processes)} processes ended in {timeout} s"
+        time.sleep(0.2)
+    return next(process for process in processes if process.returncode is not None)
 
 
-def test_finished_run_is_not_retrained_another_config_is_refused_and_restart_trains_anew(
+def test_one_of_two_drivers_trains_a_killed_one_resumes_a_finished_one_stays_and_restart_trains_anew(
     local_ray, tiny_train_config, tmp_path, capsys
 ):
-    """Started twice at once, one trains (``first_of_two_trains_at_once``: one fit for both claims). Its final
-    model goes to output_dir beside someone else's model: --restart swaps our own model for the new one
-    (sbert_ray.runs.owned_paths), and the neighbour's files survive both runs."""
+    """One run through its life (three fits for what took four as two tests). ``sbert-ray train`` twice at once, as
+    two processes joining the session's cluster, on a fresh MLflow store (its creation is serialised too): one
+    trains, the other is refused at once naming the first's host and pid (``runs.run_lease``); the metrics are
+    logged once per step. The one that trains is killed mid-run (as a cancelled job): the same command continues the
+    same MLflow run from its checkpoint. Run again once finished, nothing trains; another config under the same name
+    is refused; --restart trains it anew. Its final model goes to output_dir beside someone else's model: --restart
+    swaps our own model for the new one (sbert_ray.runs.owned_paths), and the neighbour's files survive every run."""
     output, neighbour = tmp_path / "models" / "mine", tmp_path / "models" / "other-model" / "config.json"
     neighbour.parent.mkdir(parents=True)
     neighbour.write_text("someone else's model")
-    path = tiny_train_config(name="rerun")
+    # 100 steps, a report (and a resume point) every 20: the kill comes after the first, while 80 steps remain
+    # (~0.2 s per 10 steps on a warm cluster: 30 steps were all done before the kill).
+    path = tiny_train_config(name="rerun", limit=800, eval_every=20)
     path.write_text(path.read_text() + f"output_dir: {output}\n")
-    first = first_of_two_trains_at_once(path, local_ray)
     run_dir = path.parent / "runs" / "rerun"
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path), "RAY_ADDRESS": local_ray}
+    command = [str(local_cluster.BIN / "sbert-ray"), "train", str(path), "--quiet"]
+    logs = [tmp_path / f"driver-{i}.log" for i in range(2)]  # files: a pipe nobody reads would block the trainer
+    drivers = [subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log.open("w"), env=env,
+                                start_new_session=True) for log in logs]  # fmt: skip
+    try:
+        # The refused one ends at once; the other trains on until it is killed.
+        ended = wait_for_one_to_end(drivers, timeout=300)
+        winner = drivers[1 - drivers.index(ended)]
+        refused = logs[drivers.index(ended)].read_text()
+        assert ended.returncode == 2 and winner.poll() is None, (ended.returncode, refused[-3000:])
+        assert f"sbert-ray train: error: {run_dir} is being trained by another process (host {socket.gethostname()}, " \
+               f"pid {winner.pid}, started " in refused  # fmt: skip
+        assert "Traceback" not in refused
+        wait_for_registered_checkpoint(run_dir, global_step=20)
+    finally:
+        for driver in drivers:
+            if driver.poll() is None:
+                os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+    client = MlflowClient(f"sqlite:///{path.parent / 'mlflow.db'}")
+    experiment_id = client.get_experiment_by_name("sbert-ray").experiment_id
+    (run,) = client.search_runs([experiment_id])
+    assert run.info.status == "RUNNING"  # killed without a chance to close it
+    steps = [metric.step for metric in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert steps and len(steps) == len(set(steps)), steps  # one driver logged them
+
+    # The same command, from this process: the same run, continued from its checkpoint.
+    assert main(["train", str(path)]) == 0, capsys.readouterr().err[-3000:]
+    first = capsys.readouterr().out
+    assert "(resumed)" in first
     saved = json.loads((run_dir / record.RECORD_FILE).read_text())
-    assert saved["status"] == "finished" and saved["mlflow_run_id"] in first
+    assert saved["status"] == "finished" and saved["mlflow_run_id"] == run.info.run_id and run.info.run_id in first
+    assert client.get_run(run.info.run_id).info.status == "FINISHED"
+    assert client.get_metric_history(run.info.run_id, "train/resumed_from_step")[0].value >= 20
     marker = json.loads((output / MODEL_MARKER).read_text())
     assert (marker["run"], marker["mlflow_run_id"]) == ("rerun", saved["mlflow_run_id"])
     checkpoints = sorted(p.name for p in run_dir.glob("checkpoint_*"))
-    client = MlflowClient(f"sqlite:///{path.parent / 'mlflow.db'}")
-    experiment_id = client.get_experiment_by_name("sbert-ray").experiment_id
 
     # The same config again: nothing trained, nothing logged, pointers to the finished run.
     assert main(["train", str(path)]) == 0

@@ -7,9 +7,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -22,10 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 import torch
+from cluster_fixtures import wait_for_registered_checkpoint
 from mlflow.tracking import MlflowClient
 from sentence_transformers import SentenceTransformer
 
-from sbert_ray.cli import main
 from sbert_ray.config import ConfigError, load_config
 from sbert_ray.data import load_records
 from sbert_ray.evaluation.sts import evaluate_pairs
@@ -49,17 +46,6 @@ def only_run(tracking_uri: str):
     return client, runs[0]
 
 
-def wait_for_registered_checkpoint(run_dir: Path, global_step: int = 1, timeout: float = 400) -> None:
-    """Wait until Ray has registered a checkpoint of ``global_step`` or later (its snapshot's latest): only then can
-    a restart use it. The timeout is generous: a driver starting its own Ray cluster on 2 busy cores can take
-    minutes."""
-    snapshot = run_dir / "checkpoint_manager_snapshot.json"
-    deadline = time.time() + timeout
-    while not (snapshot.exists() and _latest_step(snapshot.read_text()) >= global_step):
-        assert time.time() < deadline, f"no checkpoint of step {global_step} or later was registered"
-        time.sleep(0.2)
-
-
 def snapshot_now(run_dir: Path) -> dict:
     """Ray Train's checkpoint manager snapshot of the run, read again if caught while Ray rewrites it."""
     for _ in range(50):
@@ -68,14 +54,6 @@ def snapshot_now(run_dir: Path) -> dict:
         except json.JSONDecodeError:
             time.sleep(0.05)
     raise AssertionError(f"no readable checkpoint manager snapshot in {run_dir}")
-
-
-def _latest_step(snapshot: str) -> int:
-    try:
-        latest = json.loads(snapshot)["latest_checkpoint_result"]
-    except json.JSONDecodeError:  # caught while Ray rewrites it
-        return 0
-    return latest["metrics"]["global_step"] if latest else 0
 
 
 def test_training_run_is_complete_in_mlflow_with_dev_scores_off_the_training_ranks(
@@ -216,33 +194,6 @@ def test_the_tokenise_stage_tokenises_on_its_one_thread_inside_a_ray_data_task(l
     probe = ray.data.range(1).map_batches(threads_gained, batch_size=None, num_cpus=0, runtime_env=fresh)
     (gained,) = probe.take_all()
     assert gained["stream"] == 0 and gained["parallel"] >= 1, gained
-
-
-def test_resubmitted_run_resumes(local_ray, tiny_train_config, capsys):
-    """A driver killed mid-run (as a cancelled job): running the same config again continues the same run."""
-    path = tiny_train_config(name="resubmit", limit=800, eval_every=20)
-    config = load_config(path)
-    # The killed driver joins the session's cluster (Ray ends its job's actors and placement groups when it dies).
-    first = subprocess.Popen(
-        [sys.executable, "-m", "sbert_ray.cli", "train", str(path)],
-        env={**os.environ, "RAY_ADDRESS": local_ray},
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for_registered_checkpoint(Path(config.checkpoint.storage_path) / config.name)
-    finally:
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait()
-    client, run = only_run(config.tracking.tracking_uri)
-    assert run.info.status == "RUNNING"  # killed without a chance to close it
-
-    assert main(["train", str(path)]) == 0, capsys.readouterr().err[-3000:]  # the same command, from this process
-    assert "(resumed)" in capsys.readouterr().out
-    client, run_after = only_run(config.tracking.tracking_uri)
-    assert run_after.info.run_id == run.info.run_id and run_after.info.status == "FINISHED"
-    assert client.get_metric_history(run.info.run_id, "train/resumed_from_step")[0].value >= 20
 
 
 @pytest.mark.parametrize(
