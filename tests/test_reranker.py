@@ -275,6 +275,17 @@ RERANKER = ["model.type=cross_encoder", "stages.0.objective=reranker_bce"]
         ([*RERANKER, "evaluation.final_tasks=[]", "evaluation.dev_metric=spearman_cosine"],
          "evaluation.dev_metric: 'spearman_cosine' is not a metric of the dev pairs of 'stsb' (a reranker's); "
          "choose from spearman_pair_score, pearson_pair_score"),
+        ([*RERANKER, "evaluation.final_tasks=[rerank:stsb-retrieval:dev]"],
+         "evaluation.first_stage: the final tasks ['rerank:stsb-retrieval:dev'] rerank a first stage's candidates; "
+         "name the bi-encoder that retrieves them"),
+        ([*RERANKER, "evaluation.final_tasks=['rerank:stsb-retrieval:dev,sts']", "evaluation.first_stage=random:tiny"],
+         "evaluation.final_tasks: ['rerank:stsb-retrieval:dev,sts'] score embeddings"),
+        ([*RERANKER, "evaluation.final_tasks=[]", "evaluation.first_stage=random:tiny"],
+         "evaluation.first_stage: no final rerank: task uses it; leave it out"),
+        ([*RERANKER, "evaluation.final_tasks=[rerank:stsb-retrieval:dev]", "evaluation.first_stage=/no/encoder"],
+         "evaluation.first_stage: model reference '/no/encoder' looks like a path but is not a folder"),
+        (["evaluation.first_stage=random:tiny"],
+         "evaluation.first_stage: the retriever of a reranker's rerank: tasks (model.type cross_encoder)"),
         (["evaluation.dev_metric=spearman_pair_score"],
          "evaluation.dev_metric: 'spearman_pair_score' is not a metric of the dev pairs of 'stsb'; choose from "
          "spearman_cosine, pearson_cosine"),
@@ -300,21 +311,26 @@ def test_a_scored_source_without_its_score_column_is_refused_naming_it(tmp_path,
         known_rows(source, stage, str(data_dir))
 
 
-def test_sbert_ray_train_trains_a_reranker_on_ray(local_ray, tiny_train_config, data_dir, capsys):
+def test_sbert_ray_train_trains_a_reranker_on_ray(local_ray, tiny_train_config, tiny_model_dir, data_dir, capsys):
     """``sbert-ray train`` of a random tiny reranker by 2 Ray Train workers on STSb's scored pairs (scores / 5 as
     BCE labels): each checkpoint is scored off the training ranks as a reranker (the correlation of its pair scores
     with the dev pairs' gold scores), that score is in MLflow at the checkpoint's step and in keep_best's ranking and
     is what the checkpoint's model scores in this process; the final folder loads in sentence-transformers'
-    CrossEncoder and predicts as ours, carded and logged as the run's artifacts."""
+    CrossEncoder and predicts as ours, carded and logged as the run's artifacts. Its final task reranks a retrieval
+    set's candidates from a first-stage bi-encoder: in MLflow, what ``sbert-ray eval --reranker`` scores for the
+    final folder."""
     from mlflow.tracking import MlflowClient
     from sentence_transformers import CrossEncoder
+    from test_reranking import write_toy_beir
 
     from sbert_ray.config import load_config
     from sbert_ray.data.readers import load_records
     from sbert_ray.evaluation.sts import evaluate_pair_scores
 
     path = tiny_train_config(name="rerank", limit=48, eval_every=2)
-    overrides = [*RERANKER, "evaluation.final_tasks=[]", "evaluation.dev_limit=40", "stages.0.learning_rate=1e-3"]
+    beir = write_toy_beir(path.parent / "toy")
+    overrides = [*RERANKER, f"evaluation.final_tasks=[rerank:{beir}]", f"evaluation.first_stage={tiny_model_dir}"]
+    overrides += ["evaluation.dev_limit=40", "stages.0.learning_rate=1e-3"]
     overrides += ["evaluation.async_dev=true", "evaluation.dev_resources={CPU: 0.5}", "checkpoint.keep_best=3"]
     assert main(["train", str(path), *overrides]) == 0, capsys.readouterr().err[-3000:]
     config = load_config(path, overrides)
@@ -340,6 +356,35 @@ def test_sbert_ray_train_trains_a_reranker_on_ray(local_ray, tiny_train_config, 
     assert np.ptp(theirs) > 0
     assert "CrossEncoder(" in (final / "README.md").read_text() and run.info.run_id in (final / "README.md").read_text()
     assert {a.path for a in client.list_artifacts(run.info.run_id, "model")} >= {"model/config.json", "model/README.md"}
+
+    output = path.parent / "eval.json"
+    argv = ["eval", "--model", str(tiny_model_dir), "--tasks", f"rerank:{beir}", "--reranker", str(final)]
+    assert main([*argv, "--batch-size", str(config.evaluation.batch_size), "--output", str(output)]) == 0
+    expected = json.loads(output.read_text())["toy-rerank"]
+    final_metrics = {k.removeprefix("final/toy-rerank/"): v for k, v in run.data.metrics.items() if "toy-rerank" in k}
+    assert final_metrics == pytest.approx(expected, abs=1e-12) and final_metrics["queries"] == 3
+
+
+def test_a_rerankers_final_rerank_task_scores_what_eval_reranker_scores(trained, tiny_model_dir, tmp_path):
+    """``evaluation.final_tasks: [rerank:<set>]`` with ``evaluation.first_stage``: the final scoring of a reranker's
+    run (a checkpoint's model, loaded as sentence-transformers' CrossEncoder) gives the numbers ``sbert-ray eval
+    --reranker`` gives for the same folder on the same first stage."""
+    from test_reranking import write_toy_beir
+
+    from sbert_ray.evaluation.tasks import parse_tasks
+    from sbert_ray.runs.scoring import _evaluate, checkpoint_reranker
+
+    checkpoint, _, _ = trained
+    folder, output = write_toy_beir(tmp_path / "toy"), tmp_path / "eval.json"
+    tasks = parse_tasks([f"rerank:{folder}"], reranks=True)
+    load = functools.partial(checkpoint_reranker, ray.train.Checkpoint(str(checkpoint)))
+    final = _evaluate(load, list(tasks), None, 16, "cpu", 1, str(tiny_model_dir))
+    argv = ["eval", "--model", str(tiny_model_dir), "--tasks", f"rerank:{folder}", "--reranker"]
+    assert main([*argv, str(checkpoint / MODEL_DIR), "--batch-size", "16", "--output", str(output)]) == 0
+    assert final == {
+        f"toy-rerank/{name}": value for name, value in json.loads(output.read_text())["toy-rerank"].items()
+    }
+    assert final["toy-rerank/top_k"] == 100 and 0 < final["toy-rerank/ndcg_at_10_reranked"] <= 1
 
 
 def test_a_sweeps_best_reranker_is_retrained_without_the_embedding_suite(trained):

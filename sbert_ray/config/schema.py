@@ -148,6 +148,10 @@ class EvalConfig:
     dev_workers: int = 1
     final_tasks: list[str] = field(default_factory=lambda: ["sts"])  # [] skips the final suite
     before_tasks: list[str] = field(default_factory=list)  # tasks scored on the model before training
+    # A reranker's (model.type cross_encoder) final tasks are rerank:<set> tasks: this bi-encoder (a folder or Hub
+    # id) retrieves each query's top 100 and the trained reranker reorders them, as sbert-ray eval --reranker does
+    # (ndcg_at_10 and the rest, first stage and reranked). None: no such tasks.
+    first_stage: str | None = None
 
 
 # How long work waits for CPUs/GPUs other work holds (scaling.resource_wait_s, the commands' --resource-wait-s).
@@ -323,17 +327,36 @@ class TrainConfig:
                 )
 
     def _validate_reranker_evaluation(self) -> None:
-        """A reranker's dev score is its dev pairs' (``evaluation.dev_score``); the evaluation tasks, the dev
-        scorers' encoder pool and MLflow's model registry take bi-encoders only."""
-        if self.model.type != "cross_encoder":
-            return
+        """A reranker's dev score is its dev pairs' (``evaluation.dev_score``); the evaluation tasks (but final
+        rerank: tasks, which rerank ``evaluation.first_stage``'s candidates), the dev scorers' encoder pool and MLflow's
+        model registry take bi-encoders only."""
         evaluation, why = self.evaluation, "which model.type cross_encoder has not"
-        for name in ("final_tasks", "before_tasks"):
-            if getattr(evaluation, name):
+        if self.model.type != "cross_encoder":
+            if evaluation.first_stage is not None:
                 raise ConfigError(
-                    f"evaluation.{name}: {getattr(evaluation, name)} score embeddings, {why}; set {name}: [] "
-                    "(a reranker's dev score is scored at every checkpoint)"
+                    "evaluation.first_stage: the retriever of a reranker's rerank: tasks (model.type cross_encoder); "
+                    "a bi-encoder's tasks rank by its own embeddings: leave it out"
                 )
+            return
+        # One rerank:<set> task per item (an item may list several tasks, comma-separated: "rerank:x,sts" has sts).
+        reranks = [spec for spec in evaluation.final_tasks if spec.partition(":")[0] == "rerank" and "," not in spec]
+        embedding_tasks = {
+            "before_tasks": evaluation.before_tasks,
+            "final_tasks": [spec for spec in evaluation.final_tasks if spec not in reranks],
+        }
+        for name, specs in embedding_tasks.items():
+            if specs:
+                raise ConfigError(
+                    f"evaluation.{name}: {specs} score embeddings, {why}; set {name}: [] (a reranker's dev score is "
+                    "scored at every checkpoint; its final tasks may rerank: a retrieval set)"
+                )
+        if evaluation.final_tasks and evaluation.first_stage is None:
+            raise ConfigError(
+                f"evaluation.first_stage: the final tasks {evaluation.final_tasks} rerank a first stage's candidates; "
+                "name the bi-encoder that retrieves them (a folder or Hub id)"
+            )
+        if evaluation.first_stage is not None and not evaluation.final_tasks:
+            raise ConfigError("evaluation.first_stage: no final rerank: task uses it; leave it out")
         for name in ("dev_task", "dev_tasks"):
             if getattr(evaluation, name):
                 raise ConfigError(

@@ -75,6 +75,19 @@ def check_model(
     return size
 
 
+def check_model_files(name: str, key: str) -> None:
+    """A ModelError naming ``key`` unless ``name`` (a folder, a Hub id or ``random:<shape>``) is a model whose
+    folder and weight files read: a model the run only loads to score with (``evaluation.first_stage``)."""
+    if name.startswith(RANDOM_PREFIX):
+        if name.removeprefix(RANDOM_PREFIX) not in BERT_SHAPES:
+            raise ModelError(f"{key}: unknown random BERT shape {name!r}; choose from {', '.join(BERT_SHAPES)}")
+        return
+    try:
+        ModelFiles.read(resolve_model_ref(name)).check_weights(allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise ModelError(f"{key}: {error}") from None
+
+
 def _check_reranker_head(config, name: str) -> None:
     """A sequence-classification model trains as a reranker only with one label (``CrossEncoderModel``); a plain
     encoder gets a new one-label head."""

@@ -28,6 +28,7 @@ from sbert_ray.evaluation.dev_score import DevSpec, dev_spec
 from sbert_ray.evaluation.tasks import EvalTasks, parse_tasks
 from sbert_ray.files import check_folder
 from sbert_ray.models import check_model
+from sbert_ray.models.checks import check_model_files
 from sbert_ray.models.load import load_tokenizer
 from sbert_ray.models.model_type import ModelType
 from sbert_ray.ray_compat import connect_ray
@@ -137,7 +138,8 @@ class RunTasks:
         """The tasks ``evaluation`` names (of a ``model_type`` model); an unknown task or metric is a ConfigError
         naming its key."""
         before = parse_tasks(evaluation.before_tasks, key="evaluation.before_tasks", absolute=True)
-        final = parse_tasks(evaluation.final_tasks, key="evaluation.final_tasks", absolute=True)
+        reranks = model_type == "cross_encoder"  # its final tasks rerank (the config allows rerank: tasks only)
+        final = parse_tasks(evaluation.final_tasks, key="evaluation.final_tasks", absolute=True, reranks=reranks)
         return cls(before, final, dev_spec(evaluation, absolute=True, model_type=model_type))
 
     def check(self, data_dir: str | None) -> None:
@@ -167,6 +169,7 @@ def absolute_paths(config: TrainConfig) -> tuple[TrainConfig, RunTasks]:
             evaluation,
             before_tasks=tasks.before.specs,
             final_tasks=tasks.final.specs,
+            first_stage=_absolute(first) if (first := evaluation.first_stage) and _is_folder(first) else first,
             **_absolute_dev_tasks(evaluation, tasks.dev),
         ),
         checkpoint=dataclasses.replace(config.checkpoint, storage_path=resolve_storage(config.checkpoint.storage_path)),
@@ -299,7 +302,8 @@ def _counted(source: Source, stage: StageConfig, data_dir: str, model_size: int)
 
 
 def _check_model(config: TrainConfig) -> int:
-    """The model's embedding size, once it is known to train (a ModelError names the key at fault)."""
+    """The model's embedding size, once it is known to train, and the first stage's files (a ModelError names the
+    key at fault)."""
     model = config.model
     model_size = check_model(
         model.name,
@@ -311,6 +315,8 @@ def _check_model(config: TrainConfig) -> int:
         model.lora,
         model.type,
     )
+    if config.evaluation.first_stage is not None:  # a reranker's final tasks retrieve with it
+        check_model_files(config.evaluation.first_stage, "evaluation.first_stage")
     for i, stage in enumerate(config.stages):
         if stage.matryoshka_dims and max(stage.matryoshka_dims) > model_size:
             raise ConfigError(

@@ -14,9 +14,10 @@ the MLflow run it logs to, and whether it finished.
 Not fingerprinted, as they do not change what is trained (a resumed run takes their new values; its MLflow params
 keep the first ones, and the new config is logged as ``config.yaml``): where data, models and records live
 (``data_dir``, ``output_dir``, ``checkpoint.*``), how and where the run is tracked (``tracking.*``), what is scored
-besides training and where (``evaluation.before_tasks``, ``final_tasks``, ``batch_size``, ``eval_every``,
-``async_dev``, ``dev_resources``, ``dev_workers``) and the resources of each worker (``scaling.cpus_per_worker``,
-``gpus_per_worker``, ``torch_threads``) and how long to wait for them (``scaling.resource_wait_s``). Everything else
+besides training and where (``evaluation.before_tasks``, ``final_tasks``, ``first_stage``, ``batch_size``,
+``eval_every``, ``async_dev``, ``dev_resources``, ``dev_workers``) and the resources of each worker
+(``scaling.cpus_per_worker``, ``gpus_per_worker``, ``torch_threads``) and how long to wait for them
+(``scaling.resource_wait_s``). Everything else
 is: the seed, the model, every stage, the dev set (it decides which checkpoints are kept), the number of workers and
 GPU use (data sharding and precision). The fingerprint covers the config, not the contents of data files.
 """
@@ -44,6 +45,7 @@ NOT_FINGERPRINTED = (
     "tracking.",
     "evaluation.before_tasks",
     "evaluation.final_tasks",
+    "evaluation.first_stage",
     "evaluation.batch_size",
     "evaluation.eval_every",
     "evaluation.async_dev",

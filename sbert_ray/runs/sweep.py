@@ -340,13 +340,15 @@ def _summarize(tracker: SweepTracker, plan: SweepPlan, rows: list[TrialRow]) -> 
 
 def _retrain_config(best: TrainConfig, sweep_name: str, path: str) -> TrainConfig:
     """The best trial's config on all of its training data (no limit, no step cap), scored on the STS suite (a
-    reranker on none: every task scores embeddings)."""
+    reranker on its own final tasks, which rerank: the suite scores embeddings)."""
     return dataclasses.replace(
         best,
         name="best-retrained",
         output_dir=str(Path(best.output_dir) / "best-retrained") if best.output_dir else None,
         stages=[dataclasses.replace(s, limit=None, max_steps=None) for s in best.stages],
-        evaluation=dataclasses.replace(best.evaluation, final_tasks=["sts"] if best.model.type == "bi_encoder" else []),
+        evaluation=dataclasses.replace(
+            best.evaluation, final_tasks=["sts"] if best.model.type == "bi_encoder" else best.evaluation.final_tasks
+        ),
         checkpoint=dataclasses.replace(best.checkpoint, storage_path=path),
         tracking=dataclasses.replace(best.tracking, run_name=f"{sweep_name} best, retrained"),
     )
