@@ -328,13 +328,14 @@ def test_interrupted_sweep_from_its_own_directory_frees_its_trial_and_resumes_wi
             "data_dir": str(data_dir),
             "output_dir": "models",
             "model": {"name": "random:tiny"},
-            "stages": [{"dataset": "data/pairs.csv", "objective": "regression", "batch_size": 8}],
-            # A report every 4 of the 32 steps: Ctrl-C comes after the second trial's first report. A report only at
-            # the end of 8 steps, then every 2 of 8, left too little of the trial to interrupt: it had finished when
-            # Ctrl-C came (CI of abd5ca1; 2026-12-06, with the test cluster's warm workers).
+            "stages": [{"dataset": "data/pairs.csv", "objective": "regression", "batch_size": 8, "epochs": 8}],
+            # A report every 32 of the 256 steps (8 epochs of 32: steps are cheap, reports less so): Ctrl-C comes
+            # after the second trial's first report, seconds of training before its end. A report at the end of 8
+            # steps, then every 2 of 8, then every 4 of 32 left too little of the trial to interrupt: it had finished
+            # when Ctrl-C came (CI of abd5ca1; 2026-12-06 with the test cluster's warm workers, twice).
             "evaluation": {
                 "dev_limit": 50,
-                "eval_every": 4,
+                "eval_every": 32,
                 "final_tasks": ["pairs:data/held-out.jsonl"],
                 "async_dev": False,
             },

@@ -296,11 +296,15 @@ def _end_if_interrupted(tracker: SweepTracker, name: str, path: str) -> None:
     """Tune answers Ctrl-C by saving its state, stopping the trials and returning from ``fit`` as if done (the
     grid it returns reads every stopped trial TERMINATED); its saved state still holds them unfinished. Then the
     sweep is not over: no summary is written and no best is chosen, and the runs of the trials that were training
-    end KILLED (their training resumes with the sweep)."""
-    if all(trial.status in ("TERMINATED", "ERROR") for trial in tune.ExperimentAnalysis(path).trials):
+    end KILLED (their training resumes with the sweep). A trial training at Ctrl-C may have ended its run FAILED
+    already, as Tune tore its fit down (as a stopped trial's may: ``_close_trial_runs``); its saved state holds it
+    unfinished, not ERROR: it was interrupted, KILLED too (CI of c3febb4 saw it FAILED)."""
+    trials = tune.ExperimentAnalysis(path).trials
+    unfinished = {trial.trial_id for trial in trials if trial.status not in ("TERMINATED", "ERROR")}
+    if not unfinished:
         return
-    for run_id, status in tracker.child_runs().values():
-        if status == "RUNNING":
+    for name, (run_id, status) in tracker.child_runs().items():  # named <trials dir>/<trial id>
+        if status == "RUNNING" or (status == "FAILED" and name.rsplit("/", 1)[-1] in unfinished):
             tracker.close_child(run_id, stopped=True)
     raise SweepInterrupted(f"sweep {name!r} interrupted; its state is saved at {path}: continue it with --resume")
 
