@@ -318,17 +318,18 @@ def test_corpus_embeddings_are_written_once_and_resumed(tiny_model_dir, dev_sent
     """Each chunk's file holds the embeddings a search of that chunk computes; a rerun encodes only the chunks
     whose files are missing, and one with another batch size (other padding, other last bits) all of them."""
     encoder, texts = SentenceEncoder.load(str(tiny_model_dir)), dev_sentences[:50]
+    chunk_texts = lambda start, stop: pa.array(texts[start:stop])  # noqa: E731
     stored = CorpusEmbeddings.open(tmp_path, len(texts), 16, 8)
-    assert stored.embed(InProcess(encoder), texts, 8) == 4
+    assert stored.embed(InProcess(encoder), chunk_texts, 8) == 4
     for (embeddings, rows), (chunk, chunk_rows) in zip(stored.chunks(), text_chunks(texts, 16), strict=True):
         assert torch.equal(rows, chunk_rows)
         np.testing.assert_array_equal(embeddings, encoder.encode(chunk, batch_size=8, convert_to="numpy"))
 
     kept = stored.path(0, 16).stat().st_mtime_ns
     stored.path(16, 32).unlink()  # a run stopped before this chunk's file was written
-    assert CorpusEmbeddings.open(tmp_path, len(texts), 16, 8).embed(InProcess(encoder), texts, 8) == 1
+    assert CorpusEmbeddings.open(tmp_path, len(texts), 16, 8).embed(InProcess(encoder), chunk_texts, 8) == 1
     assert stored.path(0, 16).stat().st_mtime_ns == kept and stored.path(16, 32).exists()
-    assert CorpusEmbeddings.open(tmp_path, len(texts), 16, 4).embed(InProcess(encoder), texts, 4) == 4
+    assert CorpusEmbeddings.open(tmp_path, len(texts), 16, 4).embed(InProcess(encoder), chunk_texts, 4) == 4
 
     owned_paths.remove_work_area(tmp_path, WORK_AREA)
     assert not stored.folder.exists() and tmp_path.is_dir()

@@ -22,6 +22,7 @@ from sbert_ray.data.corpus import CORPUS_SUFFIXES, DEFAULT_COLUMN
 from sbert_ray.data.records import DataError
 
 if TYPE_CHECKING:
+    import ray
     import ray.data
 
 ROWS_PER_BATCH = 4096  # texts the driver takes from Ray Data at a time
@@ -44,6 +45,19 @@ class RemoteCorpus:
         """Every row's text, file by file in name order, rows in file order. ``cpus_per_read``: what each read
         task reserves (0 where encoder actors may hold every CPU of the cluster while the corpus streams to them:
         a read that waited for a CPU would wait for ever)."""
+        for batch in self._rows(cpus_per_read).iter_batches(batch_size=ROWS_PER_BATCH, batch_format="pyarrow"):
+            column = batch.column(0)
+            if column.null_count:
+                raise DataError(f"{self.uri}: column {self.column!r} has a null where text should be")
+            yield from column.to_pylist()
+
+    def blocks(self, cpus_per_read: float = 1.0) -> list[ray.ObjectRef]:
+        """The rows as Ray Data's blocks, left in the object store (arrow tables, the text first), in ``texts``'
+        order: the corpus read on the cluster without coming to the driver (``runs.mining_corpus``)."""
+        return self._rows(cpus_per_read).to_arrow_refs()
+
+    def _rows(self, cpus_per_read: float) -> ray.data.Dataset:
+        """The text column, first, rows in file order (the data set keeps the context it was made in)."""
         import ray.data  # here, not at import: the data layer's checks (``check_remote_corpus``) run without Ray
 
         filesystem, _ = pa_fs.FileSystem.from_uri(self.uri)
@@ -51,14 +65,9 @@ class RemoteCorpus:
         preserve = context.execution_options.preserve_order
         context.execution_options.preserve_order = True  # row ids follow the files' order, run after run
         try:
-            rows = self._read(filesystem, cpus_per_read)
+            return self._read(filesystem, cpus_per_read)
         finally:
             context.execution_options.preserve_order = preserve
-        for batch in rows.iter_batches(batch_size=ROWS_PER_BATCH, batch_format="pyarrow"):
-            column = batch.column(0 if self.column is None else self.column)
-            if column.null_count:
-                raise DataError(f"{self.uri}: column {self.column!r} has a null where text should be")
-            yield from column.to_pylist()
 
     def _read(self, filesystem: pa_fs.FileSystem, cpus_per_read: float) -> ray.data.Dataset:
         import ray.data

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 import torch
@@ -102,6 +102,30 @@ class MiningSettings:
         return self.window_end(max_positives) + max_positives + 1
 
 
+class Corpus(Protocol):
+    """The texts negatives come from, by row (first appearance: ``MiningPairs.build``): a list in this process
+    (``Texts``), or one kept off the driver (``runs.mining_corpus.StoredCorpus``); looked up in batches."""
+
+    def __len__(self) -> int: ...
+
+    def rows_of(self, texts: Sequence[str]) -> list[int]:
+        """Each text's row, -1 where the corpus does not hold it."""
+
+    def take(self, rows: Sequence[int]) -> list[str]:
+        """The texts of ``rows``."""
+
+
+class Texts(list):
+    """A corpus held in this process: its texts, in row order."""
+
+    def rows_of(self, texts: Sequence[str]) -> list[int]:
+        row_of = {text: row for row, text in enumerate(self)}
+        return [row_of.get(text, -1) for text in texts]
+
+    def take(self, rows: Sequence[int]) -> list[str]:
+        return [self[row] for row in rows]
+
+
 @dataclass(frozen=True)
 class MiningPairs:
     """A data set of (anchor, positive) rows as mining sees it: distinct anchors (``queries``), each one's
@@ -110,23 +134,26 @@ class MiningPairs:
 
     queries: list[str]
     positives: list[list[int]]
-    corpus: list[str]
+    corpus: Corpus
     max_positives: int
     anchor_rows: list[int]  # each anchor's own row in the corpus, -1 where the corpus does not hold it
 
     @classmethod
     def build(cls, anchors: Sequence[str], positives: Sequence[str], corpus: Sequence[str] = ()) -> MiningPairs:
+        """The pairs over the separate ``corpus`` and then the positives, deduplicated, held in this process."""
+        return cls.over(Texts(dict.fromkeys([*corpus, *positives])), anchors, positives)
+
+    @classmethod
+    def over(cls, corpus: Corpus, anchors: Sequence[str], positives: Sequence[str]) -> MiningPairs:
+        """The pairs over a corpus that holds every positive (``build``'s rows, made elsewhere)."""
         if len(anchors) != len(positives):
             raise ValueError(f"{len(anchors)} anchors but {len(positives)} positives")
-        corpus = list(dict.fromkeys([*corpus, *positives]))
-        corpus_row = {text: row for row, text in enumerate(corpus)}
         rows_of: dict[str, list[int]] = {}
-        for anchor, positive in zip(anchors, positives, strict=True):
-            rows_of.setdefault(anchor, []).append(corpus_row[positive])
+        for anchor, row in zip(anchors, corpus.rows_of(positives), strict=True):
+            rows_of.setdefault(anchor, []).append(row)
         max_positives = max(map(len, rows_of.values()), default=0)
         positive_rows = [list(dict.fromkeys(rows)) for rows in rows_of.values()]
-        anchor_rows = [corpus_row.get(anchor, -1) for anchor in rows_of]
-        return cls(list(rows_of), positive_rows, corpus, max_positives, anchor_rows)
+        return cls(list(rows_of), positive_rows, corpus, max_positives, corpus.rows_of(list(rows_of)))
 
     def slice(self, start: int, stop: int) -> MiningPairs:
         """Anchors [start, stop) with the same corpus and ``max_positives`` (a shard mines as the whole would)."""
@@ -219,7 +246,6 @@ def output_columns(pairs: MiningPairs, negatives: Negatives, settings: MiningSet
     """``anchor, positive, negative_1..negative_n`` (n-tuples: anchors with all n negatives) or ``anchor,
     positive, negative`` (triplets: one row per negative), as sentence-transformers names and orders them; with
     ``output_scores``, then ``score_positive`` and ``score_`` + each negative column."""
-    corpus = pairs.corpus
     n = settings.num_negatives
     triplets = settings.output_format == "triplet"
     negative_columns = ["negative"] if triplets else [f"negative_{i}" for i in range(1, n + 1)]
@@ -227,6 +253,8 @@ def output_columns(pairs: MiningPairs, negatives: Negatives, settings: MiningSet
     if settings.output_scores:
         names += [f"score_{name}" for name in names[1:]]
     columns = {name: [] for name in names}
+    needed = sorted({row for rows in (*pairs.positives, *negatives.rows) for row in rows})
+    text_of = dict(zip(needed, pairs.corpus.take(needed), strict=True))  # one lookup: the corpus may be off the driver
     anchors = zip(
         pairs.queries, pairs.positives, negatives.positive_scores, negatives.rows, negatives.scores, strict=True
     )
@@ -240,7 +268,7 @@ def output_columns(pairs: MiningPairs, negatives: Negatives, settings: MiningSet
         )
         for positive, positive_score in zip(positive_rows, positive_scores, strict=True):
             for rows, scores in tuples:
-                texts = [query, corpus[positive], *(corpus[row] for row in rows)]
+                texts = [query, text_of[positive], *(text_of[row] for row in rows)]
                 values = texts + [positive_score, *scores] if settings.output_scores else texts
                 for name, value in zip(names, values, strict=True):
                     columns[name].append(value)
@@ -281,9 +309,9 @@ def _rescored(rescore: Callable[[list[str], list[str]], np.ndarray], pairs: Mini
     positive pairs (``MiningPairs.pair_rows`` order)."""
     found = rows >= 0
     anchors = found.nonzero()[:, 0].tolist()
-    candidates = rescore([pairs.queries[q] for q in anchors], [pairs.corpus[row] for row in rows[found].tolist()])
+    candidates = rescore([pairs.queries[q] for q in anchors], pairs.corpus.take(rows[found].tolist()))
     scores = torch.full(rows.shape, -math.inf)
     scores[found] = torch.as_tensor(np.asarray(candidates), dtype=scores.dtype)
     anchor, positive = pairs.pair_rows().T.tolist()
-    positives = rescore([pairs.queries[q] for q in anchor], [pairs.corpus[row] for row in positive])
+    positives = rescore([pairs.queries[q] for q in anchor], pairs.corpus.take(positive))
     return scores, torch.as_tensor(np.asarray(positives), dtype=scores.dtype)

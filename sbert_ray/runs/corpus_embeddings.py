@@ -15,11 +15,12 @@ the chunks back one at a time and sends each to a worker.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from sbert_ray.atomic_files import atomic_write
@@ -49,11 +50,13 @@ class CorpusEmbeddings:
     def path(self, start: int, stop: int) -> Path:
         return self.folder / f"rows-{start:012d}-{stop:012d}.npy"
 
-    def embed(self, pool, texts: Sequence[str], batch_size: int) -> int:
-        """Encode the chunks of ``texts`` (the corpus) that have no file yet on ``pool``'s workers (anything with
-        ``RayEncoder.map_unordered``) and write each as it comes back; how many were encoded."""
+    def embed(self, pool, chunk_texts: Callable[[int, int], object], batch_size: int) -> int:
+        """Encode the corpus chunks that have no file yet on ``pool``'s workers (anything with
+        ``RayEncoder.map_unordered``) and write each as it comes back; how many were encoded. ``chunk_texts(start,
+        stop)``: the texts of rows [start, stop) as a ``pa.Array``, or a reference to one in Ray's object store
+        (``StoredCorpus.chunk_texts``), which the worker that encodes it fetches."""
         missing = [(start, stop) for start, stop in self.ranges() if not self.path(start, stop).exists()]
-        chunks = ((texts[start:stop], start, stop) for start, stop in missing)
+        chunks = ((chunk_texts(start, stop), start, stop) for start, stop in missing)
         for embeddings, start, stop in pool.map_unordered(_encoded, chunks, batch_size):
             with atomic_write(self.path(start, stop)) as partial, open(partial, "wb") as file:
                 np.save(file, embeddings)
@@ -65,6 +68,6 @@ class CorpusEmbeddings:
             yield np.load(self.path(start, stop)), torch.arange(start, stop)
 
 
-def _encoded(encoder, texts: Sequence[str], start: int, stop: int, batch_size: int) -> tuple[np.ndarray, int, int]:
+def _encoded(encoder, texts: pa.Array, start: int, stop: int, batch_size: int) -> tuple[np.ndarray, int, int]:
     """One chunk's embeddings, as a search encodes them (``retrieval.search_chunk``: no prompt), on a worker."""
-    return encoder.encode(texts, batch_size=batch_size, convert_to="numpy"), start, stop
+    return encoder.encode(texts.to_pylist(), batch_size=batch_size, convert_to="numpy"), start, stop

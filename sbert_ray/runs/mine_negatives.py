@@ -3,27 +3,31 @@ stage reads directly (``anchor, positive, negative_1..negative_n``, or ``anchor,
 
     inputs checked: the pairs (file columns, or a registered dataset), the corpus (file, or an object-storage
     prefix listed), the settings, the teacher (--rescore-with), the output folder (new, or a mining output of the
-    same inputs)   (no Ray yet)
-      -> the pairs read and deduplicated on the driver (``MiningPairs``); a remote corpus streamed by Ray Data
+    same inputs and settings)   (no Ray yet)
+      -> the corpus and the positives stored in Ray's object store, deduplicated there (``mining_corpus``): a remote
+         corpus read by Ray Data on the cluster, a local one put a read at a time; the pairs' anchors and positives
+         looked up there (``MiningPairs.over``); the output folder claimed (a rerun: the same data's digest)
       -> the encoder actors started (each holding the teacher too, with --rescore-with)
-      -> once per run, before the first shard to mine: each corpus chunk encoded on the actors and written to the
-         output's hidden work area, unless an earlier run of the same mining wrote it (``corpus_embeddings``)
+      -> once per run, before the first shard to mine: each corpus chunk encoded on the actors, from the store, and
+         written to the output's hidden work area, unless an earlier run of the same mining wrote it
+         (``corpus_embeddings``)
       -> per shard of ``shard_size`` anchors, unless its file is already there (a rerun resumes):
            anchors encoded on the actors; the corpus chunks' embeddings read back one at a time and each searched
            on an actor, each chunk's top k merged here (``retrieval.search_chunks``); with a teacher (--rescore-with),
            every candidate and positive pair scored on the actors (``RayEncoder.score``); negatives chosen
-           (``hard_negatives.choose_negatives``); the shard's rows written to a hidden file, renamed to
-           ``part-NNNNN.parquet`` once complete
+           (``hard_negatives.choose_negatives``); the texts of the shard's rows taken from the store; the rows
+           written to a hidden file, renamed to ``part-NNNNN.parquet`` once complete
       -> every shard written: the work area removed
 
-Memory: the driver holds the pairs' and corpus texts (for the output rows and the teacher's pairs), the shard's
-anchor embeddings, each anchor's top k candidates (k = range_max + max_positives + 1: 12 bytes each) and, with a
-teacher, their texts and scores; of the corpus embeddings, the chunk it writes or reads (4 bytes x dimensions x
-``corpus_chunk``; those on their way to the actors wait in Ray's object store, two per actor), never all of them. A
-worker holds one corpus chunk's embeddings and one score block of QUERY_CHUNK
-x CORPUS_CHUNK float32 values, or one piece of teacher pairs. No anchor x corpus score matrix exists anywhere. The
-corpus is encoded once per run, whatever ``shard_size``: a smaller one loses less to an interruption and costs one
-more read of the embedding files (disk: 4 bytes x dimensions per corpus text) per shard.
+Memory: the driver holds the pairs' texts, never the corpus's (a local corpus passes through one read of
+ROWS_PER_READ rows at a time): the shard's anchor embeddings, each anchor's top k candidates (k = range_max +
+max_positives + 1: 12 bytes each) and the texts of its output rows; with a teacher, the candidates' texts and
+scores. Of the corpus embeddings, the chunk it writes or reads (4 bytes x dimensions x ``corpus_chunk``; those on
+their way to the actors wait in Ray's object store, two per actor), never all of them. A worker holds one corpus
+chunk's texts or embeddings and one score block of QUERY_CHUNK x CORPUS_CHUNK float32 values, or one piece of
+teacher pairs. No anchor x corpus score matrix exists anywhere. The corpus is encoded once per run, whatever
+``shard_size``: a smaller one loses less to an interruption and costs one more read of the embedding files (disk:
+4 bytes x dimensions per corpus text) per shard.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -43,7 +47,7 @@ import ray
 
 from sbert_ray.atomic_files import atomic_write
 from sbert_ray.config import RESOURCE_WAIT_S, ConfigError
-from sbert_ray.data.corpus import TABLE_SUFFIXES, open_corpus
+from sbert_ray.data.corpus import TABLE_SUFFIXES, CorpusSource, open_corpus
 from sbert_ray.data.readers import check_available, load_records
 from sbert_ray.data.records import TEXT_FIELDS, DataError
 from sbert_ray.data.remote_corpus import RemoteCorpus, check_remote_corpus
@@ -57,6 +61,7 @@ from sbert_ray.ray_compat import connect_ray
 from sbert_ray.runs import owned_paths
 from sbert_ray.runs.cluster import input_errors_unwrapped, refuse_impossible_encoders
 from sbert_ray.runs.corpus_embeddings import WORK_AREA, CorpusEmbeddings
+from sbert_ray.runs.mining_corpus import StoredCorpus
 from sbert_ray.training.storage import is_remote
 
 SHARD_ANCHORS = 65536  # anchors per output file
@@ -136,18 +141,16 @@ def mine_negatives(request: MineRequest, progress: Callable[[ShardDone], None] =
     anchors, positives = read_pairs(request)
     corpus = _check_corpus(request)
     output = Path(request.output).expanduser().resolve()
-    _check_output_folder(output)
+    _check_output_folder(output, _manifest(request))  # before any Ray work: the data's digest is compared later
     teacher = load_teacher(request.rescore_with) if request.rescore_with else None
     encoder = load_encoder(request.model_ref)
-    if isinstance(corpus, RemoteCorpus):  # streamed by Ray Data; a local corpus is read already
-        connect_ray()
-        corpus = list(corpus.texts())
-    pairs = MiningPairs.build(anchors, positives, corpus or ())
-    _claim_output_folder(output, _manifest(request, pairs))  # local inputs: refused here still before any Ray work
     connect_ray()
+    stored = StoredCorpus.store(_corpus_blocks(request, corpus, positives), request.corpus_chunk)
+    pairs = MiningPairs.over(stored, anchors, positives)
+    _claim_output_folder(output, _manifest(request, pairs, stored))
     use_gpu = request.device.startswith("cuda") if request.device else ray.cluster_resources().get("GPU", 0) > 0
     shards = range(0, len(pairs.queries), request.shard_size)
-    result = MineResult(str(output), len(pairs.queries), len(pairs.corpus), 0, 0, 0, 0, {}, 0.0)
+    result = MineResult(str(output), len(pairs.queries), len(stored), 0, 0, 0, 0, {}, 0.0)
     refuse_impossible_encoders(replica_resources(use_gpu), request.workers)
     pool = RayEncoder(encoder, request.workers, use_gpu, resource_wait_s=request.resource_wait_s, teacher=teacher)
     with pool:
@@ -159,8 +162,8 @@ def mine_negatives(request: MineRequest, progress: Callable[[ShardDone], None] =
                 progress(ShardDone(index, len(shards), pq.ParquetFile(path).metadata.num_rows, True, 0.0))
                 continue
             if embeddings is None:
-                embeddings = CorpusEmbeddings.open(output, len(pairs.corpus), request.corpus_chunk, request.batch_size)
-                result.corpus_chunks_embedded = embeddings.embed(pool, pairs.corpus, request.batch_size)
+                embeddings = CorpusEmbeddings.open(output, len(stored), request.corpus_chunk, request.batch_size)
+                result.corpus_chunks_embedded = embeddings.embed(pool, stored.chunk_texts, request.batch_size)
             shard = pairs.slice(first, first + request.shard_size)
             rows = _mine_shard(pool, shard, request, path, result, embeddings)
             progress(ShardDone(index, len(shards), rows, False, time.perf_counter() - shard_start))
@@ -262,58 +265,75 @@ def _text(path: Path, row: int, text: str, column: str) -> str:
     return text
 
 
-def _check_corpus(request: MineRequest) -> list[str] | RemoteCorpus | None:
-    """The separate corpus: texts of a local file or dataset, a checked remote prefix (read later, on Ray), or None."""
+def _check_corpus(request: MineRequest) -> list[CorpusSource] | RemoteCorpus | None:
+    """The separate corpus, checked and not read yet: a local file's or dataset's sources, a remote prefix, or None."""
     if request.corpus is None:
         if request.corpus_column:
             raise ConfigError("--corpus-column needs --corpus")
         return None
     if is_remote(request.corpus):
         return check_remote_corpus(request.corpus, request.corpus_column)
-    sources = open_corpus(request.corpus, request.corpus_column, request.data_dir)
-    tables = (table for source in sources for table in source.tables(ROWS_PER_READ))
-    return [text for table in tables for text in table.column("text").to_pylist()]
+    return open_corpus(request.corpus, request.corpus_column, request.data_dir)
+
+
+def _corpus_blocks(
+    request: MineRequest, corpus: list[CorpusSource] | RemoteCorpus | None, positives: list[str]
+) -> Iterator[tuple[ray.ObjectRef, str]]:
+    """The corpus's texts, then the positives, as blocks in Ray's object store (``StoredCorpus.store``), each with
+    where it was read from: a remote corpus read by Ray Data on the cluster, a local one put a read at a time."""
+    if isinstance(corpus, RemoteCorpus):
+        yield from ((block, corpus.uri) for block in corpus.blocks())
+    for source in corpus if isinstance(corpus, list) else ():
+        yield from ((ray.put(table.select(["text"])), request.corpus) for table in source.tables(ROWS_PER_READ))
+    for first in range(0, len(positives), ROWS_PER_READ):
+        yield ray.put(pa.table({"text": positives[first : first + ROWS_PER_READ]})), request.pairs
 
 
 # ------------------------------------------------------------------------------------------------ output folder
 
 
-def _check_output_folder(output: Path) -> None:
-    """Before any Ray work: the folder is new, empty, or a mining output of ours (its manifest), never another."""
+def _check_output_folder(output: Path, manifest: dict) -> None:
+    """Before any Ray work: the folder is new, empty, or a mining output of ours (its manifest) with the same
+    ``manifest`` keys, never another."""
     if output.is_file():
         raise ConfigError(f"--output {output} is a file, not a folder")
-    owned_paths.recorded_settings(str(output), MANIFEST, _not_ours(output))
+    _refuse_changes(output, manifest, owned_paths.recorded_settings(str(output), MANIFEST, _not_ours(output)))
 
 
 def _not_ours(output: Path) -> str:
     return f"--output {output} exists and is not a mining output of sbert-ray (no {MANIFEST}): choose a new folder"
 
 
-def _manifest(request: MineRequest, pairs: MiningPairs) -> dict:
-    """What the shards depend on: the model, the inputs (and a digest of what was read), the settings, the sharding."""
-    digest = hashlib.sha256()
-    for part in (pairs.queries, pairs.positives, pairs.corpus):
-        for item in part:
-            digest.update(json.dumps(item).encode() + b"\n")
-    return {
+def _manifest(request: MineRequest, pairs: MiningPairs | None = None, corpus: StoredCorpus | None = None) -> dict:
+    """What the shards depend on: the model, the inputs, the settings, the sharding; with the data read (``pairs``
+    over the stored ``corpus``), a digest of it and its sizes."""
+    manifest = {
         "model": request.model_ref,
         "pairs": request.pairs,
         "corpus": request.corpus,
-        "data_digest": digest.hexdigest(),
         "settings": asdict(request.settings),
         "shard_size": request.shard_size,
         "approximate": request.approximate,
         "rescore_with": request.rescore_with,
-        "anchors": len(pairs.queries),
-        "corpus_size": len(pairs.corpus),
     }
+    if pairs is None:
+        return manifest
+    digest = hashlib.sha256(corpus.digest.encode())
+    for part in (pairs.queries, pairs.positives):
+        for item in part:
+            digest.update(json.dumps(item).encode() + b"\n")
+    return {**manifest, "data_digest": digest.hexdigest(), "anchors": len(pairs.queries), "corpus_size": len(corpus)}
 
 
 def _claim_output_folder(output: Path, manifest: dict) -> None:
     """Write the manifest into a new folder, or check that an existing one was mined the same way (a rerun then
-    resumes: shards already there are kept). Shards of other data or settings would mix: refused, naming the keys."""
-    before = owned_paths.claim_output(str(output), MANIFEST, manifest, _not_ours(output))
-    changed = sorted(key for key in manifest.keys() | before.keys() if manifest.get(key) != before.get(key))
+    resumes: shards already there are kept)."""
+    _refuse_changes(output, manifest, owned_paths.claim_output(str(output), MANIFEST, manifest, _not_ours(output)))
+
+
+def _refuse_changes(output: Path, manifest: dict, recorded: dict | None) -> None:
+    """Shards of other data or settings than ``recorded`` (None: a new folder) would mix: refused, naming the keys."""
+    changed = sorted(key for key in manifest if recorded is not None and manifest[key] != recorded.get(key))
     if changed:
         raise ConfigError(
             f"--output {output} holds shards mined with other {', '.join(changed)} ({MANIFEST}); choose a new "
