@@ -5,6 +5,8 @@ embeddings. Reads configs and file headers only."""
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from transformers import AutoConfig, BertConfig
 
@@ -45,21 +47,17 @@ def check_model(
             "which is not installed; use sdpa"
         )
     layout = None
-    if name.startswith(RANDOM_PREFIX):
-        shape = name.removeprefix(RANDOM_PREFIX)
-        if shape not in BERT_SHAPES:
-            raise ModelError(f"model.name: unknown random BERT shape {shape!r}; choose from {', '.join(BERT_SHAPES)}")
+    shape = _random_shape(name, "model.name")
+    if shape is not None:
         tokenizer, config = bert_tokenizer(), BertConfig()  # what random_bert builds (positions included)
         size = BERT_SHAPES[shape][1]
     else:
         resolved = resolve_model_ref(name)
-        try:
+        with _errors_named("model.name"):  # ours (ModelError), or transformers' for a folder it cannot read
             files = ModelFiles.read(resolved)
             files.check_weights(allow_pickle=allow_unsafe_weights)
             config = AutoConfig.from_pretrained(resolved, subfolder=files.subfolder, trust_remote_code=False)
             tokenizer, layout = files.tokenizer(), files.layout
-        except (OSError, ValueError) as error:  # ours (ModelError), or transformers' for a folder it cannot read
-            raise ModelError(f"model.name: {error}") from None
         size = config.hidden_size
         if model_type == "cross_encoder":
             _check_reranker_head(config, name)
@@ -78,12 +76,26 @@ def check_model(
 def check_model_files(name: str, key: str) -> None:
     """A ModelError naming ``key`` unless ``name`` (a folder, a Hub id or ``random:<shape>``) is a model whose
     folder and weight files read: a model the run only loads to score with (``evaluation.first_stage``)."""
-    if name.startswith(RANDOM_PREFIX):
-        if name.removeprefix(RANDOM_PREFIX) not in BERT_SHAPES:
-            raise ModelError(f"{key}: unknown random BERT shape {name!r}; choose from {', '.join(BERT_SHAPES)}")
-        return
+    if _random_shape(name, key) is None:
+        with _errors_named(key):
+            ModelFiles.read(resolve_model_ref(name)).check_weights(allow_pickle=False)
+
+
+def _random_shape(name: str, key: str) -> str | None:
+    """The shape of a ``random:<shape>`` name (a ModelError naming ``key`` for an unknown one); None for others."""
+    if not name.startswith(RANDOM_PREFIX):
+        return None
+    shape = name.removeprefix(RANDOM_PREFIX)
+    if shape not in BERT_SHAPES:
+        raise ModelError(f"{key}: unknown random BERT shape {shape!r}; choose from {', '.join(BERT_SHAPES)}")
+    return shape
+
+
+@contextmanager
+def _errors_named(key: str) -> Iterator[None]:
+    """A model folder that does not read (an OSError or ValueError) as a ModelError naming ``key``."""
     try:
-        ModelFiles.read(resolve_model_ref(name)).check_weights(allow_pickle=False)
+        yield
     except (OSError, ValueError) as error:
         raise ModelError(f"{key}: {error}") from None
 
