@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import ray
 import torch
 from datasets import Dataset
 from sentence_transformers import SentenceTransformer
@@ -23,14 +24,17 @@ from sentence_transformers.util import mine_hard_negatives
 from sbert_ray.cli import main
 from sbert_ray.config import ConfigError
 from sbert_ray.data.readers import load_records
-from sbert_ray.evaluation.hard_negatives import MiningPairs, MiningSettings, mine, output_columns
+from sbert_ray.data.records import DataError
+from sbert_ray.evaluation.hard_negatives import MiningPairs, MiningSettings, Texts, mine, output_columns
 from sbert_ray.evaluation.retrieval import text_chunks
 from sbert_ray.models.encoder import SentenceEncoder
 from sbert_ray.models.resolve import packaged_model_dir
 from sbert_ray.models.teachers import load_teacher
 from sbert_ray.runs import owned_paths
+from sbert_ray.runs.cluster import input_errors_unwrapped
 from sbert_ray.runs.corpus_embeddings import WORK_AREA, CorpusEmbeddings
 from sbert_ray.runs.mine_negatives import MineRequest, mine_negatives
+from sbert_ray.runs.mining_corpus import StoredCorpus
 
 # Our encoder and sentence-transformers' give all-MiniLM-L6-v2 vectors equal to ~1e-7 (other kernels), so cosine
 # scores agree to ~1e-6, and these 200 pairs have candidates whose scores lie 1e-7 apart: such near-ties may come
@@ -306,6 +310,22 @@ def test_rescoring_runs_on_the_encoder_actors(local_ray, tiny_model_dir, tiny_cr
             np.testing.assert_allclose(written[name], values, atol=1e-5, rtol=0)
         else:
             assert written[name] == values, name
+
+
+def test_a_stored_corpus_has_the_rows_and_texts_of_the_one_in_process(local_ray):
+    """Blocks with repeats within and across them (one empty), in chunks of 4 that span blocks: the rows of
+    ``dict.fromkeys``, looked up and taken as ``Texts`` does; a null text is a DataError naming its source."""
+    blocks = [["a", "b", "a"], [], ["c", "b", "d", "e"], ["f", "g", "a", "h", "i"]]
+    stored = StoredCorpus.store([(ray.put(pa.table({"text": block})), "block") for block in blocks], chunk=4)
+    in_process = Texts(dict.fromkeys(text for block in blocks for text in block))
+    assert len(stored) == len(in_process) == 9
+    assert [ray.get(ref).to_pylist() for ref in stored.chunks] == [in_process[i : i + 4] for i in range(0, 9, 4)]
+    asked = ["h", "a", "zz", "c", "a"]
+    assert stored.rows_of(asked) == in_process.rows_of(asked) == [7, 0, -1, 2, 0]
+    rows = [8, 0, 3, 3, 5, 1]
+    assert stored.take(rows) == in_process.take(rows)
+    with pytest.raises(DataError, match="s3://corpus/: a null where text should be"), input_errors_unwrapped():
+        StoredCorpus.store([(ray.put(pa.table({"text": ["a", None]})), "s3://corpus/")], chunk=4)
 
 
 class InProcess:
