@@ -74,7 +74,7 @@ class RemoteCorpus:
 
         files, options = list(self.files), {"filesystem": filesystem, "num_cpus": cpus_per_read}
         if self.suffix == ".parquet":
-            return ray.data.read_parquet(files, columns=[self.column], **options)
+            return ray.data.read_parquet(files, **options).select_columns([self.column])
         if self.suffix == ".jsonl":
             return ray.data.read_json(files, lines=True, **options).select_columns([self.column])
         if self.suffix == ".txt":
