@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import threading
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 import ray.train
 import torch
+import yaml
 
 from sbert_ray.cli import main
 from sbert_ray.config import EvalConfig, ModelConfig, ScalingConfig, StageConfig, TrainConfig
@@ -313,12 +315,14 @@ def test_a_scored_source_without_its_score_column_is_refused_naming_it(tmp_path,
 
 def test_sbert_ray_train_trains_a_reranker_on_ray(local_ray, tiny_train_config, tiny_model_dir, data_dir, capsys):
     """``sbert-ray train`` of a random tiny reranker by 2 Ray Train workers on STSb's scored pairs (scores / 5 as
-    BCE labels): each checkpoint is scored off the training ranks as a reranker (the correlation of its pair scores
-    with the dev pairs' gold scores), that score is in MLflow at the checkpoint's step and in keep_best's ranking and
-    is what the checkpoint's model scores in this process; the final folder loads in sentence-transformers'
-    CrossEncoder and predicts as ours, carded and logged as the run's artifacts. Its final task reranks a retrieval
-    set's candidates from a first-stage bi-encoder: in MLflow, what ``sbert-ray eval --reranker`` scores for the
-    final folder."""
+    BCE labels), one worker killed after the first checkpoint: the run resumes from a checkpoint loaded as a
+    reranker and ends. Each checkpoint is scored off the training ranks as a reranker (the correlation of its pair
+    scores with the dev pairs' gold scores), that score is in MLflow at the checkpoint's step and in keep_best's
+    ranking and is what the checkpoint's model scores in this process; the final folder loads in
+    sentence-transformers' CrossEncoder and predicts as ours, carded and logged as the run's artifacts. Its final
+    task reranks a retrieval set's candidates from a first-stage bi-encoder: in MLflow, what ``sbert-ray eval
+    --reranker`` scores for the final folder."""
+    from cluster_fixtures import train_workers, wait_for_registered_checkpoint
     from mlflow.tracking import MlflowClient
     from sentence_transformers import CrossEncoder
     from test_reranking import write_toy_beir
@@ -327,22 +331,32 @@ def test_sbert_ray_train_trains_a_reranker_on_ray(local_ray, tiny_train_config, 
     from sbert_ray.data.readers import load_records
     from sbert_ray.evaluation.sts import evaluate_pair_scores
 
-    path = tiny_train_config(name="rerank", limit=48, eval_every=2)
+    path = tiny_train_config(name="rerank", limit=480, eval_every=20)  # 60 steps: the kill comes after step 20
     beir = write_toy_beir(path.parent / "toy")
     overrides = [*RERANKER, f"evaluation.final_tasks=[rerank:{beir}]", f"evaluation.first_stage={tiny_model_dir}"]
     overrides += ["evaluation.dev_limit=40", "stages.0.learning_rate=1e-3"]
     overrides += ["evaluation.async_dev=true", "evaluation.dev_resources={CPU: 0.5}", "checkpoint.keep_best=3"]
-    assert main(["train", str(path), *overrides]) == 0, capsys.readouterr().err[-3000:]
     config = load_config(path, overrides)
+    run_dir = Path(config.checkpoint.storage_path) / config.name
+    exit_code: list[int] = []
+    training = threading.Thread(target=lambda: exit_code.append(main(["train", str(path), *overrides])))
+    training.start()
+    wait_for_registered_checkpoint(run_dir, global_step=20)
+    workers = train_workers()
+    assert workers, "no Ray Train worker process found"
+    workers[0].kill()
+    training.join(timeout=300)
+    assert exit_code == [0], capsys.readouterr().err[-3000:]
 
     client = MlflowClient(config.tracking.tracking_uri)
     (run,) = client.search_runs([client.get_experiment_by_name("sbert-ray").experiment_id])
     assert run.info.status == "FINISHED" and run.data.params["model.type"] == "cross_encoder"
+    resumed_from = [m.value for m in client.get_metric_history(run.info.run_id, "train/resumed_from_step")]
+    assert resumed_from and resumed_from[0] >= 20  # from a checkpoint, not from step 0
     logged = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "dev/spearman_pair_score")}
-    run_dir = Path(config.checkpoint.storage_path) / config.name
     snapshot = json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())
     kept = {c["metrics"]["global_step"]: c for c in snapshot["checkpoint_results"]}
-    assert logged.keys() == kept.keys() == {2, 4, 6}  # 48 pairs in global batches of 8, scored every 2 steps
+    assert logged.keys() == kept.keys() == {20, 40, 60}  # 480 pairs in global batches of 8, scored every 20 steps
     dev_pairs = load_records("stsb", "dev", data_dir)[:40]
     for step, checkpoint in kept.items():
         model = CrossEncoderModel.load(run_dir / checkpoint["checkpoint_dir_name"] / MODEL_DIR)
@@ -394,3 +408,48 @@ def test_a_sweeps_best_reranker_is_retrained_without_the_embedding_suite(trained
     retrained = _retrain_config(trained[2], "sweep", "/tmp/storage")
     assert retrained.evaluation.final_tasks == []
     retrained.validate()  # a config a reranker's run takes
+
+
+def test_a_reranker_sweep_tunes_its_learning_rate_on_ray(local_ray, tiny_train_config, tmp_path):
+    """A sweep of a reranker's learning rate, two trials at once on Ray Tune: each trial trains a reranker and
+    scores it on its dev pairs (the metric the sweep ranks by), one MLflow child run each under the sweep's run, the
+    best config a reranker's, each trial's final folder a CrossEncoder."""
+    from mlflow.tracking import MlflowClient
+    from sentence_transformers import CrossEncoder
+
+    from sbert_ray.config import load_config
+    from sbert_ray.runs.sweep import run_sweep
+    from sbert_ray.tuning import SweepConfig
+
+    base = yaml.safe_load(tiny_train_config(name="base", limit=32, eval_every=2).read_text())
+    base["model"]["type"] = "cross_encoder"
+    base["stages"][0]["objective"] = "reranker_bce"
+    base["evaluation"].update(final_tasks=[], dev_limit=20, async_dev=False)
+    base["scaling"] = {"num_workers": 1, "cpus_per_worker": 0.5}
+    base["output_dir"] = str(tmp_path / "models")
+    path = tmp_path / "sweep.yaml"
+    sweep = {
+        "name": "rerankers",
+        "base": base,
+        "scheduler": "fifo",
+        "search_space": {"stages.0.learning_rate": {"grid": [1e-4, 1e-3]}},
+    }
+    path.write_text(yaml.safe_dump({**sweep, "max_concurrent_trials": 2}))
+    result = run_sweep(load_config(path, cls=SweepConfig))
+
+    assert result.dev_metric == "spearman_pair_score"
+    assert [row.status for row in result.rows] == ["finished", "finished"]
+    assert all(math.isfinite(row.dev_score) for row in result.rows) and len({r.dev_score for r in result.rows}) == 2
+    assert result.best is max(result.rows, key=lambda row: row.dev_score)
+    best = yaml.safe_load((result.summary / "best_config.yaml").read_text())
+    assert best["model"]["type"] == "cross_encoder" and best["stages"][0]["objective"] == "reranker_bce"
+
+    client = MlflowClient(result.tracking_uri)
+    assert client.get_run(result.run_id).info.status == "FINISHED"
+    for row in result.rows:
+        child = client.get_run(row.run_id)
+        assert child.info.status == "FINISHED" and child.data.tags["mlflow.parentRunId"] == result.run_id
+        assert child.data.params["model.type"] == "cross_encoder"
+        assert child.data.metrics["dev/spearman_pair_score"] == pytest.approx(row.dev_score)
+        final = tmp_path / "models" / row.trial_id
+        assert CrossEncoder(str(final), device="cpu").predict([("a query", "a passage")]).shape == (1,)
