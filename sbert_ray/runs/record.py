@@ -17,9 +17,9 @@ keep the first ones, and the new config is logged as ``config.yaml``): where dat
 besides training and where (``evaluation.before_tasks``, ``final_tasks``, ``first_stage``, ``batch_size``,
 ``eval_every``, ``async_dev``, ``dev_resources``, ``dev_workers``) and the resources of each worker
 (``scaling.cpus_per_worker``, ``gpus_per_worker``, ``torch_threads``) and how long to wait for them
-(``scaling.resource_wait_s``). Everything else
-is: the seed, the model, every stage, the dev set (it decides which checkpoints are kept), the number of workers and
-GPU use (data sharding and precision). The fingerprint covers the config, not the contents of data files.
+(``scaling.resource_wait_s``). Everything else is: the seed, the model, every stage, the dev set (it decides which
+checkpoints are kept), the number of workers and GPU use (data sharding and precision). The fingerprint covers
+the config, not the contents of data files.
 """
 
 from __future__ import annotations
