@@ -281,7 +281,7 @@ RERANKER = ["model.type=cross_encoder", "stages.0.objective=reranker_bce"]
          "evaluation.first_stage: the final tasks ['rerank:stsb-retrieval:dev'] rerank a first stage's candidates; "
          "name the bi-encoder that retrieves them"),
         ([*RERANKER, "evaluation.final_tasks=['rerank:stsb-retrieval:dev,sts']", "evaluation.first_stage=random:tiny"],
-         "evaluation.final_tasks: ['rerank:stsb-retrieval:dev,sts'] score embeddings"),
+         "evaluation.final_tasks: ['sts'] score embeddings"),
         ([*RERANKER, "evaluation.final_tasks=[]", "evaluation.first_stage=random:tiny"],
          "evaluation.first_stage: no final rerank: task uses it; leave it out"),
         ([*RERANKER, "evaluation.final_tasks=[rerank:stsb-retrieval:dev]", "evaluation.first_stage=/no/encoder"],

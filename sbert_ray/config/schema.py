@@ -328,8 +328,8 @@ class TrainConfig:
 
     def _validate_reranker_evaluation(self) -> None:
         """A reranker's dev score is its dev pairs' (``evaluation.dev_score``); the evaluation tasks (but final
-        rerank: tasks, which rerank ``evaluation.first_stage``'s candidates), the dev scorers' encoder pool and MLflow's
-        model registry take bi-encoders only."""
+        rerank: tasks, which rerank ``evaluation.first_stage``'s candidates: checked once parsed, ``RunTasks.parse``),
+        the dev scorers' encoder pool and MLflow's model registry take bi-encoders only."""
         evaluation, why = self.evaluation, "which model.type cross_encoder has not"
         if self.model.type != "cross_encoder":
             if evaluation.first_stage is not None:
@@ -338,22 +338,10 @@ class TrainConfig:
                     "a bi-encoder's tasks rank by its own embeddings: leave it out"
                 )
             return
-        # One rerank:<set> task per item (an item may list several tasks, comma-separated: "rerank:x,sts" has sts).
-        reranks = [spec for spec in evaluation.final_tasks if spec.partition(":")[0] == "rerank" and "," not in spec]
-        embedding_tasks = {
-            "before_tasks": evaluation.before_tasks,
-            "final_tasks": [spec for spec in evaluation.final_tasks if spec not in reranks],
-        }
-        for name, specs in embedding_tasks.items():
-            if specs:
-                raise ConfigError(
-                    f"evaluation.{name}: {specs} score embeddings, {why}; set {name}: [] (a reranker's dev score is "
-                    "scored at every checkpoint; its final tasks may rerank: a retrieval set)"
-                )
-        if evaluation.final_tasks and evaluation.first_stage is None:
+        if evaluation.before_tasks:
             raise ConfigError(
-                f"evaluation.first_stage: the final tasks {evaluation.final_tasks} rerank a first stage's candidates; "
-                "name the bi-encoder that retrieves them (a folder or Hub id)"
+                f"evaluation.before_tasks: {evaluation.before_tasks} score embeddings, {why}; set before_tasks: [] "
+                "(a reranker's dev score is scored at every checkpoint)"
             )
         if evaluation.first_stage is not None and not evaluation.final_tasks:
             raise ConfigError("evaluation.first_stage: no final rerank: task uses it; leave it out")

@@ -25,7 +25,7 @@ from sbert_ray.config import ConfigError, EvalConfig, StageConfig, TrainConfig
 from sbert_ray.data.readers import check_available, resolve_data_dir
 from sbert_ray.data.records import DataError
 from sbert_ray.evaluation.dev_score import DevSpec, dev_spec
-from sbert_ray.evaluation.tasks import EvalTasks, parse_tasks
+from sbert_ray.evaluation.tasks import EvalTasks, RerankTask, parse_tasks
 from sbert_ray.files import check_folder
 from sbert_ray.models import check_model
 from sbert_ray.models.checks import check_model_files
@@ -138,8 +138,10 @@ class RunTasks:
         """The tasks ``evaluation`` names (of a ``model_type`` model); an unknown task or metric is a ConfigError
         naming its key."""
         before = parse_tasks(evaluation.before_tasks, key="evaluation.before_tasks", absolute=True)
-        reranks = model_type == "cross_encoder"  # its final tasks rerank (the config allows rerank: tasks only)
+        reranks = model_type == "cross_encoder"  # its final tasks rerank a first stage's candidates
         final = parse_tasks(evaluation.final_tasks, key="evaluation.final_tasks", absolute=True, reranks=reranks)
+        if reranks:
+            _check_reranker_final_tasks(final, evaluation.first_stage)
         return cls(before, final, dev_spec(evaluation, absolute=True, model_type=model_type))
 
     def check(self, data_dir: str | None) -> None:
@@ -147,6 +149,22 @@ class RunTasks:
         self.before.check(data_dir)
         self.final.check(data_dir)
         self.dev.checked(data_dir)
+
+
+def _check_reranker_final_tasks(final: EvalTasks, first_stage: str | None) -> None:
+    """A reranker (no embeddings) scores ``rerank:`` tasks only, which rerank ``first_stage``'s candidates."""
+    embedding_tasks = [task.spec for task in final if not isinstance(task, RerankTask)]
+    if embedding_tasks:
+        raise ConfigError(
+            f"evaluation.final_tasks: {embedding_tasks} score embeddings, which model.type cross_encoder has not; "
+            "set final_tasks: [] (a reranker's dev score is scored at every checkpoint; its final tasks may "
+            "rerank: a retrieval set)"
+        )
+    if final and first_stage is None:
+        raise ConfigError(
+            f"evaluation.first_stage: the final tasks {final.specs} rerank a first stage's candidates; name the "
+            "bi-encoder that retrieves them (a folder or Hub id)"
+        )
 
 
 def absolute_paths(config: TrainConfig) -> tuple[TrainConfig, RunTasks]:
