@@ -134,3 +134,18 @@ def test_each_report_mode_configures_its_runs_and_is_labelled_apart():
     assert [label({**record, "reports": mode}) for mode in modes] == [
         "sbert-ray/1x2/fp32/none", "sbert-ray/1x2/fp32/sync", "sbert-ray/1x2/fp32", "sbert-ray/1x2/fp32/async",
     ]  # fmt: skip
+
+
+def test_bench_train_times_a_reranker_beside_sentence_transformers_cross_encoder_trainer(data_dir, tmp_path):
+    """--objective reranker_bce: our reranker (model.type cross_encoder, STSb scores / 5 as BCE targets) and
+    sentence-transformers' CrossEncoderTrainer with BinaryCrossEntropyLoss on the same pairs, in this process; its
+    report point scores the dev pairs as a reranker's dev score."""
+    output = tmp_path / "reranker.json"
+    argv = bench(data_dir, "--local", "--objective", "reranker_bce", "--eval-every", "2", "--no-mlflow")
+    assert main([*argv, "--output", str(output)]) == 0
+    records = json.loads(output.read_text())
+    assert [(r["impl"], r["objective"]) for r in records] == [
+        ("sbert-ray", "reranker_bce"), ("sentence-transformers", "reranker_bce"),
+    ]  # fmt: skip
+    assert all(r["pairs_per_s"] > 0 and r["mfu"] > 0 for r in records) and records[0]["vs_reference"] > 0
+    assert 0 < records[0]["report_share"] < 1

@@ -1,7 +1,9 @@
 """Training throughput: this project's Ray Train worker loop with 1..N workers beside sentence-transformers'
 ``SentenceTransformerTrainer``, at the same model, data (STSb train, regression), batch and maximum sequence length.
 The in-batch-negative objectives (``mnrl``, ``cached_mnrl``) train on the offline NLI set's entailment pairs
-(``nli-offline``: 5,270 pairs), ours only.
+(``nli-offline``: 5,270 pairs), ours only. ``reranker_bce`` trains a reranker (``model.type: cross_encoder``) on
+STSb's pairs, scores / 5 as the targets, beside sentence-transformers' ``CrossEncoderTrainer`` with
+``BinaryCrossEntropyLoss``.
 
 Every variant trains ``steps`` optimizer steps from the same model; repeats run interleaved (A B C A B C ...) so
 that a change in machine load hits all variants alike. Per run: the time from ``fit()`` (ours: building the
@@ -40,11 +42,12 @@ from sbert_ray.bench import tables
 from sbert_ray.bench.flops import ForwardFlops, datasheet_peak, matmul_peak
 from sbert_ray.config import ConfigError, EvalConfig, ModelConfig, ScalingConfig, StageConfig, TrainConfig
 from sbert_ray.data.readers import check_available, load_records
-from sbert_ray.evaluation.sts import evaluate_pairs
+from sbert_ray.evaluation.dev_score import DevScorer, dev_spec
 from sbert_ray.files import json_text
 from sbert_ray.models import build_random_bert, check_model, load_encoder, resolve_model_ref
 from sbert_ray.models.encoder import compiles, half_dtype
 from sbert_ray.models.load import RANDOM_PREFIX
+from sbert_ray.models.model_type import ModelType
 from sbert_ray.training.batches import TokenizedRows
 from sbert_ray.training.loop import LocalReporter
 from sbert_ray.training.meter import StepMeter
@@ -71,7 +74,8 @@ DEFAULT_REPORTS = "async-upload"
 STARTUP_KEYS = ("time_to_worker_start_s", "time_to_data_s")
 # The registered dataset each objective the bench runs trains on: STSb's scored pairs, or for in-batch negatives the
 # entailment pairs of the offline NLI set (both local with a data folder: scripts/gpu_carry.py copies them).
-DATASETS = {"regression": "stsb", "mnrl": "nli-offline", "cached_mnrl": "nli-offline"}
+DATASETS = {"regression": "stsb", "mnrl": "nli-offline", "cached_mnrl": "nli-offline", "reranker_bce": "stsb"}
+REFERENCE_OBJECTIVES = ("regression", "reranker_bce")  # what sentence-transformers' trainers run here
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,10 @@ class TrainBenchSettings:
     eval_every: int = 0  # steps between report points (dev evaluation + checkpoint); 0: only after the last step
     dev_limit: int | None = 10  # STSb dev pairs each report point scores (None: all 1,500, as the quickstart)
     compile: bool | Literal["auto"] = "auto"  # scaling.compile
+
+    @property
+    def model_type(self) -> ModelType:
+        return "cross_encoder" if self.objective.startswith("reranker") else "bi_encoder"
 
     def __post_init__(self) -> None:
         if self.steps < 2:
@@ -128,12 +136,12 @@ def check_inputs(settings: TrainBenchSettings, reference: bool = True) -> None:
     """Model, data and device checked on the driver before any cluster work (ModelError, DataError, ConfigError)."""
     if settings.device not in ("cpu", "cuda"):
         raise ConfigError(f"--device: {settings.device!r} is not cpu or cuda")
-    if reference and settings.objective != "regression":
-        raise ConfigError(f"--objective {settings.objective}: sentence-transformers' trainer runs regression only; "
-                          "add --no-reference")  # fmt: skip
+    if reference and settings.objective not in REFERENCE_OBJECTIVES:
+        raise ConfigError(f"--objective {settings.objective}: sentence-transformers' trainers run "
+                          f"{' and '.join(REFERENCE_OBJECTIVES)} here; add --no-reference")  # fmt: skip
     if reference and importlib.util.find_spec("datasets") is None:
         raise ConfigError("sentence-transformers' trainer needs the datasets package: install it, or --no-reference")
-    check_model(settings.model, settings.max_seq_length)
+    check_model(settings.model, settings.max_seq_length, model_type=settings.model_type)
     check_available(DATASETS[settings.objective], "train", settings.data_dir)
 
 
@@ -243,7 +251,7 @@ def bench_config(
         name="bench-train",
         seed=settings.seed,
         data_dir=settings.data_dir,
-        model=ModelConfig(name=settings.model, max_seq_length=settings.max_seq_length),
+        model=ModelConfig(name=settings.model, max_seq_length=settings.max_seq_length, type=settings.model_type),
         # As many epochs as ``steps`` needs (the reference trainer also runs on past an epoch).
         stages=[
             StageConfig(
@@ -290,12 +298,11 @@ def ours_in_process(config: TrainConfig) -> dict:
     encoder = started.encoder
     if compiles(config.scaling.compile, device):
         encoder.compile_for_training()
-    evaluation = config.evaluation
-    dev_pairs = load_records(evaluation.dev_dataset, evaluation.dev_split, config.data_dir)[: evaluation.dev_limit]
+    scorer = DevScorer(config.evaluation, config.data_dir, dev_spec(config.evaluation, model_type=config.model.type))
     stage_data = functools.partial(local_sources, config, encoder=encoder)
     with tempfile.TemporaryDirectory(prefix="sbert-ray-bench-checkpoints-") as checkpoints:
         background = config.checkpoint.upload == "async"
-        reporter = ScoringReporter(encoder, dev_pairs, evaluation.batch_size, Path(checkpoints), background)
+        reporter = ScoringReporter(encoder, scorer, Path(checkpoints), background)
         train_stages(stage_plans(config), started, stage_data, worker, reporter, meter)
         reporter.close()  # the last checkpoint written before its folder goes
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
@@ -305,12 +312,12 @@ def ours_in_process(config: TrainConfig) -> dict:
 class ScoringReporter(LocalReporter):
     """A local reporter that scores the dev pairs before writing each report point's checkpoint, as rank 0 does."""
 
-    def __init__(self, encoder, dev_pairs: list, batch_size: int, checkpoints: Path, background: bool):
+    def __init__(self, encoder, scorer: DevScorer, checkpoints: Path, background: bool):
         super().__init__(checkpoints, background)
-        self.encoder, self.dev_pairs, self.batch_size = encoder, dev_pairs, batch_size
+        self.encoder, self.scorer = encoder, scorer
 
     def report(self, state, save, window: dict[str, float]) -> None:
-        state.dev_score = evaluate_pairs(self.encoder, self.dev_pairs, self.batch_size)["spearman_cosine"]
+        state.dev_score = self.scorer.scores(self.encoder)[self.scorer.key]
         super().report(state, save, window)
 
 
@@ -366,16 +373,11 @@ def reference_ddp_run(settings: TrainBenchSettings, processes: int, threads: int
 
 
 def reference_trainer_run(settings: TrainBenchSettings, threads: int, started: float | None = None) -> dict:
-    """sentence-transformers' own trainer with the quickstart's settings on the same pairs; timed by a callback
-    from ``started`` (default: now, before the model is loaded) to the end of the first step, then over the
-    remaining steps. Under torchrun each process trains its share of the batch with DDP."""
+    """sentence-transformers' own trainer with the quickstart's settings on the same pairs (a reranker's: its
+    ``CrossEncoderTrainer``, ``BinaryCrossEntropyLoss`` on scores / 5); timed by a callback from ``started``
+    (default: now, before the model is loaded) to the end of the first step, then over the remaining steps. Under
+    torchrun each process trains its share of the batch with DDP."""
     from datasets import Dataset
-    from sentence_transformers import (
-        SentenceTransformer,
-        SentenceTransformerTrainer,
-        SentenceTransformerTrainingArguments,
-    )
-    from sentence_transformers.sentence_transformer.losses import CosineSimilarityLoss
     from transformers import PrinterCallback, TrainerCallback
 
     started = started or time.time()
@@ -398,11 +400,9 @@ def reference_trainer_run(settings: TrainBenchSettings, threads: int, started: f
             step_ends.append(time.time())
 
     with tempfile.TemporaryDirectory(prefix="sbert-ray-bench-st-") as output_dir:
-        st_model = SentenceTransformer(
-            model_folder(settings.model, Path(output_dir), settings.seed), device=device, trust_remote_code=False
-        )
-        st_model.max_seq_length = settings.max_seq_length
-        args = SentenceTransformerTrainingArguments(
+        folder = model_folder(settings.model, Path(output_dir), settings.seed)
+        model, trainer_class, arguments_class, loss = _reference_parts(settings, folder, device)
+        args = arguments_class(
             output_dir=output_dir,
             per_device_train_batch_size=settings.batch_size // processes,
             max_steps=settings.steps,
@@ -420,12 +420,8 @@ def reference_trainer_run(settings: TrainBenchSettings, threads: int, started: f
             report_to="none",
             disable_tqdm=True,
         )
-        trainer = SentenceTransformerTrainer(
-            model=st_model,
-            args=args,
-            train_dataset=Dataset.from_dict(data),
-            loss=CosineSimilarityLoss(st_model),
-            callbacks=[StepClock()],
+        trainer = trainer_class(
+            model=model, args=args, train_dataset=Dataset.from_dict(data), loss=loss, callbacks=[StepClock()]
         )
         trainer.remove_callback(PrinterCallback)  # it prints its logs to stdout, where the bench's JSON goes
         trainer.train()
@@ -435,6 +431,27 @@ def reference_trainer_run(settings: TrainBenchSettings, threads: int, started: f
         "time_to_first_step_s": step_ends[0] - started,
         "pairs_per_s": (len(step_ends) - 1) * settings.batch_size / (step_ends[-1] - step_ends[0]),
     }
+
+
+def _reference_parts(settings: TrainBenchSettings, folder: str, device: torch.device) -> tuple:
+    """sentence-transformers' model (loaded from ``folder``), trainer and arguments classes and loss for the
+    objective: a bi-encoder's CosineSimilarityLoss (regression), or a reranker's BinaryCrossEntropyLoss."""
+    if settings.model_type == "cross_encoder":
+        from sentence_transformers.cross_encoder import CrossEncoder, CrossEncoderTrainer, CrossEncoderTrainingArguments
+        from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
+
+        model = CrossEncoder(folder, num_labels=1, max_length=settings.max_seq_length, device=str(device))
+        return model, CrossEncoderTrainer, CrossEncoderTrainingArguments, BinaryCrossEntropyLoss(model)
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+    )
+    from sentence_transformers.sentence_transformer.losses import CosineSimilarityLoss
+
+    model = SentenceTransformer(folder, device=str(device), trust_remote_code=False)
+    model.max_seq_length = settings.max_seq_length
+    return model, SentenceTransformerTrainer, SentenceTransformerTrainingArguments, CosineSimilarityLoss(model)
 
 
 def _describe(variant: Variant, settings: TrainBenchSettings) -> dict:

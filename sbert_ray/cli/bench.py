@@ -102,10 +102,11 @@ def _add_train_arguments(bench_sub, bench_common: argparse.ArgumentParser) -> No
     bt.add_argument("--steps", type=positive_int, default=60, help="optimizer steps per run (default: 60)")
     bt.add_argument(
         "--objective",
-        choices=("regression", "mnrl", "cached_mnrl"),
+        choices=("regression", "mnrl", "cached_mnrl", "reranker_bce"),
         default="regression",
-        help="regression on STSb train (default), or MNRL / cached MNRL on the offline NLI set's entailment pairs "
-        "(ours only: --no-reference)",
+        help="regression on STSb train (default); MNRL / cached MNRL on the offline NLI set's entailment pairs "
+        "(ours only: --no-reference); or reranker_bce, a reranker (cross-encoder) on STSb train beside "
+        "sentence-transformers' CrossEncoderTrainer",
     )
     bt.add_argument("--limit", type=positive_int, help="first N training pairs (default: all: STSb train 5,749)")
     bt.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
