@@ -11,10 +11,12 @@ tables, put one at a time as the driver reads them; the positives):
 - a task per chunk of ``chunk`` rows gathers its texts from the blocks it spans: the chunks ``CorpusEmbeddings``
   has the encoder actors embed, straight from the store. The blocks are released once gathered.
 
-Lookups are tasks too: ``rows_of`` (texts to rows: the pairs' anchors and positives) and ``take`` (rows to texts:
-a shard's negatives and positives, for its output rows and the teacher's pairs). The driver holds object references,
-the row count and what it asked for, whatever the corpus's size; the store spills to disk what does not fit in
-memory. The tasks reserve no CPU: they are short, and run while the encoder actors may hold every CPU.
+Lookups are tasks too, one per call: ``rows_of`` (texts to rows: the pairs' anchors and positives) and ``take``
+(rows to texts: a shard's negatives and positives, for its output rows and the teacher's pairs, from the chunks
+they fall in). The driver holds object references, the row count and what it asked for, whatever the corpus's
+size; the store spills to disk what does not fit in memory. Storing runs before the encoder actors start, its tasks
+on a CPU each (as many at once as the cluster has CPUs, each worker process serving one task after another);
+lookups reserve no CPU: they are short, and run while the encoder actors may hold every CPU.
 """
 
 from __future__ import annotations
@@ -70,13 +72,8 @@ class StoredCorpus:
 
     def take(self, rows: Sequence[int]) -> list[str]:
         rows = np.asarray(rows, dtype=np.int64)
-        chunk_of = rows // self.chunk
-        wanted = np.unique(chunk_of)
-        found = ray.get([_take.remote(self.chunks[c], rows[chunk_of == c] - c * self.chunk) for c in wanted])
-        texts = np.empty(len(rows), dtype=object)
-        for c, chunk_texts in zip(wanted, found, strict=True):
-            texts[chunk_of == c] = chunk_texts
-        return texts.tolist()
+        wanted = {index: self.chunks[index] for index in np.unique(rows // self.chunk).tolist()}
+        return ray.get(_take.remote(rows, self.chunk, wanted))
 
 
 def digests_of(texts: Iterable[str]) -> np.ndarray:
@@ -85,7 +82,7 @@ def digests_of(texts: Iterable[str]) -> np.ndarray:
     )
 
 
-@ray.remote(num_cpus=0)
+@ray.remote
 def _digests(block: pa.Table, source: str) -> np.ndarray:
     texts = block.column(0)
     if texts.null_count:
@@ -93,7 +90,7 @@ def _digests(block: pa.Table, source: str) -> np.ndarray:
     return digests_of(texts.to_pylist())
 
 
-@ray.remote(num_cpus=0, num_returns=3)
+@ray.remote(num_returns=3)
 def _deduplicate(*blocks: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, tuple]:
     """(the index: distinct digests and their rows), each row's place among all texts, (rows, digest, where each
     block starts among all texts)."""
@@ -104,7 +101,7 @@ def _deduplicate(*blocks: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray], np
     return (distinct, np.searchsorted(places, first)), places, (len(places), hashlib.sha256(every).hexdigest(), starts)
 
 
-@ray.remote(num_cpus=0)
+@ray.remote
 def _gather(places: np.ndarray, start: int, stop: int, starts: np.ndarray, blocks: list[ray.ObjectRef]) -> pa.Array:
     """The texts of rows [start, stop), from the blocks their places fall in (fetched here, only those)."""
     wanted = places[start:stop]
@@ -127,5 +124,10 @@ def _lookup(index: tuple[np.ndarray, np.ndarray], texts: list[str]) -> np.ndarra
 
 
 @ray.remote(num_cpus=0)
-def _take(texts: pa.Array, rows: np.ndarray) -> list[str]:
-    return texts.take(pa.array(rows)).to_pylist()
+def _take(rows: np.ndarray, chunk: int, chunks: dict[int, ray.ObjectRef]) -> list[str]:
+    """The texts of ``rows``, in their order, from ``chunks`` (of ``chunk`` rows each: the ones they fall in)."""
+    texts = np.empty(len(rows), dtype=object)
+    for index, chunk_texts in zip(chunks, ray.get(list(chunks.values())), strict=True):
+        here = rows // chunk == index
+        texts[here] = chunk_texts.take(pa.array(rows[here] - index * chunk)).to_pylist()
+    return texts.tolist()
