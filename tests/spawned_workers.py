@@ -6,6 +6,7 @@ test module that imports sentence-transformers or Ray each process spent ~15 s i
 from __future__ import annotations
 
 import faulthandler
+import gc
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -31,6 +32,16 @@ CPU = torch.device("cpu")
 # in 11 runs here) leaves no traceback; pytest's own handler covers only its process. Every spawned process imports
 # this module first, so each prints its threads' stacks if it dies so.
 faulthandler.enable()
+
+
+def leave_group() -> None:
+    """Leave the process group once every rank is done with it. A rank that exits while a peer's gloo group still
+    holds work with it can hang the peer in the group's destructor (CI of 95fb033: a DDP rank of test_cached_mnrl
+    waited for ever in ~ProcessGroupGloo, freed with its DDP reducer after the other rank had gone) or abort it.
+    Callers first drop what holds the group (DDP models, sharded encoders), so that it is freed while all are here."""
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def trainable_grads(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -90,7 +101,7 @@ def gathered_mnrl(rank: int, batches: SplitBatches, symmetric: bool = False, dim
                 dist.all_reduce(param.grad)
         if rank == 0:
             torch.save({"loss": loss.detach(), "grads": trainable_grads(encoder)}, f"{batches.tmp}/result{index}.pt")
-    dist.destroy_process_group()
+    leave_group()
 
 
 def steady_step_syncs(rank: int, batches: SplitBatches, hashes: list[list[int]]) -> None:
@@ -117,7 +128,7 @@ def steady_step_syncs(rank: int, batches: SplitBatches, hashes: list[list[int]])
                 objective(features, text_hashes=text_hashes, used_widths=used_widths).backward()
         syncs[name] = counter.syncs
     torch.save(syncs, f"{batches.tmp}/syncs{rank}.pt")
-    dist.destroy_process_group()
+    leave_group()
 
 
 def word_embedding_gradients_both_ways(rank: int, model_dir: str, port: int, out: str, pairs: list[list[str]]) -> None:
@@ -138,7 +149,8 @@ def word_embedding_gradients_both_ways(rank: int, model_dir: str, port: int, out
             densify(weight)
         grads[way] = embeddings.grad.clone()
     torch.save(grads, f"{out}.{rank}")
-    dist.destroy_process_group()
+    del objective, encoder, embeddings
+    leave_group()
 
 
 def ddp_plain_and_cached_mnrl(
@@ -169,7 +181,8 @@ def ddp_plain_and_cached_mnrl(
             results[(name, with_hard_negatives)] = trainable_grads(encoder)
     if rank == 0:
         torch.save(results, f"{tmp}/grads.pt")
-    dist.destroy_process_group()
+    del model, objective, encoder
+    leave_group()
 
 
 def masked_mnrl(rank: int, batches: SplitBatches, hashes: list[list[int]]) -> None:
@@ -200,7 +213,7 @@ def masked_mnrl(rank: int, batches: SplitBatches, hashes: list[list[int]]) -> No
                 }
     if rank == 0:
         torch.save(results, f"{batches.tmp}/results.pt")
-    dist.destroy_process_group()
+    leave_group()
 
 
 # The objectives the uneven-split step is compared on: (objective, its settings, Matryoshka sizes of the tiny BERT).
@@ -274,7 +287,7 @@ def uneven_split_steps(
     results = {name: loop_step(name, model_dir, columns, scores, 14, 2) for name in ELASTIC_OBJECTIVES}
     if rank == 0:
         torch.save(results, f"{tmp}/results.pt")
-    dist.destroy_process_group()
+    leave_group()
 
 
 @dataclass(frozen=True)
@@ -325,7 +338,8 @@ def strategy_runs(rank: int, world_size: int, tmp: str, model_dir: str, data_dir
         train_stages(stage_plans(config), started, rank_share, worker, reporter, StepMeter(time.time(), CPU))
         if rank == 0:
             torch.save(reporter.reports, Path(tmp, run.name, "reports.pt"))
-    dist.destroy_process_group()
+    del started, worker, rank_share, reporter
+    leave_group()
 
 
 def _every_nth(source, rank: int, key: tuple[int, int, int]):
