@@ -348,7 +348,8 @@ def test_interrupted_sweep_from_its_own_directory_frees_its_trial_and_resumes_wi
     sweep_dir = tmp_path / "runs" / "relative"
     interrupted_log = tmp_path / "interrupted-driver.log"
     seconds = interrupt_after_the_first_trial(Path("sweep.yaml"), sweep_dir, local_ray, interrupted_log)
-    assert seconds < 90 and "continue it with --resume" in interrupted_log.read_text()
+    assert seconds < 90 and "sweep 'relative' interrupted" in interrupted_log.read_text()
+    assert "continue it with --resume" in interrupted_log.read_text()
     assert live_placement_groups() == {}
     assert train_workers() == []
     assert not (sweep_dir / "summary").exists()

@@ -303,8 +303,8 @@ def _end_if_interrupted(tracker: SweepTracker, name: str, path: str) -> None:
     unfinished = {trial.trial_id for trial in trials if trial.status not in ("TERMINATED", "ERROR")}
     if not unfinished:
         return
-    for name, (run_id, status) in tracker.child_runs().items():  # named <trials dir>/<trial id>
-        if status == "RUNNING" or (status == "FAILED" and name.rsplit("/", 1)[-1] in unfinished):
+    for run_name, (run_id, status) in tracker.child_runs().items():  # named <trials dir>/<trial id>
+        if status == "RUNNING" or (status == "FAILED" and run_name.rsplit("/", 1)[-1] in unfinished):
             tracker.close_child(run_id, stopped=True)
     raise SweepInterrupted(f"sweep {name!r} interrupted; its state is saved at {path}: continue it with --resume")
 
