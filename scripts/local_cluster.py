@@ -95,6 +95,7 @@ def stop(process: subprocess.Popen, grace_s: float = 5) -> None:
             break
         deadline = time.time() + grace_s
         while time.time() < deadline:
+            process.poll()  # reap the leader once it ends: a zombie is still a member of its group
             try:
                 os.killpg(process.pid, 0)
             except ProcessLookupError:
