@@ -5,8 +5,8 @@
     python scripts/fit_cpu.py [--fits 3] [--data-dir ../shared/data] [--warm]
 
 Every process under this one is sampled every 0.2 s; the table counts the fits after the first (the first also
-starts the cluster's own actors). ``--warm`` starts the cluster with ``local_cluster.WARM_WORKERS``, as the
-tests' local cluster is.
+starts the cluster's own actors). ``--warm`` starts the cluster with ``local_cluster.WARM_WORKERS`` and
+``NO_PREEMPTION_WATCHER``, as the tests' local cluster is.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import ray
-from local_cluster import NO_STATE_API, WARM_WORKERS, tiny_training_yaml
+from local_cluster import NO_PREEMPTION_WATCHER, NO_STATE_API, WARM_WORKERS, tiny_training_yaml
 
 from sbert_ray.config import load_config
 from sbert_ray.runs.train_run import run_training
@@ -59,7 +59,7 @@ def main() -> int:
     parser.add_argument("--data-dir", type=Path, default=Path("../shared/data"))
     parser.add_argument("--warm", action="store_true", help="keep idle workers warm, as the tests' local cluster")
     args = parser.parse_args()
-    os.environ.update({**NO_STATE_API, **(WARM_WORKERS if args.warm else {})})
+    os.environ.update({**NO_STATE_API, **({**WARM_WORKERS, **NO_PREEMPTION_WATCHER} if args.warm else {})})
     ray.init(address="local", num_cpus=2, include_dashboard=False)
     root = Path(tempfile.mkdtemp(prefix="fit-cpu-"))
     stage = {"dataset": "stsb", "split": "train", "limit": 96, "batch_size": 8}

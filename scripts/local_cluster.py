@@ -50,6 +50,11 @@ NO_STATE_API = {"RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9"}
 # anew, each importing torch and transformers; kept warm, the next fit of the same driver reuses them (2026-12-06,
 # a tiny 2-worker fit: ~50 CPU-s -> ~32, scripts/fit_cpu.py; docs/testing.md).
 WARM_WORKERS = {"RAY_num_workers_soft_limit": "8", "RAY_idle_worker_killing_time_threshold_ms": "600000"}
+# Ray Train 2.60 starts a PreemptionWatcher actor per worker group: it polls for node drains and tells the workers,
+# for ray.train.get_preemption_info(), which sbert-ray does not call (sbert_ray/training/preemption.py). The local
+# cluster's fits go without it: a process less per fit, and an idle worker less to start in its place (~3 CPU-s of a
+# tiny fit's ~30, scripts/fit_cpu.py). Clusters started by README's recipe keep Ray's default.
+NO_PREEMPTION_WATCHER = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 
 
 def free_port() -> int:

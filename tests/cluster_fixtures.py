@@ -34,7 +34,11 @@ def local_ray(_local_ray_at_exit) -> Iterator[str]:
     if not ray.is_initialized():
         # Set while its raylet starts, NO_STATE_API reaches every worker process, of every driver that joins it.
         with pytest.MonkeyPatch.context() as env:  # (ray.init's own changes to os.environ stay)
-            for key, value in {**NO_STATE_API, **local_cluster.WARM_WORKERS}.items():
+            for key, value in {
+                **NO_STATE_API,
+                **local_cluster.WARM_WORKERS,
+                **local_cluster.NO_PREEMPTION_WATCHER,
+            }.items():
                 env.setenv(key, value)
             ray.init(address="local", num_cpus=2, include_dashboard=False)
     yield ray.get_runtime_context().gcs_address
