@@ -125,9 +125,12 @@ def _lookup(index: tuple[np.ndarray, np.ndarray], texts: list[str]) -> np.ndarra
 
 @ray.remote(num_cpus=0)
 def _take(rows: np.ndarray, chunk: int, chunks: dict[int, ray.ObjectRef]) -> list[str]:
-    """The texts of ``rows``, in their order, from ``chunks`` (of ``chunk`` rows each: the ones they fall in)."""
+    """The texts of ``rows``, in their order, from ``chunks`` (of ``chunk`` rows each: the ones they fall in, in
+    ascending order)."""
     texts = np.empty(len(rows), dtype=object)
-    for index, chunk_texts in zip(chunks, ray.get(list(chunks.values())), strict=True):
-        here = rows // chunk == index
+    by_chunk = np.argsort(rows // chunk, kind="stable")  # each chunk's rows, one slice: O(rows log rows) in all
+    bounds = np.searchsorted(rows[by_chunk] // chunk, [*chunks, max(chunks, default=0) + 1])
+    for at, (index, chunk_texts) in enumerate(zip(chunks, ray.get(list(chunks.values())), strict=True)):
+        here = by_chunk[bounds[at] : bounds[at + 1]]
         texts[here] = chunk_texts.take(pa.array(rows[here] - index * chunk)).to_pylist()
     return texts.tolist()
