@@ -12,6 +12,7 @@ import dataclasses
 import itertools
 import json
 import pickle
+import threading
 from collections import Counter
 
 import pyarrow as pa
@@ -321,6 +322,29 @@ def test_a_resume_reads_one_window_and_takes_the_batches_of_the_uninterrupted_ru
             assert (a.epoch, a.position, a.size) == (b.epoch, b.position, b.size)
             assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(a.features, b.features, strict=True))
             assert all(torch.equal(x, y) for x, y in zip(a.text_hashes, b.text_hashes, strict=True))
+
+
+def test_the_next_window_is_read_in_a_thread_while_this_one_trains(
+    prepared_folder, encoder, tiny_model_dir, monkeypatch
+):
+    """One worker, windows of 4 micro-batches: once the first window's first micro-batch is taken, the second
+    window's rows are being read on another thread (object storage's latency costs a step nothing after the first
+    window), and no window further ahead."""
+    reads, second_read = [], threading.Event()  # (first row of the read, its thread)
+    read = PreparedPasses.read
+
+    def recorded(self, groups, start, stop):
+        reads.append((start, threading.current_thread().name))
+        if len(reads) == 2:
+            second_read.set()
+        return read(self, groups, start, stop)
+
+    monkeypatch.setattr(PreparedPasses, "read", recorded)
+    stream = iter(rank_stream(train_config(prepared_folder, str(tiny_model_dir)), encoder, 1, 0))
+    next(stream)
+    assert second_read.wait(30), reads
+    assert [start for start, _ in reads] == [0, 4 * 8]
+    assert all(thread.startswith("read-ahead") for _, thread in reads), reads
 
 
 def test_a_manifest_made_for_other_settings_is_refused_naming_each_difference(

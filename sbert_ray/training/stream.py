@@ -40,6 +40,7 @@ others leave unseen (``repeated`` / ``unseen`` below), at most one row per globa
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import itertools
@@ -293,29 +294,29 @@ def share_batches(
     prepared: PreparedPasses, per_pass: int, plan: BatchPlan, key: tuple[int, int, int], skip: int, counts: SourceCounts
 ) -> Iterator[Batch]:
     """This rank's batches of one pass over a prepared source from its ``skip``-th on (``per_pass - skip`` of
-    them), read window by window (``BatchPlan.share_windows``) straight from the shards: only the window batch
-    ``skip`` lies in and those after it are read. Every whole window gives exactly ``window_batches`` batches
-    (``cut_whole_window``), so that window is known without reading any before it; the last one is cut as a
-    raw pass's end. As ``pass_batches``: batches beyond ``per_pass`` are counted unseen, a short share repeats
-    its first window's batches, and the rows no planned worker's equal share holds are counted unseen (on the last
-    rank, as the pass opens)."""
+    them), read window by window (``BatchPlan.share_windows``) straight from the shards, each window's rows read
+    while the one before is trained (``_read_ahead``): only the window batch ``skip`` lies in and those after it
+    are read. Every whole window gives exactly ``window_batches`` batches (``cut_whole_window``), so that window is
+    known without reading any before it; the last one is cut as a raw pass's end. As ``pass_batches``: batches
+    beyond ``per_pass`` are counted unseen, a short share repeats its first window's batches, and the rows no
+    planned worker's equal share holds are counted unseen (on the last rank, as the pass opens)."""
     groups, windows = prepared.row_groups(key), plan.share_windows(prepared.rows)
     if plan.rank == plan.world_size - 1:
         counts.unseen += prepared.rows - plan.pass_rows(prepared.rows)
     first = min(skip // plan.window_batches, max(len(windows) - 1, 0))
     made = first * plan.window_batches
-    for number in range(first, len(windows)):
-        for batch in _share_window(prepared, groups, windows, number, plan, key, counts):
+    for number, (table, read) in enumerate(_read_ahead(prepared, groups, windows[first:]), start=first):
+        counts.read += read
+        for batch in _window_batches(table, windows[number], number, plan, key, counts):
             if made >= per_pass:
                 counts.unseen += len(batch[1])
             elif made >= skip:
                 yield batch
             made += 1
     if made < per_pass:  # the pass's first batches again, to fill it (read again: a resume may not have cut them)
-        scratch = SourceCounts()
-        first_window = _share_window(prepared, groups, windows, 0, plan, key, scratch)
-        again = list(itertools.islice(first_window, plan.window_batches))
-        counts.read += scratch.read
+        (table, read), scratch = _read(prepared, groups, windows[0]), SourceCounts()
+        again = list(itertools.islice(_window_batches(table, windows[0], 0, plan, key, scratch), plan.window_batches))
+        counts.read += read
         if not again:
             raise ValueError(f"this worker's share of a pass held no example (source {key[1]}, pass {key[2]})")
         for position in range(made, per_pass):
@@ -325,22 +326,41 @@ def share_batches(
                 yield batch
 
 
-def _share_window(
-    prepared: PreparedPasses,
-    groups: list[RowGroup],
-    windows: list[tuple[int, int]],
+def _read_ahead(
+    prepared: PreparedPasses, groups: list[RowGroup], windows: list[tuple[int, int]]
+) -> Iterator[tuple[pa.Table | None, int]]:
+    """``_read`` of each window in order, the next one read in a thread while the caller trains on this one: pyarrow
+    reads, and waits on object storage, with the GIL released, so training waits for the first window only."""
+    if not windows:
+        return
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="read-ahead") as pool:
+        ahead = pool.submit(_read, prepared, groups, windows[0])
+        for following in [*windows[1:], None]:
+            current = ahead.result()
+            ahead = following and pool.submit(_read, prepared, groups, following)
+            yield current
+
+
+def _read(prepared: PreparedPasses, groups: list[RowGroup], window: tuple[int, int]) -> tuple[pa.Table | None, int]:
+    """A window's rows (None for an empty one: a share of the last window too small to hold a row of this rank) and
+    the rows read for them."""
+    start, stop = window
+    return prepared.read(groups, start, stop) if start < stop else (None, 0)
+
+
+def _window_batches(
+    table: pa.Table | None,
+    window: tuple[int, int],
     number: int,
     plan: BatchPlan,
     key: tuple[int, int, int],
     counts: SourceCounts,
 ) -> Iterator[Batch]:
-    """The batches of this rank's window ``number`` of the pass (its row ``groups``): a whole window's
+    """The batches of this rank's window ``number`` of the pass (its rows ``table``): a whole window's
     ``window_batches``, or the last window's as a raw pass ends (whole batches, then the rest, short ones too)."""
-    start, stop = windows[number]
-    if start == stop:  # (a share of the last window too small to hold a row of this rank)
+    if table is None:
         return
-    table, read = prepared.read(groups, start, stop)
-    counts.read += read
+    start, stop = window
     if stop - start < plan.window_batches * plan.batch_size:
         yield from _cut_pass([table], plan, key, counts, first=number)
         return
