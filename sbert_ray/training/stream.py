@@ -337,7 +337,7 @@ def _read_ahead(
         ahead = pool.submit(_read, prepared, groups, windows[0])
         for following in [*windows[1:], None]:
             current = ahead.result()
-            ahead = following and pool.submit(_read, prepared, groups, following)
+            ahead = pool.submit(_read, prepared, groups, following) if following else None
             yield current
 
 
