@@ -74,6 +74,19 @@ def test_table_files_give_their_column_as_numbered_rows(tmp_path, sentences, suf
     assert pa.concat_tables(tables).column("text").to_pylist() == texts
 
 
+def test_tables_of_long_texts_hold_fewer_rows(tmp_path, monkeypatch):
+    """A table closes at ``rows_per_table`` rows or once its texts reach ``corpus.TABLE_CHARACTERS``, whichever
+    comes first: the reader's memory follows the text, not the row count."""
+    monkeypatch.setattr("sbert_ray.data.corpus.TABLE_CHARACTERS", 1000)
+    path = tmp_path / "corpus.txt"
+    texts = ["x" * 300] * 10 + ["short"] * 30
+    path.write_text("\n".join(texts))
+    tables = list(open_corpus(str(path))[0].tables(rows_per_table=8))
+    assert [t.num_rows for t in tables] == [4, 4, 8, 8, 8, 8]  # 4 x 300 characters pass 1,000 at the 4th
+    assert pa.concat_tables(tables).column("text").to_pylist() == texts
+    assert pa.concat_tables(tables).column("id").to_pylist() == list(range(40))
+
+
 def test_text_file_rows_are_its_non_blank_lines(tmp_path):
     path = tmp_path / "corpus.txt"
     path.write_bytes("\ufefffirst\r\n\n  \nsecond \nthird".encode())
