@@ -65,7 +65,7 @@ from sbert_ray.runs.mining_corpus import StoredCorpus
 from sbert_ray.training.storage import is_remote
 
 SHARD_ANCHORS = 65536  # anchors per output file
-ROWS_PER_READ = 65536  # rows of a local corpus file read at a time
+ROWS_PER_READ = 65536  # rows of a local corpus file read at a time (fewer of long texts: corpus.TABLE_CHARACTERS)
 MANIFEST = "mine.json"  # what the output folder was mined from and how: a rerun resumes only the same mining
 
 
