@@ -2,11 +2,11 @@
 """CPU seconds per kind of process of tiny 2-worker fits on a fresh local 2-CPU cluster: where a fit's CPU goes
 (Train workers, Ray Data and evaluation tasks, Ray's helper actors), to size the suite's cluster phase.
 
-    python scripts/fit_cpu.py [--fits 3] [--data-dir ../shared/data] [--warm]
+    python scripts/fit_cpu.py [--fits 3] [--workers 2] [--data-dir ../shared/data] [--warm]
 
 Every process under this one is sampled every 0.2 s; the table counts the fits after the first (the first also
-starts the cluster's own actors). ``--warm`` starts the cluster with ``local_cluster.WARM_WORKERS`` and
-``NO_PREEMPTION_WATCHER``, as the tests' local cluster is.
+starts the cluster's own actors). ``--warm`` starts the cluster with ``local_cluster.MANY_SHORT_FITS``, as
+the suite's clusters are.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import ray
-from local_cluster import NO_PREEMPTION_WATCHER, NO_STATE_API, WARM_WORKERS, tiny_training_yaml
+from local_cluster import MANY_SHORT_FITS, NO_STATE_API, tiny_training_yaml
 
 from sbert_ray.config import load_config
 from sbert_ray.runs.train_run import run_training
@@ -57,9 +57,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fits", type=int, default=3)
     parser.add_argument("--data-dir", type=Path, default=Path("../shared/data"))
-    parser.add_argument("--warm", action="store_true", help="keep idle workers warm, as the tests' local cluster")
+    parser.add_argument("--warm", action="store_true", help="tuned as the suite's clusters")
+    parser.add_argument("--workers", type=int, default=2, help="Train workers per fit")
     args = parser.parse_args()
-    os.environ.update({**NO_STATE_API, **({**WARM_WORKERS, **NO_PREEMPTION_WATCHER} if args.warm else {})})
+    os.environ.update({**NO_STATE_API, **(MANY_SHORT_FITS if args.warm else {})})
     ray.init(address="local", num_cpus=2, include_dashboard=False)
     root = Path(tempfile.mkdtemp(prefix="fit-cpu-"))
     stage = {"dataset": "stsb", "split": "train", "limit": 96, "batch_size": 8}
@@ -73,14 +74,16 @@ def main() -> int:
         sampling = threading.Thread(target=sampler.sample_until, args=(done,))
         sampling.start()
         started = time.time()
-        run_training(load_config(path))
+        run_training(load_config(path, [f"scaling.num_workers={args.workers}"]))
         done.set()
         sampling.join()
         sampler.sample()
         print(f"fit {fit}: {time.time() - started:.1f} s", flush=True)
         if fit == 0:
             since = dict(sampler.seconds)
+            driver_since = sum(psutil.Process().cpu_times()[:2])
     kinds = sampler.by_kind(since)
+    kinds["(this driver)"] = sum(psutil.Process().cpu_times()[:2]) - driver_since
     print(f"CPU seconds of fits 2-{args.fits} by process kind ({sum(kinds.values()):.1f} in all):")
     for kind, seconds in kinds.most_common():
         print(f"{seconds:8.1f}  {kind}")

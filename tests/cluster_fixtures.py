@@ -34,11 +34,7 @@ def local_ray(_local_ray_at_exit) -> Iterator[str]:
     if not ray.is_initialized():
         # Set while its raylet starts, NO_STATE_API reaches every worker process, of every driver that joins it.
         with pytest.MonkeyPatch.context() as env:  # (ray.init's own changes to os.environ stay)
-            for key, value in {
-                **NO_STATE_API,
-                **local_cluster.WARM_WORKERS,
-                **local_cluster.NO_PREEMPTION_WATCHER,
-            }.items():
+            for key, value in {**NO_STATE_API, **local_cluster.MANY_SHORT_FITS}.items():
                 env.setenv(key, value)
             ray.init(address="local", num_cpus=2, include_dashboard=False)
     yield ray.get_runtime_context().gcs_address
@@ -63,7 +59,8 @@ def mlflow_server(tmp_path_factory, s3_server) -> Iterator[str]:
 def token_head(tmp_path_factory, s3_server) -> Iterator[local_cluster.Head]:
     """A 2-CPU head started by README's recipe (token generated in a fresh HOME, dashboard on 127.0.0.1); its
     processes reach the object store, as cloud nodes reach S3."""
-    head = local_cluster.start_head(tmp_path_factory.mktemp("ray-head"), s3_server.env, cpus=2)
+    env = {**s3_server.env, **local_cluster.MANY_SHORT_FITS}
+    head = local_cluster.start_head(tmp_path_factory.mktemp("ray-head"), env, cpus=2)
     yield head
     local_cluster.stop_cluster(head)
 
