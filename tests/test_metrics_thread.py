@@ -6,10 +6,11 @@ Against a real sqlite MLflow store in a temporary folder (no server, no Ray), ma
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
-from sbert_ray.tracking.mlflow_run import RunLogger, RunTracker, resolve_tracking_uri
+from sbert_ray.tracking.mlflow_run import SEND_EVERY_S, RunLogger, RunTracker, resolve_tracking_uri
 
 STEPS = 30
 
@@ -49,3 +50,33 @@ def test_log_metrics_returns_while_the_store_is_held_and_every_metric_arrives_on
     assert timestamps == sorted(timestamps)  # taken when logged, kept in order through the queue
     again = logger.client.get_metric_history(run_id, "train/step_again")
     assert [(m.step, m.value) for m in again] == [(step, float(step)) for step in range(1, STEPS + 1)]
+
+
+def test_metrics_go_out_at_most_every_send_interval_and_at_once_when_drained(tmp_path):
+    """A fast run reads its loss several times a second; each request costs a basic-auth server a password hash, so
+    the thread sends what waits at most every ``SEND_EVERY_S``, and at once when a report point drains it."""
+    uri = resolve_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with RunTracker(uri, "send-interval", "run") as tracker:
+        run_id = tracker.run_id
+    logger = RunLogger(uri, run_id, spool=tmp_path / "spool.jsonl")
+    sent_at = []
+    log_batch = logger.client.log_batch
+
+    def timed_log_batch(*args, **kwargs):
+        sent_at.append(time.monotonic())
+        return log_batch(*args, **kwargs)
+
+    logger.client.log_batch = timed_log_batch
+    started = time.monotonic()
+    for step in range(1, STEPS + 1):  # 30 loss reads in ~1.5 s
+        logger.log_metrics({"train/loss": 1.0 / step}, step=step)
+        time.sleep(0.05)
+    logger.drain()
+
+    history = logger.client.get_metric_history(run_id, "train/loss")
+    assert [m.step for m in history] == list(range(1, STEPS + 1))  # the drain sent the rest without waiting
+    assert not (tmp_path / "spool.jsonl").exists()
+    elapsed = time.monotonic() - started
+    assert len(sent_at) <= elapsed / SEND_EVERY_S + 2, sent_at  # on time, plus the drain's
+    gaps = [later - earlier for earlier, later in itertools.pairwise(sent_at[:-1])]  # the last: the drain's
+    assert all(gap >= 0.9 * SEND_EVERY_S for gap in gaps), gaps

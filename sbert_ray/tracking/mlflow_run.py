@@ -37,6 +37,9 @@ MAX_METRICS_PER_BATCH = 1000  # MLflow's limit for one log_batch
 METRICS_TIMEOUT_S = 5.0  # one metrics request of a training worker: short enough never to stall training
 CALL_TIMEOUT_S = 60.0  # one request of the driver's (artifact uploads included)
 RETRY_AFTER_S = 10.0  # a worker that found the store away keeps its metrics in the spool this long, then tries again
+# A worker's metrics requests at most this often: a basic-auth server hashes the password on every request (werkzeug's
+# scrypt, 0.33 CPU-s a request on the 2-core VM, 2026-12-06), and a fast run reads its loss several times a second.
+SEND_EVERY_S = 1.0
 # How long a report point or the end of training waits for the metrics thread to hand on what it was given: a few
 # requests of METRICS_TIMEOUT_S (the thread sends everything queued in one go).
 DRAIN_TIMEOUT_S = 6 * METRICS_TIMEOUT_S
@@ -181,26 +184,35 @@ class RunLogger:
             )
 
     def _send_queued(self) -> None:
-        """The metrics thread: everything queued at once into the spool file, then, unless the store is known to
-        be away, one try to send what waits there; drain markers are set once the batches before them are."""
+        """The metrics thread: each batch appended to the spool file as it comes; what waits there sent at most every
+        ``SEND_EVERY_S`` (and ``RETRY_AFTER_S`` after the store was found away), or at once for a drain marker,
+        which is set once the batches before it are handled."""
+        next_send = 0.0  # time.monotonic() from which what waits in the spool may be sent
         while True:
-            items = [self._queued.get()]
+            # Wait for metrics or a marker; while some wait in the spool, only until they may be sent.
+            due = max(next_send, self._retry_at) - time.monotonic() if self.spool.exists() else None
+            try:
+                items = [self._queued.get(timeout=None if due is None else max(due, 0.0))]
+            except queue.Empty:
+                items = []
             while not self._queued.empty():
                 items.append(self._queued.get())
             batches = [item for item in items if not isinstance(item, threading.Event)]
+            markers = [item for item in items if isinstance(item, threading.Event)]
             try:
                 with self._spool_lock:
                     if batches:
                         self.spool.parent.mkdir(parents=True, exist_ok=True)
                         with self.spool.open("a") as f:
                             f.write("".join(_spool_lines(batch) for batch in batches))
-                    if time.monotonic() >= self._retry_at:
+                    now = time.monotonic()
+                    if now >= self._retry_at and (markers or now >= next_send):
                         self._send_spool(wait_s=0.0)
+                        next_send = now + SEND_EVERY_S
             except Exception:  # tracking never fails training; the spool file keeps what reached it
                 logger.exception("logging metrics to MLflow at %s failed", self.store)
-            for item in items:
-                if isinstance(item, threading.Event):
-                    item.set()
+            for marker in markers:
+                marker.set()
 
     def flush(self, wait_s: float = 0.0) -> None:
         """Send the metrics waiting in the spool file (after the queued ones are in it). With ``wait_s``, wait that
