@@ -3,7 +3,13 @@ functions: every command imports the config, most never need torch."""
 
 from __future__ import annotations
 
+import platform
+from typing import TYPE_CHECKING
+
 from sbert_ray.config.conversion import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 
 def parse_device(text: str) -> str:
@@ -33,3 +39,13 @@ def check_device_here(device: str, key: str = "--device") -> None:
             raise ConfigError(f"{key} {device}: torch sees {count} CUDA GPU(s), numbered from 0")
     if parsed.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"{key} {device}: this machine has no Apple MPS device")
+
+
+def describe_hardware(device: torch.device) -> str:
+    """The accelerator's name, or the CPU architecture: for a model card's ``hardware``. Here, not beside the card:
+    a Train worker asks, and importing the card's module (huggingface_hub's card classes) cost it ~0.3 CPU-s."""
+    if device.type == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.machine()})"

@@ -16,7 +16,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import torch
 from huggingface_hub import ModelCard, ModelCardData
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 from transformers import AutoConfig
@@ -143,13 +142,6 @@ def write_reranker_card(model_dir: str | os.PathLike[str], info: ModelCardInfo, 
     path = model_dir / "README.md"
     path.write_text(text)
     return path
-
-
-def describe_hardware(device: torch.device) -> str:
-    """The accelerator's name, or the CPU architecture: for ``ModelCardInfo.hardware``."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"CPU ({platform.machine()})"
 
 
 def _stage_row(number: int, stage: StageInfo) -> dict[str, Any]:

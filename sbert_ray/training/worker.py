@@ -38,11 +38,11 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from sbert_ray.config import StageConfig
+from sbert_ray.config.devices import describe_hardware
 from sbert_ray.data.readers import resolve_data_dir
 from sbert_ray.evaluation.dev_score import DEV_SCORE, DevScorer
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.models.encoder import compiles
-from sbert_ray.models.model_card import describe_hardware
 from sbert_ray.ray_compat import checkpoint_persister, run_storage
 from sbert_ray.training.checkpoint_writes import CheckpointWrites
 from sbert_ray.training.faults import WorkerFaults
