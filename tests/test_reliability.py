@@ -61,6 +61,10 @@ class AuthServer:
             "database_uri": f"sqlite:///{self.root / 'auth.db'}",
             "admin_username": USER,
             "authorization_function": "mlflow.server.auth:authenticate_request_basic_auth",
+            # A password checked once is remembered for a while (MLflow's auth cache; off by default): each check
+            # is a scrypt hash, 0.33 CPU-s here, and the suite's runs beside it are short of CPU. A wrong password
+            # is checked every time.
+            "auth_cache_ttl_seconds": 600,
         }
         (self.root / "basic_auth.ini").write_text("[mlflow]\n" + "".join(f"{k} = {v}\n" for k, v in settings.items()))
         command = [
