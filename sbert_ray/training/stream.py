@@ -307,7 +307,7 @@ def share_batches(
     made = first * plan.window_batches
     for number, (table, read) in enumerate(_read_ahead(prepared, groups, windows[first:]), start=first):
         counts.read += read
-        for batch in _window_batches(table, windows[number], number, plan, key, counts):
+        for batch in _window_batches(table, number, plan, key, counts):
             if made >= per_pass:
                 counts.unseen += len(batch[1])
             elif made >= skip:
@@ -315,7 +315,7 @@ def share_batches(
             made += 1
     if made < per_pass:  # the pass's first batches again, to fill it (read again: a resume may not have cut them)
         (table, read), scratch = _read(prepared, groups, windows[0]), SourceCounts()
-        again = list(itertools.islice(_window_batches(table, windows[0], 0, plan, key, scratch), plan.window_batches))
+        again = list(itertools.islice(_window_batches(table, 0, plan, key, scratch), plan.window_batches))
         counts.read += read
         if not again:
             raise ValueError(f"this worker's share of a pass held no example (source {key[1]}, pass {key[2]})")
@@ -349,19 +349,14 @@ def _read(prepared: PreparedPasses, groups: list[RowGroup], window: tuple[int, i
 
 
 def _window_batches(
-    table: pa.Table | None,
-    window: tuple[int, int],
-    number: int,
-    plan: BatchPlan,
-    key: tuple[int, int, int],
-    counts: SourceCounts,
+    table: pa.Table | None, number: int, plan: BatchPlan, key: tuple[int, int, int], counts: SourceCounts
 ) -> Iterator[Batch]:
     """The batches of this rank's window ``number`` of the pass (its rows ``table``): a whole window's
-    ``window_batches``, or the last window's as a raw pass ends (whole batches, then the rest, short ones too)."""
+    ``window_batches``, or the last, shorter window's as a raw pass ends (whole batches, then the rest, short ones
+    too)."""
     if table is None:
         return
-    start, stop = window
-    if stop - start < plan.window_batches * plan.batch_size:
+    if table.num_rows < plan.window_batches * plan.batch_size:
         yield from _cut_pass([table], plan, key, counts, first=number)
         return
     rows = TokenizedRows.from_arrow(table)
