@@ -56,8 +56,8 @@ WARM_WORKERS = {"RAY_num_workers_soft_limit": "8", "RAY_idle_worker_killing_time
 # tiny fit's ~30, scripts/fit_cpu.py).
 NO_PREEMPTION_WATCHER = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 # Ray Train's controller polls its workers every 2 s, and each turn of a fit's life (workers up, running, finished,
-# stopped) waits for a poll; a missed poll only waits on into the next. A tiny 2-worker fit: 26.0 s a fit at 2 s,
-# 19.8 at 0.5, 18.0 at 0.2, the same CPU seconds (2026-12-06, scripts/fit_cpu.py --warm, interleaved).
+# stopped) waits for a poll; a missed poll only waits on into the next. A tiny 2-worker fit, interleaved: 26.0 s at
+# 2 s against 21.6 at 0.5; 18.0 at 0.2 against 19.8 at 0.5; the same CPU seconds (2026-12-06, fit_cpu.py --warm).
 FAST_CONTROLLER_POLL = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}
 # The suite's clusters (the local one and the token head) run many short fits of one driver after another on 2 CPUs:
 # set while a cluster starts, these reach every process on it. Users' clusters keep Ray's defaults.
