@@ -69,12 +69,13 @@ def main() -> int:
     for fit in range(args.fits):
         path = root / f"fit{fit}.yaml"
         tracking = f"sqlite:///{root / 'mlflow.db'}"
-        path.write_text(tiny_training_yaml(f"fit{fit}", args.data_dir.resolve(), stage, evaluation, root, tracking))
+        yaml = tiny_training_yaml(f"fit{fit}", args.data_dir.resolve(), stage, evaluation, root, tracking, args.workers)
+        path.write_text(yaml)
         done = threading.Event()
         sampling = threading.Thread(target=sampler.sample_until, args=(done,))
         sampling.start()
         started = time.time()
-        run_training(load_config(path, [f"scaling.num_workers={args.workers}"]))
+        run_training(load_config(path))
         done.set()
         sampling.join()
         sampler.sample()

@@ -155,14 +155,17 @@ def minilm_ref() -> str:
 
 @pytest.fixture
 def tiny_train_config(tmp_path: Path, data_dir: Path):
-    """Write a tiny 2-worker training config (random tiny BERT on an STSb slice); returns its path."""
+    """Write a tiny training config (random tiny BERT on an STSb slice, 2 workers unless told); returns its path."""
 
-    def write(name: str = "tiny", limit: int = 96, eval_every: int = 4, tracking_uri: str | None = None) -> Path:
+    def write(
+        name: str = "tiny", limit: int = 96, eval_every: int = 4, tracking_uri: str | None = None, workers: int = 2
+    ) -> Path:
         path = tmp_path / f"{name}.yaml"
         stage = {"dataset": "stsb", "split": "train", "limit": limit, "batch_size": 8}
         evaluation = {"dev_limit": 100, "eval_every": eval_every, "final_tasks": ["stsb"]}
         tracking_uri = tracking_uri or f"sqlite:///{tmp_path / 'mlflow.db'}"
-        path.write_text(tiny_training_yaml(name, data_dir, stage, evaluation, tmp_path / "runs", tracking_uri))
+        storage = tmp_path / "runs"
+        path.write_text(tiny_training_yaml(name, data_dir, stage, evaluation, storage, tracking_uri, workers))
         return path
 
     return write

@@ -141,7 +141,7 @@ def test_a_weighted_dev_score_keeps_the_best_checkpoints(local_ray, tiny_train_c
     latest."""
     tasks = "[{task: stsb-retrieval:dev, metric: mrr_at_10_cosine, weight: 3}, {task: stsb-retrieval:dev}]"
     dev = [f"evaluation.dev_tasks={tasks}", NO_LIMIT]
-    config = load_config(tiny_train_config(eval_every=2), [*dev, "evaluation.final_tasks=[]"])
+    config = load_config(tiny_train_config(eval_every=2, workers=1), [*dev, "evaluation.final_tasks=[]"])
     result = run_training(config)
     client = MlflowClient(config.tracking.tracking_uri)
 

@@ -117,7 +117,7 @@ evaluation:
   final_tasks: []
   async_dev: false
 scaling:
-  num_workers: 2
+  num_workers: 1
   cpus_per_worker: 0.5
 checkpoint:
   storage_path: {tmp}/runs

@@ -37,7 +37,9 @@ from sbert_ray.ray_compat import TaskPoolFollowingCluster
 from sbert_ray.runs.encode_corpus import EncodeRequest, encode_corpus
 from sbert_ray.training.loop import LOG_EVERY, LocalReporter
 
-STEPS = 400  # 3200 pairs / global batch 8: long enough that the node dies mid-training
+# 3200 pairs / global batch 8: long enough that the node dies mid-training (at 200 steps the run had trained all of
+# them before Ray Train restarted it on one worker, which then resumed from the last checkpoint: 2026-12-06)
+STEPS = 400
 EVAL_EVERY = 50
 # pytest-xdist runs this module's tests in one process: they share its second node (and its loss, last)
 pytestmark = pytest.mark.xdist_group("two-node cluster")

@@ -118,8 +118,11 @@ LABELLED_HEAD = """
 import ray
 from sbert_ray.ray_compat import CONTROL_LABEL, OFF_CONTROL_NODES
 ray.init(address="local", num_cpus=1, labels=CONTROL_LABEL, include_dashboard=False)
+# A task without the selector runs first: the node has a worker process idle, so a task it could run would start
+# within milliseconds, and seconds of waiting show that this one never will.
+assert ray.get(ray.remote(num_cpus=0)(lambda: 1).remote(), timeout=60) == 1
 task = ray.remote(num_cpus=0, label_selector=OFF_CONTROL_NODES)(lambda: 0).remote()
-ready, _ = ray.wait([task], timeout=15)
+ready, _ = ray.wait([task], timeout=5)
 print("ran" if ready else "waits")
 """
 

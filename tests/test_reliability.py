@@ -433,7 +433,7 @@ def test_one_of_two_drivers_trains_a_killed_one_resumes_a_finished_one_stays_and
     neighbour.write_text("someone else's model")
     # 100 steps, a report (and a resume point) every 20: the kill comes after the first, while 80 steps remain
     # (~0.2 s per 10 steps on a warm cluster: 30 steps were all done before the kill).
-    path = tiny_train_config(name="rerun", limit=800, eval_every=20)
+    path = tiny_train_config(name="rerun", limit=800, eval_every=20, workers=1)  # no claim here needs two ranks
     path.write_text(path.read_text() + f"output_dir: {output}\n")
     run_dir = path.parent / "runs" / "rerun"
     env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path), "RAY_ADDRESS": local_ray}
