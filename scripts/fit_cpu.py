@@ -69,8 +69,8 @@ def main() -> int:
     for fit in range(args.fits):
         path = root / f"fit{fit}.yaml"
         tracking = f"sqlite:///{root / 'mlflow.db'}"
-        yaml = tiny_training_yaml(f"fit{fit}", args.data_dir.resolve(), stage, evaluation, root, tracking, args.workers)
-        path.write_text(yaml)
+        text = tiny_training_yaml(f"fit{fit}", args.data_dir.resolve(), stage, evaluation, root, tracking, args.workers)
+        path.write_text(text)
         done = threading.Event()
         sampling = threading.Thread(target=sampler.sample_until, args=(done,))
         sampling.start()
