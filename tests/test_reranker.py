@@ -314,8 +314,8 @@ def test_a_scored_source_without_its_score_column_is_refused_naming_it(tmp_path,
 
 
 def test_sbert_ray_train_trains_a_reranker_on_ray(local_ray, tiny_train_config, tiny_model_dir, data_dir, capsys):
-    """``sbert-ray train`` of a random tiny reranker by a Ray Train worker on STSb's scored pairs (scores / 5 as
-    BCE labels), the worker killed after the first checkpoint: the run resumes from a checkpoint loaded as a
+    """``sbert-ray train`` of a random tiny reranker by 2 Ray Train workers on STSb's scored pairs (scores / 5 as
+    BCE labels), one worker killed after the first checkpoint: the run resumes from a checkpoint loaded as a
     reranker and ends. Each checkpoint is scored off the training ranks as a reranker (the correlation of its pair
     scores with the dev pairs' gold scores), that score is in MLflow at the checkpoint's step and in keep_best's
     ranking and is what the checkpoint's model scores in this process; the final folder loads in
@@ -331,7 +331,7 @@ def test_sbert_ray_train_trains_a_reranker_on_ray(local_ray, tiny_train_config, 
     from sbert_ray.data.readers import load_records
     from sbert_ray.evaluation.sts import evaluate_pair_scores
 
-    path = tiny_train_config(name="rerank", limit=480, eval_every=20, workers=1)  # 60 steps: the kill after step 20
+    path = tiny_train_config(name="rerank", limit=480, eval_every=20)  # 60 steps: the kill comes after step 20
     beir = write_toy_beir(path.parent / "toy")
     overrides = [*RERANKER, f"evaluation.final_tasks=[rerank:{beir}]", f"evaluation.first_stage={tiny_model_dir}"]
     overrides += ["evaluation.dev_limit=40", "stages.0.learning_rate=1e-3"]
