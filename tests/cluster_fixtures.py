@@ -1,7 +1,7 @@
 """Session-wide real servers and one token-authenticated Ray cluster, started as scripts/local_cluster.py does:
 an S3-compatible object store (moto's server), an `mlflow server` with its artifacts in that store, and a Ray
 head started with README's own job-submission commands in a fresh HOME. Tests that need a second node add it. And
-what tests read of a cluster: its placement groups, Train workers, registered checkpoints."""
+what tests read of a cluster: its placement groups, Train workers, registered checkpoints and resume points."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import psutil
 import pytest
 import ray
 from ray._raylet import AuthenticationTokenLoader, Config
+
+from sbert_ray.training.resume_points import RESUME_FOLDER
 
 NO_STATE_API = local_cluster.NO_STATE_API  # explained in scripts/local_cluster.py, whose clusters need it too
 
@@ -120,3 +122,35 @@ def _latest_step(snapshot: str) -> int:
     except json.JSONDecodeError:  # caught while Ray rewrites it
         return 0
     return latest["metrics"]["global_step"] if latest else 0
+
+
+def snapshot_now(run_dir: Path) -> dict:
+    """Ray Train's checkpoint manager snapshot of the run, read again if caught while Ray rewrites it."""
+    for _ in range(50):
+        try:
+            return json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())
+        except json.JSONDecodeError:
+            time.sleep(0.05)
+    raise AssertionError(f"no readable checkpoint manager snapshot in {run_dir}")
+
+
+def complete_resume_points(run_dir: Path) -> list[int]:
+    """The steps of the run's complete resume points (those whose marker is written)."""
+    return sorted(int(marker.stem.removeprefix("step-")) for marker in (run_dir / RESUME_FOLDER).glob("step-*.json"))
+
+
+def strike_report(run_dir: Path, global_step: int) -> bool:
+    """Strike the checkpoint of ``global_step`` from Ray Train's record of a stopped run (its checkpoint manager
+    snapshot), as if its report had never reached Ray: what a worker killed between uploading a resume point and
+    reporting it leaves. Returns whether the record held it."""
+    path = run_dir / "checkpoint_manager_snapshot.json"
+    snapshot = json.loads(path.read_text())
+    pairs = zip(snapshot["checkpoint_results"], snapshot["checkpoint_report_indices"], strict=True)
+    kept = [(result, index) for result, index in pairs if result["metrics"]["global_step"] != global_step]
+    if len(kept) == len(snapshot["checkpoint_results"]):
+        return False
+    snapshot["checkpoint_results"] = [result for result, _ in kept]
+    snapshot["checkpoint_report_indices"] = [index for _, index in kept]
+    snapshot["latest_checkpoint_result"] = max(kept, key=lambda pair: pair[1])[0] if kept else None
+    path.write_text(json.dumps(snapshot))
+    return True

@@ -26,7 +26,14 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 import yaml
-from cluster_fixtures import live_placement_groups, train_workers, wait_for_registered_checkpoint
+from cluster_fixtures import (
+    complete_resume_points,
+    live_placement_groups,
+    snapshot_now,
+    strike_report,
+    train_workers,
+    wait_for_registered_checkpoint,
+)
 from mlflow.tracking import MlflowClient
 
 from sbert_ray.cli import main
@@ -424,8 +431,10 @@ def test_one_of_two_drivers_trains_a_killed_one_resumes_a_finished_one_stays_and
     """One run through its life (three fits for what took four as two tests). ``sbert-ray train`` twice at once, as
     two processes joining the session's cluster, on a fresh MLflow store (its creation is serialised too): one
     trains, the other is refused at once naming the first's host and pid (``runs.run_lease``); the metrics are
-    logged once per step. The one that trains is killed mid-run (as a cancelled job): the same command continues the
-    same MLflow run from its checkpoint. Run again once finished, nothing trains; another config under the same name
+    logged once per step. The one that trains is killed mid-run (as a cancelled job), and its newest resume point's
+    report struck from Ray Train's record (what a kill between a point's upload and its report leaves): the same
+    command continues the same MLflow run from that point and reports it again, so every report point's model is
+    ranked. Run again once finished, nothing trains; another config under the same name
     is refused; --restart trains it anew. Its final model goes to output_dir beside someone else's model: --restart
     swaps our own model for the new one (sbert_ray.runs.owned_paths), and the neighbour's files survive every run."""
     output, neighbour = tmp_path / "models" / "mine", tmp_path / "models" / "other-model" / "config.json"
@@ -434,7 +443,9 @@ def test_one_of_two_drivers_trains_a_killed_one_resumes_a_finished_one_stays_and
     # 100 steps, a report (and a resume point) every 20: the kill comes after the first, while 80 steps remain
     # (~0.2 s per 10 steps on a warm cluster: 30 steps were all done before the kill).
     path = tiny_train_config(name="rerun", limit=800, eval_every=20, workers=1)  # no claim here needs two ranks
-    path.write_text(path.read_text() + f"output_dir: {output}\n")
+    settings = yaml.safe_load(path.read_text())
+    settings["output_dir"], settings["checkpoint"]["keep_best"] = str(output), 5  # every report point's model kept
+    path.write_text(yaml.safe_dump(settings))
     run_dir = path.parent / "runs" / "rerun"
     env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path), "RAY_ADDRESS": local_ray}
     command = [str(local_cluster.BIN / "sbert-ray"), "train", str(path), "--quiet"]
@@ -462,6 +473,7 @@ def test_one_of_two_drivers_trains_a_killed_one_resumes_a_finished_one_stays_and
     assert run.info.status == "RUNNING"  # killed without a chance to close it
     steps = [metric.step for metric in client.get_metric_history(run.info.run_id, "train/loss")]
     assert steps and len(steps) == len(set(steps)), steps  # one driver logged them
+    strike_report(run_dir, complete_resume_points(run_dir)[-1])  # if Ray had registered it
 
     # The same command, from this process: the same run, continued from its checkpoint.
     assert main(["train", str(path)]) == 0, capsys.readouterr().err[-3000:]
@@ -471,6 +483,8 @@ def test_one_of_two_drivers_trains_a_killed_one_resumes_a_finished_one_stays_and
     assert saved["status"] == "finished" and saved["mlflow_run_id"] == run.info.run_id and run.info.run_id in first
     assert client.get_run(run.info.run_id).info.status == "FINISHED"
     assert client.get_metric_history(run.info.run_id, "train/resumed_from_step")[0].value >= 20
+    ranked = {c["metrics"]["global_step"]: c["metrics"] for c in snapshot_now(run_dir)["checkpoint_results"]}
+    assert ranked.keys() == {20, 40, 60, 80, 100} and all("dev_score" in m for m in ranked.values())
     marker = json.loads((output / MODEL_MARKER).read_text())
     assert (marker["run"], marker["mlflow_run_id"]) == ("rerun", saved["mlflow_run_id"])
     checkpoints = sorted(p.name for p in run_dir.glob("checkpoint_*"))

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 import torch
-from cluster_fixtures import wait_for_registered_checkpoint
+from cluster_fixtures import complete_resume_points, snapshot_now, wait_for_registered_checkpoint
 from mlflow.tracking import MlflowClient
 from sentence_transformers import SentenceTransformer
 
@@ -44,16 +44,6 @@ def only_run(tracking_uri: str):
     runs = client.search_runs([experiment.experiment_id])
     assert len(runs) == 1
     return client, runs[0]
-
-
-def snapshot_now(run_dir: Path) -> dict:
-    """Ray Train's checkpoint manager snapshot of the run, read again if caught while Ray rewrites it."""
-    for _ in range(50):
-        try:
-            return json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())
-        except json.JSONDecodeError:
-            time.sleep(0.05)
-    raise AssertionError(f"no readable checkpoint manager snapshot in {run_dir}")
 
 
 def test_training_run_is_complete_in_mlflow_with_dev_scores_off_the_training_ranks(
@@ -233,11 +223,6 @@ def loss_curve(tracking_uri: str, run_id: str) -> dict[int, list[float]]:
 
 
 RESUME_STEPS = 120  # global batch 8: a report point every 10 steps, full state every 30; the kill comes after 50
-
-
-def complete_resume_points(run_dir: Path) -> list[int]:
-    """The steps of the run's complete resume points (those whose marker is written)."""
-    return sorted(int(marker.stem.removeprefix("step-")) for marker in (run_dir / RESUME_FOLDER).glob("step-*.json"))
 
 
 def test_a_killed_run_resumes_on_the_curve_of_an_uninterrupted_one(local_ray, tiny_train_config):

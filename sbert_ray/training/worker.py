@@ -23,6 +23,7 @@ the same NaN).
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import tempfile
 from collections.abc import Callable
@@ -44,7 +45,7 @@ from sbert_ray.evaluation.dev_score import DEV_SCORE, DevScorer
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.models.encoder import compiles
 from sbert_ray.ray_compat import checkpoint_persister, run_storage
-from sbert_ray.training.checkpoint_writes import CheckpointWrites
+from sbert_ray.training.checkpoint_writes import CheckpointWrites, link_weights
 from sbert_ray.training.faults import WorkerFaults
 from sbert_ray.training.loop import CheckpointWriter, Diverged, Stopped
 from sbert_ray.training.meter import StepMeter
@@ -63,7 +64,7 @@ from sbert_ray.training.stages import Worker, alone, start_worker, train_stages
 
 if TYPE_CHECKING:
     from sbert_ray.tracking.mlflow_run import RunLogger
-from sbert_ray.training.state import TrainState
+from sbert_ray.training.state import STATE_FILE, TrainState
 from sbert_ray.training.stream import SourceStream
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,8 @@ def train_loop_per_worker(loop_config: dict) -> dict:
         reporter = RayReporter(plan, worker, started.encoder, run_logger, writes, loop_config["report_gate"])
         if point is not None:
             reporter.log({"train/resume_downloads": downloads}, step=started.state.global_step)
+            if point.global_step > _registered_step():
+                reporter.report_restored(started.state, restored)
         try:
             stage_data = faults.opened(_stage_data(loop_config, config.stages))
             train_stages(plan.stages, started, stage_data, worker, reporter, meter)
@@ -148,6 +151,16 @@ def _agreed_resume_point(points: ResumePoints, worker: Worker) -> ResumePoint | 
     if found[0] is None and ray.train.get_checkpoint() is not None:
         log.warning("no complete resume point in %s: starting over", points.folder)
     return found[0]
+
+
+def _registered_step() -> int:
+    """The global step of the newest checkpoint Ray Train registered for this run (-1: none), read from its
+    position file alone (every checkpoint reported to Ray holds one)."""
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return -1
+    with checkpoint.filesystem.open_input_stream(f"{checkpoint.path}/{STATE_FILE}") as stream:
+        return json.loads(stream.read())["global_step"]
 
 
 def _count(flag: bool, worker: Worker) -> int:
@@ -204,6 +217,7 @@ class RayReporter:
         # Scored beside training (``training.validation.dev_validation``); the driver resolved auto.
         self.async_dev = config.evaluation.async_dev is True
         self.upload = UPLOAD_MODES[config.checkpoint.upload]
+        self.model_type = config.model.type
         self.dev = None
         if worker.rank == 0 and not self.async_dev:
             self.dev = DevScorer(config.evaluation, resolve_data_dir(config.data_dir), plan.dev)
@@ -213,13 +227,15 @@ class RayReporter:
             self.logger.log_metrics(metrics, step=step)
 
     def report(self, state: TrainState, save: CheckpointWriter, window: dict[str, float]) -> None:
-        metrics = {"stage": state.stage, "step": state.step, "global_step": state.global_step}
+        metrics = self._position(state)
         if self.rank != 0:
             ray.train.report(metrics)
             return
-        metrics["hardware"] = describe_hardware(self.device)  # for the model card
         metrics |= window
-        validation = self.score_dev(state, metrics, save)
+        # Under FSDP the whole model rank 0 gathered for the checkpoint, on the device while it scores.
+        validation = self.score_dev(
+            state, metrics, lambda: save.whole.encoder.to(self.device) if save.whole else self.encoder
+        )
         if self.logger:
             self.logger.drain()  # the metrics up to this checkpoint survive this worker's loss after it
         # The training thread copies the checkpoint to host memory and goes on; it is written in the background
@@ -240,6 +256,39 @@ class RayReporter:
         if self.gate:  # returns when Tune lets the trial go on; a trial Tune stopped is aborted while it waits
             ray.get(self.gate.ask.remote(metrics))
 
+    def report_restored(self, state: TrainState, restored: Path) -> None:
+        """Report the resume point this worker restored (``restored``: its folder here) as a checkpoint, on every
+        rank before the first step: Ray Train never registered it (the worker that wrote it died between the
+        point's upload and its report), so no dev score would rank or log its model. A sweep trial's gate is not
+        asked again: Tune may have had this report before the worker died."""
+        metrics = self._position(state)
+        if self.rank != 0:
+            ray.train.report(metrics)
+            return
+        from sbert_ray.training.validation import checkpoint_model  # here: only a resume after such a loss needs it
+
+        directory = Path(tempfile.mkdtemp(prefix="sbert-ray-ckpt-"))  # deleted once uploaded
+        link_weights(restored, directory)
+        checkpoint = ray.train.Checkpoint.from_directory(directory)
+        validation = self.score_dev(
+            state, metrics, lambda: checkpoint_model(checkpoint, self.model_type).to(self.device)
+        )
+        log.warning("step %d's checkpoint was never registered with Ray Train: reported again", state.global_step)
+        ray.train.report(
+            metrics,
+            checkpoint=checkpoint,
+            checkpoint_upload_mode=ray.train.CheckpointUploadMode.SYNC,
+            delete_local_checkpoint_after_upload=True,
+            validation=validation,
+        )
+
+    def _position(self, state: TrainState) -> dict:
+        """What every rank reports: where training stands (rank 0 adds the hardware, for the model card)."""
+        metrics = {"stage": state.stage, "step": state.step, "global_step": state.global_step}
+        if self.rank == 0:
+            metrics["hardware"] = describe_hardware(self.device)
+        return metrics
+
     def _store_when_written(self, written: Future, checkpoint: ray.train.Checkpoint, name: str) -> ray.train.Checkpoint:
         """Ray Train's upload of a report's checkpoint (in its upload thread; in the report when SYNC): once its
         folder is written (a failed write fails the upload, and Ray Train the run), stored as Ray would store it."""
@@ -247,15 +296,14 @@ class RayReporter:
         return self.persist(checkpoint, name)
 
     def score_dev(
-        self, state: TrainState, metrics: dict, save: CheckpointWriter
+        self, state: TrainState, metrics: dict, model: Callable[[], torch.nn.Module]
     ) -> ray.train.ValidationTaskConfig | bool:
-        """Score the dev set now (into ``metrics``, the state and the run), or with ``evaluation.async_dev`` return
-        the request that Ray Train score this report's checkpoint beside training, logged at this step."""
+        """Score the dev set on ``model()`` now (into ``metrics``, the state and the run), or with
+        ``evaluation.async_dev`` return the request that Ray Train score this report's checkpoint beside training,
+        logged at this step."""
         if self.async_dev:
             return ray.train.ValidationTaskConfig({"step": state.global_step})
-        # Under FSDP the whole model rank 0 gathered for the checkpoint, on the device while it scores.
-        encoder = save.whole.encoder.to(self.device) if save.whole else self.encoder
-        scores = self.dev.scores(encoder)
+        scores = self.dev.scores(model())
         metrics[DEV_SCORE] = state.dev_score = scores[self.dev.key]
         self.log(scores, step=state.global_step)
         return False
