@@ -22,6 +22,7 @@ the same NaN).
 
 from __future__ import annotations
 
+import faulthandler
 import functools
 import json
 import logging
@@ -79,6 +80,10 @@ DDP_BUCKET_CAP_MB = 25
 def train_loop_per_worker(loop_config: dict) -> dict:
     """Train every stage; returns rank 0's summary (``Result.return_value``): throughput, time to the first step,
     and ``diverged`` when a NaN/inf loss stopped the run."""
+    # A native crash prints every Python thread's stack to the worker's log (Ray enables only the crashing thread's,
+    # which shows nothing when that is a native one: gloo's, a data loader's; training, metrics and checkpoint
+    # writing each run a thread of their own here).
+    faulthandler.enable(all_threads=True)
     plan = WorkerPlan.from_wire(loop_config["plan"])
     config = plan.config
     context = ray.train.get_context()
