@@ -278,6 +278,8 @@ class RayReporter:
         validation = self.score_dev(
             state, metrics, lambda: checkpoint_model(checkpoint, self.model_type).to(self.device)
         )
+        if self.logger:
+            self.logger.drain()  # as at every report point: its metrics survive this worker's loss after it
         log.warning("step %d's checkpoint was never registered with Ray Train: reported again", state.global_step)
         ray.train.report(
             metrics,
