@@ -139,18 +139,16 @@ def complete_resume_points(run_dir: Path) -> list[int]:
     return sorted(int(marker.stem.removeprefix("step-")) for marker in (run_dir / RESUME_FOLDER).glob("step-*.json"))
 
 
-def strike_report(run_dir: Path, global_step: int) -> bool:
-    """Strike the checkpoint of ``global_step`` from Ray Train's record of a stopped run (its checkpoint manager
-    snapshot), as if its report had never reached Ray: what a worker killed between uploading a resume point and
-    reporting it leaves. Returns whether the record held it."""
+def strike_reports_from(run_dir: Path, global_step: int) -> None:
+    """Strike the checkpoints of ``global_step`` and later from Ray Train's record of a stopped run (its checkpoint
+    manager snapshot), as if their reports had never reached Ray: what a worker killed between uploading the resume
+    point of ``global_step`` and reporting it leaves (a later report whose resume point was still uploading at the
+    kill goes too, so that the run resumes from ``global_step``'s point)."""
     path = run_dir / "checkpoint_manager_snapshot.json"
     snapshot = json.loads(path.read_text())
     pairs = zip(snapshot["checkpoint_results"], snapshot["checkpoint_report_indices"], strict=True)
-    kept = [(result, index) for result, index in pairs if result["metrics"]["global_step"] != global_step]
-    if len(kept) == len(snapshot["checkpoint_results"]):
-        return False
+    kept = [(result, index) for result, index in pairs if result["metrics"]["global_step"] < global_step]
     snapshot["checkpoint_results"] = [result for result, _ in kept]
     snapshot["checkpoint_report_indices"] = [index for _, index in kept]
     snapshot["latest_checkpoint_result"] = max(kept, key=lambda pair: pair[1])[0] if kept else None
     path.write_text(json.dumps(snapshot))
-    return True

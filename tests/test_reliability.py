@@ -30,7 +30,7 @@ from cluster_fixtures import (
     complete_resume_points,
     live_placement_groups,
     snapshot_now,
-    strike_report,
+    strike_reports_from,
     train_workers,
     wait_for_registered_checkpoint,
 )
@@ -462,6 +462,10 @@ def test_one_of_two_drivers_trains_a_killed_one_resumes_a_finished_one_stays_and
                f"pid {winner.pid}, started " in refused  # fmt: skip
         assert "Traceback" not in refused
         wait_for_registered_checkpoint(run_dir, global_step=20)
+        deadline = time.time() + 120
+        while not complete_resume_points(run_dir):  # a point to resume from (uploaded after Ray took the report)
+            assert time.time() < deadline and winner.poll() is None, "no resume point was completed"
+            time.sleep(0.2)
     finally:
         for driver in drivers:
             if driver.poll() is None:
@@ -473,7 +477,7 @@ def test_one_of_two_drivers_trains_a_killed_one_resumes_a_finished_one_stays_and
     assert run.info.status == "RUNNING"  # killed without a chance to close it
     steps = [metric.step for metric in client.get_metric_history(run.info.run_id, "train/loss")]
     assert steps and len(steps) == len(set(steps)), steps  # one driver logged them
-    strike_report(run_dir, complete_resume_points(run_dir)[-1])  # if Ray had registered it
+    strike_reports_from(run_dir, complete_resume_points(run_dir)[-1])  # the newest point's report, and any later
 
     # The same command, from this process: the same run, continued from its checkpoint.
     assert main(["train", str(path)]) == 0, capsys.readouterr().err[-3000:]
