@@ -70,3 +70,28 @@ def test_readme_links_point_to_files_that_exist():
     readme = (REPO / "README.md").read_text()
     targets = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", readme) if not t.startswith(("http", "#"))]
     assert targets and [t for t in targets if not (REPO / t).exists()] == []
+
+
+GROUPED = """
+import os, pathlib, pytest
+
+@pytest.mark.xdist_group("shared runs")
+@pytest.mark.parametrize("n", range(4))
+def test_grouped(n):
+    pathlib.Path(__file__).with_name(f"{n}.process").write_text(os.environ["PYTEST_XDIST_WORKER"])
+
+@pytest.mark.parametrize("n", range(4))
+def test_alone(n):
+    pass
+"""
+
+
+def test_the_first_phase_keeps_an_xdist_group_in_one_process(tmp_path):
+    """README's first phase (`-n 2 --dist loadgroup`) runs the tests of one ``xdist_group`` (the FSDP runs: a module
+    fixture of ~30 CPU-s) in one process. pytest 9.2 with pytest-xdist 3.8 silently split them (pyproject's pin)."""
+    (tmp_path / "test_grouped.py").write_text(GROUPED)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup"]
+    done = subprocess.run([*command, "test_grouped.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "8 passed" in done.stdout, done.stdout[-2000:]
+    processes = {path.name: path.read_text() for path in tmp_path.glob("*.process")}
+    assert len(processes) == 4 and len(set(processes.values())) == 1, processes
