@@ -11,7 +11,7 @@
 # On a bare GPU machine: `python3 scripts/gpu_carry.py` here, carry the folder `carry`, and run
 # `benchmarks/gpu.sh --carry carry` there (docs/testing.md).
 #
-# --dry-run checks the script itself on CPUs in about a minute: a tiny random BERT and all-MiniLM-L6-v2, 32
+# --dry-run checks the script itself on CPUs in seconds: a tiny random BERT and all-MiniLM-L6-v2, 32
 # sentences, fp32 at one batch size, one timed run (tests/test_benchmark_scripts.py runs it).
 #
 # usage: benchmarks/gpu.sh [--dry-run] [--carry DIR | DATA_DIR]     (default: $SBERT_RAY_DATA_DIR, else

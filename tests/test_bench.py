@@ -80,6 +80,7 @@ def test_bench_encode_writes_records_and_an_mlflow_run(
             assert isinstance(record[key], kind), (key, record[key])
         assert record["impl"] in ("sbert-ray", "sentence-transformers") and record["precision"] in ("fp32", "bf16")
         assert record["workers"] == 1 and record["threads_per_worker"] == 1 and record["sentences"] == 40
+        assert record["spearman_pairs"] == 40  # --limit: as many STSb test pairs scored as sentences timed
         assert record["model"] == "random:tiny" and len(record["seconds"]) == len(record["cpu_seconds"]) == 2
         assert record["sentences_per_s_min"] <= record["sentences_per_s"] <= record["sentences_per_s_max"]
         assert record["padded_tokens"] >= record["tokens"] > 40 and 0 < record["utilisation"]

@@ -68,7 +68,11 @@ def _add_encode_arguments(bench_sub, bench_common: argparse.ArgumentParser) -> N
         default=["on", "off"],
         help="on,off: sorted by length and/or input order",
     )
-    be.add_argument("--limit", type=positive_int, help="first N of the 15,487 unique STSb sentences (default: all)")
+    be.add_argument(
+        "--limit",
+        type=positive_int,
+        help="first N of the 15,487 unique STSb sentences timed, and of the 1,379 test pairs scored (default: all)",
+    )
     be.add_argument("--no-reference", action="store_true", help="skip sentence-transformers")
     be.set_defaults(func=run_encode)
 
