@@ -11,7 +11,7 @@ import argparse
 import json
 
 from sentence_transformers import SentenceTransformer
-from sentence_transformers.evaluation import EmbeddingSimilarityEvaluator
+from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
 
 from sbert_ray.data import load_records, load_sts_subsets
 from sbert_ray.evaluation.sts import STS_YEARS, run_sts_suite

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from sentence_transformers import SentenceTransformer
-from sentence_transformers import losses as st_losses
+from sentence_transformers.sentence_transformer import losses as st_losses
 from spawned_workers import SplitBatches, gathered_mnrl, trainable_grads
 from torch import Tensor
 

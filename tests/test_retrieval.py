@@ -8,7 +8,7 @@ import local_cluster
 import pytest
 import torch
 from sentence_transformers import SentenceTransformer
-from sentence_transformers.evaluation import InformationRetrievalEvaluator
+from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
 from sentence_transformers.util import cos_sim, dot_score
 
 from sbert_ray.cli import main

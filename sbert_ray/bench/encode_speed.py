@@ -7,8 +7,8 @@ spread. Variants: ours in fp32, in bf16 under autocast and with bf16 weights, ea
 for every batch size; on CPU also sentence-transformers' ONNX backend in fp32 and its dynamically quantised int8
 export, where its optional packages (optimum-onnx, onnxruntime) install beside this project's transformers (a row
 that cannot run is a record with ``skipped``, the reason). Besides speed: STSb test Spearman per precision (the
-first ``limit`` test pairs of a run limited to its first ``limit`` sentences), and utilisation, the model FLOP/s achieved over the batches as padded against a matmul peak measured on the same
-device and precision.
+first ``limit`` test pairs of a run limited to its first ``limit`` sentences), and utilisation, the model FLOP/s
+achieved over the batches as padded against a matmul peak measured on the same device and precision.
 """
 
 from __future__ import annotations

@@ -159,7 +159,7 @@ def _reference_record(settings: EvalBenchSettings, tasks: EvalTasks, texts: int,
     """sentence-transformers' EmbeddingSimilarityEvaluator per STS dataset, in this process; a record with
     ``skipped`` where a task has no such evaluator here."""
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.evaluation import EmbeddingSimilarityEvaluator
+    from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
 
     from sbert_ray.models.resolve import resolve_model_ref
 
