@@ -18,8 +18,8 @@
 # `benchmarks/gpu_train.sh --carry carry` there (docs/testing.md).
 #
 # --dry-run checks the script itself on CPUs in about a minute: a tiny random BERT, a few steps of MNRL and cached
-# MNRL at batch 16, eager only, one encode run and the 2-process check on gloo (tests/test_benchmark_scripts.py and,
-# with everything the GPU machine lacks blocked, tests/test_without_ray.py run it).
+# MNRL at batch 16, eager only, one encode run and the 2-process check on gloo (tests/test_without_ray.py runs it,
+# with everything the GPU machine lacks blocked).
 #
 # usage: benchmarks/gpu_train.sh [--dry-run] [--carry DIR | DATA_DIR]     (default: $SBERT_RAY_DATA_DIR, else
 #        ../shared/data); with $OUT set, the records are kept in $OUT/gpu_train.json as the steps finish
