@@ -25,7 +25,7 @@ from sbert_ray.losses import (
 from sbert_ray.losses.cached_multiple_negatives_ranking import _used_widths
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.training.sharding import gradients_kept_local, shard_encoder
-from sbert_ray.training.sparse_embeddings import densify, sparse_embedding_gradients
+from sbert_ray.training.sparse_embeddings import densify, sparse_embedding_gradients, sparse_gradient_weight
 
 CPU = torch.device("cpu")
 # A spawned process that dies of a signal (a SIGABRT once took a worker of test_fsdp.py's runs in CI, not seen again
@@ -138,18 +138,23 @@ def word_embedding_gradients_both_ways(rank: int, model_dir: str, port: int, out
     for way in ("sparse", "dense"):
         torch.manual_seed(0)  # the same weights and dropout both ways
         encoder = SentenceEncoder.load(model_dir)
-        weight = sparse_embedding_gradients(encoder, CPU, world_size=2 if way == "sparse" else 1)
+        objective = CosineSimilarityLoss(encoder)
+        sparse_embedding_gradients(objective, CPU, world_size=2 if way == "sparse" else 1)
+        weight = sparse_gradient_weight(encoder)
         assert (weight is not None) == (way == "sparse")
-        objective = DistributedDataParallel(CosineSimilarityLoss(encoder))
+        model = DistributedDataParallel(objective)
         features = [encoder.tokenize([sentence]) for sentence in pairs[rank]]
-        objective(features, torch.tensor([0.5 + rank / 4])).backward()
+        model(features, torch.tensor([0.5 + rank / 4])).backward()
         embeddings = encoder.transformer.get_input_embeddings().weight
         if weight is not None:
-            assert embeddings.grad.is_sparse  # what crossed between the processes were rows
+            # DDP left it alone: this rank's own rows, not yet the other's
+            assert embeddings.grad.is_sparse
+            used = {int(token) for feature in features for token in feature["input_ids"].flatten()}
+            assert set(embeddings.grad.coalesce().indices()[0].tolist()) == used
             densify(weight)
         grads[way] = embeddings.grad.clone()
     torch.save(grads, f"{out}.{rank}")
-    del objective, encoder, embeddings
+    del model, objective, encoder, embeddings
     leave_group()
 
 

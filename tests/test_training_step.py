@@ -65,8 +65,9 @@ SENTENCES = [["A man plays a guitar.", "Someone makes music."], ["A dog runs in 
 
 @pytest.mark.slow  # spawns a two-process group
 def test_sparse_embedding_gradients_all_reduce_to_the_dense_ones(tiny_model_dir: Path, tmp_path: Path):
-    """Two gloo processes, each its own pair: the word-embedding gradient all-reduced as rows and densified is the
-    dense all-reduce's (the rows neither batch used stay zero), on both ranks."""
+    """Two gloo processes, each its own pair: DDP leaves the word-embedding gradient as the rank's own rows, and
+    those all-reduced on their own group and densified are the dense all-reduce's (the rows neither batch used stay
+    zero), on both ranks."""
     port = 29500 + random.Random(str(tmp_path)).randrange(1000)
     args = (str(tiny_model_dir), port, str(tmp_path / "grads"), SENTENCES)
     mp.spawn(word_embedding_gradients_both_ways, args=args, nprocs=2)

@@ -166,7 +166,7 @@ def _train_stage(
     if resume_from is not None:
         reporter.log({"train/resumed_from_step": state.step}, step=state.global_step)
     if not worker.shard:  # (FSDP: the config refused objectives with a head; embedding gradients stay dense)
-        sparse_embedding_gradients(encoder, device, world_size)  # before DDP wraps the objective: it decides then
+        sparse_embedding_gradients(objective, device, world_size)  # before DDP wraps the objective: it decides then
     model = worker.distribute(objective)
     tokenizer = encoder.tokenizer
     pad_left = tokenizer.padding_side == "left"
