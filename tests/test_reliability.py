@@ -477,6 +477,12 @@ def test_one_of_two_drivers_trains_a_killed_one_resumes_a_finished_one_stays_and
     assert run.info.status == "RUNNING"  # killed without a chance to close it
     steps = [metric.step for metric in client.get_metric_history(run.info.run_id, "train/loss")]
     assert steps and len(steps) == len(set(steps)), steps  # one driver logged them
+    # The killed driver's workers outlive it until Ray ends its job, and may complete one more resume point meanwhile
+    # (CI of b1da5e9: point 60 after the strike below had read the newest as 40, so nothing re-reported 40).
+    deadline = time.time() + 60
+    while train_workers():
+        assert time.time() < deadline, "the killed run's workers outlived it by a minute"
+        time.sleep(0.2)
     strike_reports_from(run_dir, complete_resume_points(run_dir)[-1])  # the newest point's report, and any later
 
     # The same command, from this process: the same run, continued from its checkpoint.
