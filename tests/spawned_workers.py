@@ -29,8 +29,9 @@ from sbert_ray.training.sparse_embeddings import densify, sparse_embedding_gradi
 
 CPU = torch.device("cpu")
 # A spawned process that dies of a signal (a SIGABRT once took a worker of test_fsdp.py's runs in CI, not seen again
-# in 11 runs here) leaves no traceback; pytest's own handler covers only its process. Every spawned process imports
-# this module first, so each prints its threads' stacks if it dies so.
+# in 11 runs here; likely the gloo race that sharding.AllReduceThenSlice now avoids) leaves no traceback; pytest's
+# own handler covers only its process. Every spawned process imports this module first, so each prints its
+# threads' stacks if it dies so.
 faulthandler.enable()
 
 
@@ -314,7 +315,7 @@ def strategy_runs(rank: int, world_size: int, tmp: str, model_dir: str, data_dir
     encoder and stages from ``training.stages``; rank r streams every world_size-th row of each source (as a Ray
     Data shard would hold its share). Rank 0 writes each report point's checkpoint under ``tmp/<run>/checkpoints``
     and the run's reports to ``tmp/<run>/reports.pt``. One process group for all: each process start costs seconds
-    of imports."""
+    of imports. No run may reduce-scatter on gloo (``sharding.AllReduceThenSlice`` says why): one that does fails."""
     import functools
     import time
     from pathlib import Path
@@ -327,6 +328,7 @@ def strategy_runs(rank: int, world_size: int, tmp: str, model_dir: str, data_dir
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world_size)
+    dist.reduce_scatter_single = dist.reduce_scatter_tensor = _no_reduce_scatter_on_gloo
     for run in runs:
         config = strategy_config(run.model_dir or model_dir, data_dir, run.lora)
         distribute = alone if run.fsdp else DistributedDataParallel
@@ -345,6 +347,10 @@ def strategy_runs(rank: int, world_size: int, tmp: str, model_dir: str, data_dir
             torch.save(reporter.reports, Path(tmp, run.name, "reports.pt"))
     del started, worker, rank_share, reporter
     leave_group()
+
+
+def _no_reduce_scatter_on_gloo(*args, **kwargs):
+    raise AssertionError("a reduce-scatter on gloo: its name, freed and written by two threads, can crash the process")
 
 
 def _every_nth(source, rank: int, key: tuple[int, int, int]):

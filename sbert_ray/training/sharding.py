@@ -5,7 +5,8 @@ the whole model and optimizer state gathered back for checkpoints and dev scorin
 Each worker holds 1/world of every parameter, gradient and AdamW state (DDP: all of them); a transformer layer's
 parameters are all-gathered just before its forward and backward and freed after, and gradients reduce-scattered
 (averaged, as DDP's all-reduce). Only the encoder is sharded: an objective with trainable parameters of its own
-(a head) is refused, as its gradients would not be averaged. On CPUs FSDP2 runs over gloo as on GPUs over NCCL.
+(a head) is refused, as its gradients would not be averaged. On CPUs FSDP2 runs over gloo as on GPUs over NCCL,
+its reduce-scatter done as an all-reduce (``AllReduceThenSlice``: a race in torch's gloo).
 
 A checkpoint holds the whole model and the whole optimizer state, as under DDP (rank 0 writes the same
 sentence-transformers folder and the same ``training.pt``), so a run resumes at any world size and from a DDP
@@ -22,6 +23,7 @@ from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
+import torch.distributed as dist
 
 from sbert_ray.models import SentenceEncoder
 from sbert_ray.training.host_copy import encoder_holding, meta_copy
@@ -57,9 +59,30 @@ def shard_encoder(encoder: SentenceEncoder, keep_meta_copy: bool, precision: str
     # Without bf16 every dtype stays the parameters' own (None): a float64 test encoder must reduce in float64.
     half = precision == "bf16"
     compute, full = (torch.bfloat16, torch.float32) if half else (None, None)
-    for module in _blocks(encoder.transformer):
+    units = _blocks(encoder.transformer)
+    for module in units:
         fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=full))
     fully_shard(encoder, mp_policy=MixedPrecisionPolicy(compute, full, output_dtype=full))
+    if dist.get_backend() == "gloo":
+        for module in [*units, encoder]:
+            module.set_custom_reduce_scatter(AllReduceThenSlice())
+
+
+class AllReduceThenSlice:
+    """FSDP's gradient reduce-scatter on gloo (CPUs) as an all-reduce of the whole flat gradient, of which each rank
+    keeps its slice: the same sums, twice the traffic. torch 2.13's gloo group stores each finished collective's name
+    in one string, which its two worker threads assign without a lock; "_REDUCE_SCATTER_BASE" is too long for the
+    string's inline buffer, so assigning it frees memory the other thread may be writing a name into: the use after
+    free that crashed DDP's sparse all-reduce ("A native crash in the SIGTERM test's restarted group",
+    docs/testing.md). Every other collective of a sharded run has a name that fits inline. (FSDP2's ``Comm``
+    interface: ``allocate`` and the call.)"""
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False) -> None:
+        dist.all_reduce(input_tensor, op=op, group=group)
+        output_tensor.copy_(input_tensor.view(group.size(), -1)[group.rank()])
 
 
 def is_sharded(encoder: torch.nn.Module) -> bool:
