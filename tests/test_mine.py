@@ -33,7 +33,8 @@ from sbert_ray.models.teachers import load_teacher
 from sbert_ray.runs import owned_paths
 from sbert_ray.runs.cluster import input_errors_unwrapped
 from sbert_ray.runs.corpus_embeddings import WORK_AREA, CorpusEmbeddings
-from sbert_ray.runs.mine_negatives import MineRequest, mine_negatives
+from sbert_ray.runs.mine_negatives import MANIFEST, MineRequest, mine_negatives
+from sbert_ray.runs.mine_negatives import _manifest as mining_manifest
 from sbert_ray.runs.mining_corpus import StoredCorpus
 
 # Our encoder and sentence-transformers' give all-MiniLM-L6-v2 vectors equal to ~1e-7 (other kernels), so cosine
@@ -456,8 +457,8 @@ def test_an_anchor_is_never_its_own_negative_and_is_counted(tiny_model_dir, stsb
 
 
 def test_approximate_search_finds_most_of_the_exact_negatives(tiny_model_dir, stsb_pairs, dev_sentences):
-    """faiss HNSW per corpus chunk (the optional extra): most of the exact negatives, each with its exact score."""
-    pytest.importorskip("faiss", reason="the faiss extra (faiss-cpu) is not installed")
+    """faiss HNSW per corpus chunk (the optional extra, which the dev extra installs): most of the exact negatives,
+    each with its exact score."""
     encoder = SentenceEncoder.load(str(tiny_model_dir))
     pairs = MiningPairs.build(*stsb_pairs, dev_sentences)
     settings = MiningSettings(num_negatives=5)
@@ -477,6 +478,25 @@ def test_approximate_search_finds_most_of_the_exact_negatives(tiny_model_dir, st
         if (q, row) in scores
     ]
     assert common and all(abs(a - b) < 1e-5 for a, b in common)  # HNSW ranks by the same inner products
+
+
+def test_an_approximate_output_resumes_only_with_the_corpus_chunks_it_was_mined_with(
+    tiny_model_dir, pairs_file, tmp_path
+):
+    """HNSW searches each corpus chunk apart, so shards mined with other chunks would hold other negatives: a rerun
+    into an approximate output with another chunk size is refused, naming it, before Ray starts. The exact search's
+    negatives do not depend on the chunks, nor does its output."""
+    output = tmp_path / "out"
+
+    def request(chunk: int, approximate: bool = True) -> MineRequest:
+        return MineRequest(str(tiny_model_dir), str(pairs_file), output, anchor_column="query",
+                           positive_column="answer", corpus_chunk=chunk, approximate=approximate)  # fmt: skip
+
+    owned_paths.claim_output(str(output), MANIFEST, mining_manifest(request(16)), "not ours")
+    with pytest.raises(ConfigError, match=r"holds shards mined with other corpus_chunk \(mine.json\)"):
+        mine_negatives(request(32))
+    assert not ray.is_initialized()
+    assert mining_manifest(request(16, approximate=False)) == mining_manifest(request(32, approximate=False))
 
 
 def test_approximate_search_without_faiss_is_refused_before_any_work(tmp_path, monkeypatch):

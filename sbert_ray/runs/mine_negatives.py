@@ -314,6 +314,8 @@ def _manifest(request: MineRequest, pairs: MiningPairs | None = None, corpus: St
         "settings": asdict(request.settings),
         "shard_size": request.shard_size,
         "approximate": request.approximate,
+        # HNSW searches each chunk apart, so its negatives depend on where the chunks end; the exact search's do not.
+        "corpus_chunk": request.corpus_chunk if request.approximate else None,
         "rescore_with": request.rescore_with,
     }
     if pairs is None:
