@@ -5,12 +5,14 @@ real S3-compatible server."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import local_cluster
@@ -49,6 +51,30 @@ def test_a_local_lease_refuses_a_second_holder_names_it_and_is_given_back(tmp_pa
         raise ValueError("the run failed")
     with run_lease.run_lease(run_dir):  # ... and on error
         pass
+
+
+def test_a_process_refused_before_the_holder_wrote_its_name_waits_for_the_name(tmp_path):
+    """The holder writes its name just after it takes the lock: a second process refused in between reads the name
+    once it is there (CI of 3de8e20 printed "host None, pid None"), or says it is not there yet."""
+    path = tmp_path / "tiny.lease"
+    with path.open("a+") as taken:
+        fcntl.flock(taken, fcntl.LOCK_EX | fcntl.LOCK_NB)  # locked, not yet named: the window
+
+        def name_it() -> None:
+            taken.write(json.dumps({"host": "node-7", "pid": 4242, "started": "2026-12-07T11:42:17Z"}))
+            taken.flush()
+
+        naming = threading.Timer(0.3, name_it)
+        naming.start()
+        with pytest.raises(RunBusy, match=r"\(host node-7, pid 4242, started 2026-12-07T11:42:17Z UTC; lease "):
+            with run_lease.local_lease(path):
+                pass
+        naming.join()
+        taken.truncate(0)
+        taken.flush()
+        with pytest.raises(RunBusy, match=r"\(its holder not named in it yet; lease "):
+            with run_lease.local_lease(path):
+                pass
 
 
 def test_a_local_lease_of_a_killed_process_is_free_again(tmp_path):

@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 HEARTBEAT_S = 30.0  # how often the holder of an object-storage lease renews it
 EXPIRY_S = 120.0  # a lease not renewed for this long is a dead process's: taken over
 SETTLE_S = 1.0  # after writing an object-storage lease, how long a taker waits before reading it back
+NAMING_S = 2.0  # how long a refused process waits for a local lease's new holder to write its name into it
 
 
 class RunBusy(ConfigError):
@@ -63,10 +64,13 @@ def holder() -> dict:
 
 
 def busy(lease: str, held_by: dict) -> RunBusy:
+    """``held_by`` {}: a lease whose holder has not (readably) written its name."""
+    who = "its holder not named in it yet"
+    if held_by:
+        who = f"host {held_by.get('host')}, pid {held_by.get('pid')}, started {held_by.get('started')} UTC"
     return RunBusy(
-        f"{lease.removesuffix('.lease')} is being trained by another process (host {held_by.get('host')}, pid "
-        f"{held_by.get('pid')}, started {held_by.get('started')} UTC; lease {lease}): wait for it to end, or choose "
-        "another name"
+        f"{lease.removesuffix('.lease')} is being trained by another process ({who}; lease {lease}): wait for it to "
+        "end, or choose another name"
     )
 
 
@@ -101,14 +105,25 @@ def _lock(path: Path) -> TextIO:
         try:
             fcntl.flock(lease, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            lease.seek(0)
-            held_by = _parse(lease.read())
+            held_by = _named_holder(lease)
             lease.close()
             raise busy(str(path), held_by) from None
         with contextlib.suppress(FileNotFoundError):
             if os.stat(path).st_ino == os.fstat(lease.fileno()).st_ino:
                 return lease
         lease.close()  # the previous holder removed the file between our open and our lock: lock the new one
+
+
+def _named_holder(lease: TextIO, wait_s: float = NAMING_S) -> dict:
+    """Who holds the locked ``lease``. The holder writes its name just after taking the lock, so a process refused
+    in between finds the file empty (CI of 3de8e20: "host None, pid None"): it reads again for up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        lease.seek(0)
+        held_by = _parse(lease.read())
+        if held_by or time.monotonic() > deadline:
+            return held_by
+        time.sleep(0.05)
 
 
 def _make_folders(folder: Path) -> list[Path]:
